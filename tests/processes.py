@@ -1,0 +1,45 @@
+"""Process checks shared by the tests: ask psutil, never sleep-and-hope."""
+
+from __future__ import annotations
+
+import subprocess
+import time
+from pathlib import Path
+
+import psutil
+
+from pytest_qwenperf import proctree
+
+
+def alive(proc: int | psutil.Process) -> bool:
+    """True while the process exists and is not a zombie."""
+    try:
+        proc = proc if isinstance(proc, psutil.Process) else psutil.Process(proc)
+        return proc.status() != psutil.STATUS_ZOMBIE
+    except psutil.NoSuchProcess:
+        return False
+
+
+def wait_for_tree(session: subprocess.Popen[bytes], ready: Path, timeout: float) -> list[psutil.Process]:
+    """Wait until an inner pytest ``session`` touched ``ready``; return the server processes it tagged."""
+    deadline = time.monotonic() + timeout
+    while not ready.exists():
+        assert session.poll() is None, "inner session ended before its server was up"
+        assert time.monotonic() < deadline, "inner session's server never came up"
+        time.sleep(0.2)
+    tree = proctree.tagged_processes(f"{session.pid}-")
+    assert tree, "the inner session's server processes should carry its tag"
+    return tree
+
+
+def end_inner_session(session: subprocess.Popen[bytes]) -> None:
+    """Cleanup for a test that failed half-way: interrupt the inner session, then kill what it left."""
+    if session.poll() is None:
+        session.terminate()
+        try:
+            session.wait(timeout=60)
+        except subprocess.TimeoutExpired:
+            session.kill()
+            session.wait()
+    for proc in proctree.tagged_processes(f"{session.pid}-"):
+        proc.kill()

@@ -1,0 +1,181 @@
+"""The pytest layer, driven through inner pytest sessions (pytester) with real server processes.
+
+The stand-in launcher keeps these fast; the same fixtures boot real vLLM in tests/e2e.
+"""
+
+from __future__ import annotations
+
+import shlex
+import signal
+import sys
+import time
+from pathlib import Path
+
+import pytest
+
+from tests.processes import alive, end_inner_session, wait_for_tree
+
+STANDIN = f"{shlex.quote(sys.executable)} {shlex.quote(str(Path(__file__).parent / 'standins' / 'openai_standin.py'))}"
+
+CONFIGS = """
+from pytest_qwenperf.config import ServingConfig
+A = ServingConfig(id="cfg-a", model="model-a")
+B = ServingConfig(id="cfg-b", model="model-b")
+BROKEN = ServingConfig(id="broken", model="m", vllm_args=("--exit-during-boot", "3"))
+"""
+
+RECORDER = """
+from configs import A, B, BROKEN
+
+def record(name, server):
+    with open("events.txt", "a") as out:
+        out.write(f"{name} {server.spec.name} {server.pid}\\n")
+"""
+
+
+def run_inner(pytester: pytest.Pytester, *args: str) -> pytest.RunResult:
+    return pytester.runpytest_subprocess(
+        f"--qwenperf-launcher={STANDIN}", "--qwenperf-boot-timeout=30", "-p", "no:cacheprovider", *args
+    )
+
+
+def events(pytester: pytest.Pytester) -> list[tuple[str, str, int]]:
+    lines = (pytester.path / "events.txt").read_text().split("\n")
+    return [(name, cfg, int(pid)) for name, cfg, pid in (line.split() for line in lines if line)]
+
+
+def test_config_boots_once_across_modules(pytester: pytest.Pytester) -> None:
+    pytester.makepyfile(configs=CONFIGS, recorder=RECORDER)
+    for module in ("test_one", "test_two"):
+        pytester.makepyfile(
+            **{
+                module: f"""
+import pytest
+from recorder import A, record
+pytestmark = pytest.mark.parametrize("serving_config", [A], ids=[A.id])
+def test_first(vllm_server): record("{module}.first", vllm_server)
+def test_second(vllm_server): record("{module}.second", vllm_server)
+"""
+            }
+        )
+    result = run_inner(pytester, f"--qwenperf-log-dir={pytester.path / 'logs'}")
+    result.assert_outcomes(passed=4)
+    assert len({pid for _, _, pid in events(pytester)}) == 1
+    assert [p.name for p in (pytester.path / "logs").iterdir()] == ["cfg-a.log"]
+
+
+def test_tests_are_grouped_by_config_and_each_server_stops_after_its_last_test(pytester: pytest.Pytester) -> None:
+    pytester.makepyfile(configs=CONFIGS, recorder=RECORDER, processes=(Path(__file__).parent / "processes.py").read_text())
+    pytester.makepyfile(
+        test_mixed="""
+import pytest
+from processes import alive
+from recorder import A, B, record
+@pytest.mark.parametrize("serving_config", [A, B, A], ids=["a1", "b", "a2"])
+def test_one(vllm_server, request): record(request.node.name, vllm_server)
+def test_no_server(): pass
+@pytest.mark.parametrize("serving_config", [B], ids=["b"])
+def test_two(vllm_server, request):
+    record(request.node.name, vllm_server)
+    a_pid = next(int(line.split()[2]) for line in open("events.txt") if " cfg-a " in line)
+    assert not alive(a_pid), "cfg-a's server should have stopped after its last test"
+"""
+    )
+    result = run_inner(pytester, "-v")
+    result.assert_outcomes(passed=5)
+    seen = events(pytester)
+    assert [cfg for _, cfg, _ in seen] == ["cfg-a", "cfg-a", "cfg-b", "cfg-b"]
+    assert len({pid for _, _, pid in seen}) == 2
+
+
+def test_failed_boot_errors_the_tests_that_need_it_and_no_others(pytester: pytest.Pytester) -> None:
+    pytester.makepyfile(configs=CONFIGS, recorder=RECORDER)
+    pytester.makepyfile(
+        test_boot="""
+import pytest
+from recorder import A, BROKEN
+@pytest.mark.parametrize("serving_config", [BROKEN, A, BROKEN], ids=["broken1", "ok", "broken2"])
+def test_it(vllm_server): pass
+"""
+    )
+    result = run_inner(pytester, f"--qwenperf-log-dir={pytester.path / 'logs'}")
+    result.assert_outcomes(passed=1, errors=2)
+    result.stdout.fnmatch_lines(
+        [
+            "*server 'broken' exited with code 3 after * s while booting: ValueError: stand-in asked to fail during boot*",
+            "*config 'broken' failed to boot earlier in this session*",
+        ]
+    )
+    assert sorted(p.name for p in (pytester.path / "logs").iterdir()) == ["broken.log", "cfg-a.log"]
+
+
+def test_unparametrized_server_use_is_a_clear_error(pytester: pytest.Pytester) -> None:
+    pytester.makepyfile(test_x="def test_x(vllm_server): pass")
+    result = run_inner(pytester)
+    result.assert_outcomes(errors=1)
+    result.stdout.fnmatch_lines(["*no serving config was chosen: parametrize 'serving_config'*"])
+
+
+def test_leftover_process_fails_the_session(pytester: pytest.Pytester) -> None:
+    pytester.makepyfile(
+        test_leak="""
+import sys
+from pytest_qwenperf import proctree
+def test_leak(tmp_path):
+    proctree.spawn_tree([sys.executable, "-c", "import time; time.sleep(60)"],
+                        log_path=tmp_path / "log", env={}, tag=proctree.new_tag())
+"""
+    )
+    result = run_inner(pytester)
+    assert result.ret == pytest.ExitCode.TESTS_FAILED
+    result.stdout.fnmatch_lines(["*processes were still running after teardown (killed)*", "*time.sleep(60)*"])
+
+
+@pytest.mark.parametrize(
+    ("option", "value", "expected"),
+    [
+        ("--qwenperf-boot-timeout", "-5", "expected a positive number of seconds, got '-5'"),
+        ("--qwenperf-endpoint", "localhost:8000", "expected a URL like http://10.0.0.5:8000"),
+        ("--qwenperf-endpoint", "http://h:8000/v1", "without /v1"),
+        ("--qwenperf-launcher", "", "expected a command such as 'vllm serve'"),
+    ],
+)
+def test_bad_option_values_fail_at_parsing(pytester: pytest.Pytester, option: str, value: str, expected: str) -> None:
+    result = pytester.runpytest_subprocess(f"{option}={value}")
+    assert result.ret == pytest.ExitCode.USAGE_ERROR
+    result.stderr.fnmatch_lines([f"*{option}*{expected}*"])
+
+
+def test_bad_ini_value_names_the_file_and_key(pytester: pytest.Pytester) -> None:
+    pytester.makeini("[pytest]\nqwenperf_boot_timeout = soon\n")
+    result = pytester.runpytest_subprocess()
+    assert result.ret == pytest.ExitCode.USAGE_ERROR
+    result.stderr.fnmatch_lines(["*tox.ini: ini key qwenperf_boot_timeout: expected a number of seconds, got 'soon'*"])
+
+
+def test_sigterm_to_the_session_stops_its_servers(pytester: pytest.Pytester, tmp_path: Path) -> None:
+    pytester.makepyfile(configs=CONFIGS)
+    ready = tmp_path / "ready"
+    pytester.makepyfile(
+        test_hold=f"""
+import time, pytest
+from configs import A
+@pytest.mark.parametrize("serving_config", [A], ids=[A.id])
+def test_hold(vllm_server):
+    open({str(ready)!r}, "w").write("up")
+    time.sleep(120)
+"""
+    )
+    with open(tmp_path / "inner.out", "w") as out:
+        inner = pytester.popen(
+            [sys.executable, "-m", "pytest", f"--qwenperf-launcher={STANDIN}", "-p", "no:cacheprovider"],
+            stdout=out,
+            stderr=out,
+        )
+    try:
+        tree = wait_for_tree(inner, ready, timeout=60)
+        inner.send_signal(signal.SIGTERM)
+        assert inner.wait(timeout=60) == pytest.ExitCode.INTERRUPTED
+    finally:
+        end_inner_session(inner)
+    assert not [p for p in tree if alive(p)]
