@@ -1,0 +1,1 @@
+"""Load generation: workloads → requests → streamed HTTP calls → :class:`~pytest_qwenperf.records.RequestRecord`."""
