@@ -6,29 +6,23 @@ metrics, verdicts) runs on any machine, CI included.
 
 from __future__ import annotations
 
-from pytest_qwenperf.config import ServingConfig
-from pytest_qwenperf.tiny_model import TinyModelSpec, ensure_tiny_model
+from pytest_qwenperf.tiny_model import ensure_tiny_model
+
+TINY_MODEL_REF = "embedded:tiny"
+"""How suite files and configs name the tiny model; resolved to its cache folder at boot."""
 
 TINY_MODEL_NAME = "qwenperf-tiny"
 """Served model name: stable across machines, unlike the cache path of the model folder."""
 
 CPU_ENV: tuple[tuple[str, str], ...] = (
-    ("VLLM_CPU_KVCACHE_SPACE", "1"),  # GiB; the tiny model needs little and CI has 24 GiB for everything
     ("HF_HUB_OFFLINE", "1"),  # the model is local; never reach for a hub
     ("TOKENIZERS_PARALLELISM", "false"),
+    ("VLLM_CPU_KVCACHE_SPACE", "1"),  # GiB; the tiny model needs little and CI has 24 GiB for everything
 )
 
 CPU_BASE_ARGS: tuple[str, ...] = ("--dtype", "bfloat16", "--max-model-len", "2048")
 
 
-def tiny_cpu_config(
-    config_id: str = "cpu-base", extra_args: tuple[str, ...] = (), spec: TinyModelSpec = TinyModelSpec()
-) -> ServingConfig:
-    """A CPU serving config for the tiny model (generated into the cache on first use)."""
-    return ServingConfig(
-        id=config_id,
-        model=str(ensure_tiny_model(spec)),
-        vllm_args=CPU_BASE_ARGS + extra_args,
-        env=CPU_ENV,
-        served_model_name=TINY_MODEL_NAME,
-    )
+def resolve_model(model: str) -> str:
+    """The model argument vLLM gets: the tiny model's folder (generated once) or ``model`` itself."""
+    return str(ensure_tiny_model()) if model == TINY_MODEL_REF else model

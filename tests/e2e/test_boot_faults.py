@@ -7,6 +7,7 @@ from pathlib import Path
 
 import pytest
 
+from pytest_qwenperf.embedded import resolve_model
 from pytest_qwenperf.server import ManagedServer, ServerBootError, ServerSpec
 from tests.e2e.tiny import TINY
 
@@ -34,7 +35,7 @@ def test_bad_model_path_fails_with_vllms_error(tmp_path: Path) -> None:
 
 
 def test_unknown_flag_fails_with_argparse_error(tmp_path: Path) -> None:
-    spec = ServerSpec(model=TINY.model, args=("--no-such-flag",), env=TINY.env, boot_timeout_s=600)
+    spec = ServerSpec(model=resolve_model(TINY.model), args=("--no-such-flag",), env=TINY.env, boot_timeout_s=600)
     message, lag = _boot_failure(spec, tmp_path)
     assert "exited with code 2" in message.splitlines()[0]
     assert "unrecognized arguments: --no-such-flag" in message.splitlines()[0]

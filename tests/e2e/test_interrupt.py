@@ -19,7 +19,7 @@ def test_sigint_while_a_server_runs_leaves_no_process(pytester: pytest.Pytester,
     pytester.makepyfile(
         test_hold=f"""
 import time, pytest
-from pytest_qwenperf.embedded import tiny_cpu_config
+from pytest_qwenperf.config import tiny_cpu_config
 TINY = tiny_cpu_config("interrupted")
 @pytest.mark.parametrize("serving_config", [TINY], ids=[TINY.id])
 def test_hold(vllm_server):
