@@ -40,7 +40,9 @@ DEFAULT_BOOT_TIMEOUT_S = 1800.0
 
 LOG_TAIL_LINES = 40
 _POLL_INTERVAL_S = 0.5
-_ERROR_LINE = re.compile(r"(Error|Exception|error:|Traceback)")
+_ERROR_LINE = re.compile(r"\b[A-Za-z_.]*(Error|Exception): |\berror: ")
+"""An exception or argparse message; the first one in a log is the root cause, later ones
+(EngineCore, API server) only wrap it."""
 _ENGINE_CONFIG_LINE = re.compile(r"Initializing a V1 LLM engine .* with config: (?P<config>.*)$")
 _PORT_IN_USE = "Address already in use"
 
@@ -132,7 +134,7 @@ class Server(Protocol):
 _NO_PROXY = urllib.request.build_opener(urllib.request.ProxyHandler({}))
 
 
-def _get(url: str, timeout: float = 5.0) -> tuple[int, bytes]:
+def http_get(url: str, timeout: float = 5.0) -> tuple[int, bytes]:
     """GET without any configured proxy (readiness probes go to local or cluster addresses)."""
     try:
         with _NO_PROXY.open(url, timeout=timeout) as resp:
@@ -142,7 +144,7 @@ def _get(url: str, timeout: float = 5.0) -> tuple[int, bytes]:
 
 
 def _listed_models(base_url: str) -> tuple[list[dict[str, object]], int | None]:
-    status, body = _get(f"{base_url}/v1/models")
+    status, body = http_get(f"{base_url}/v1/models")
     if status != 200:
         return [], status
     return list(json.loads(body).get("data", [])), status
@@ -151,7 +153,7 @@ def _listed_models(base_url: str) -> tuple[list[dict[str, object]], int | None]:
 def probe_ready(base_url: str, model: str | None) -> str | None:
     """Return None when ready, else a short reason (for timeout messages)."""
     try:
-        status, _ = _get(f"{base_url}/health", timeout=2.0)
+        status, _ = http_get(f"{base_url}/health", timeout=2.0)
         if status != 200:
             return f"/health returned {status}"
         models, status = _listed_models(base_url)
@@ -175,7 +177,7 @@ def describe(base_url: str, model: str | None, engine_config: str | None = None)
     models, _ = _listed_models(base_url)
     entry = next((m for m in models if model is None or m.get("id") == model), models[0] if models else {})
     version = None
-    status, body = _get(f"{base_url}/version")
+    status, body = http_get(f"{base_url}/version")
     if status == 200:
         version = json.loads(body).get("version")
     max_len = entry.get("max_model_len")
@@ -190,7 +192,7 @@ def describe(base_url: str, model: str | None, engine_config: str | None = None)
 
 
 def _cache_config_labels(base_url: str) -> tuple[tuple[str, str], ...]:
-    status, body = _get(f"{base_url}/metrics")
+    status, body = http_get(f"{base_url}/metrics")
     if status != 200:
         return ()
     for family in text_string_to_metric_families(body.decode()):
@@ -380,11 +382,17 @@ class ManagedServer:
             raise PortInUseError(
                 f"server {self.spec.name!r} could not bind {self.spec.host}:{self.port}: {_PORT_IN_USE}\n{tail}"
             )
-        error_line = next((ln for ln in reversed(tail.splitlines()) if _ERROR_LINE.search(ln)), None)
+        error_line = self._first_error_line()
         headline = f"server {self.spec.name!r} exited with code {code} after {after_s:.1f} s while booting"
         if error_line:
             headline += f": {error_line.strip()}"
         raise ServerBootError(headline, log_path=self.log_path, log_tail=tail)
+
+    def _first_error_line(self) -> str | None:
+        if self.log_path is None:
+            return None
+        with open(self.log_path, errors="replace") as log:
+            return next((ln for ln in log if _ERROR_LINE.search(ln) and " WARNING " not in ln), None)
 
     def _engine_config_from_log(self) -> str | None:
         if self.log_path is None:

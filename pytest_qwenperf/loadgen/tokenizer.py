@@ -34,7 +34,7 @@ class PromptTokenizer:
         model: str | os.PathLike[str],
         *,
         revision: str | None = None,
-        cache_dir: str | os.PathLike[str] | None = None,
+        cache_dir: str | Path | None = None,
     ) -> PromptTokenizer:
         """From a local model folder, else from the Hugging Face cache; never downloads.
 
@@ -60,7 +60,7 @@ class PromptTokenizer:
         return f"PromptTokenizer({self.source!r}, vocab_size={self.vocab_size})"
 
 
-def _from_hf_cache(model: str, revision: str | None, cache_dir: str | os.PathLike[str] | None) -> str:
+def _from_hf_cache(model: str, revision: str | None, cache_dir: str | Path | None) -> str:
     # Imported here so that loading from a folder works without huggingface_hub.
     from huggingface_hub import constants, try_to_load_from_cache
 

@@ -60,7 +60,7 @@ class Workload(abc.ABC):
     def _default_id(self) -> str: ...
 
     def _identity(self) -> dict[str, Any]:
-        fields = dataclasses.asdict(self)  # type: ignore[call-overload]
+        fields: dict[str, Any] = dataclasses.asdict(self)  # type: ignore[call-overload]
         del fields["name"]
         return fields
 

@@ -35,7 +35,9 @@ def main() -> None:
     if args.ignore_sigterm:
         signal.signal(signal.SIGTERM, signal.SIG_IGN)
     if args.exit_during_boot is not None:
+        print("WARNING [layers.py:1] fallback taken. Exception: harmless, not the cause", flush=True)
         print("ValueError: stand-in asked to fail during boot", flush=True)
+        print("RuntimeError: Engine core initialization failed. See root cause above.", flush=True)
         sys.exit(args.exit_during_boot)
 
     pids = [os.getpid()]

@@ -1,0 +1,108 @@
+"""Which hardware this is: NVIDIA GPUs through NVML, otherwise the CPU from /proc.
+
+The result decides which suites can run here (``b200`` needs B200s, ``cpu`` runs
+anywhere) and is recorded with every result; nothing here asserts anything.
+"""
+
+from __future__ import annotations
+
+import os
+import platform
+import re
+from dataclasses import dataclass
+from functools import cache
+
+# NVML product names → suite hardware ids, most specific first.
+_GPU_KINDS = (
+    (re.compile(r"\bGB200\b"), "gb200"),
+    (re.compile(r"\bB200\b"), "b200"),
+    (re.compile(r"\bH200\b"), "h200"),
+    (re.compile(r"\bH100\b"), "h100"),
+    (re.compile(r"\bA100\b"), "a100"),
+    (re.compile(r"\bL40S\b"), "l40s"),
+)
+
+
+@dataclass(frozen=True)
+class Hardware:
+    """What a run executed on; ``kind`` is ``cpu`` or a GPU family such as ``b200``."""
+
+    kind: str
+    gpu_name: str | None = None
+    gpu_count: int = 0
+    driver_version: str | None = None
+    cuda_version: str | None = None
+    cpu_model: str = ""
+    cpu_count: int = 0
+
+    def describe(self) -> str:
+        if self.gpu_count:
+            return f"{self.gpu_count}x {self.gpu_name} (driver {self.driver_version})"
+        return f"CPU only: {self.cpu_model or 'unknown CPU'}, {self.cpu_count} cores"
+
+    def as_dict(self) -> dict[str, object]:
+        return {
+            "kind": self.kind,
+            "gpu_name": self.gpu_name,
+            "gpu_count": self.gpu_count,
+            "driver_version": self.driver_version,
+            "cuda_version": self.cuda_version,
+            "cpu_model": self.cpu_model,
+            "cpu_count": self.cpu_count,
+        }
+
+
+def gpu_kind(name: str) -> str:
+    """``"NVIDIA H100 80GB HBM3"`` → ``"h100"``; unknown products get a slug of their name."""
+    for pattern, kind in _GPU_KINDS:
+        if pattern.search(name):
+            return kind
+    return re.sub(r"[^a-z0-9]+", "-", name.lower().removeprefix("nvidia ")).strip("-")
+
+
+@cache
+def detect() -> Hardware:
+    """The hardware of this machine (cached: it does not change during a session)."""
+    cpu = dict(cpu_model=_cpu_model(), cpu_count=len(os.sched_getaffinity(0)))
+    gpus = _nvml_gpus()
+    if gpus is None:
+        return Hardware(kind="cpu", **cpu)
+    names, driver, cuda = gpus
+    return Hardware(
+        kind=gpu_kind(names[0]), gpu_name=names[0], gpu_count=len(names), driver_version=driver, cuda_version=cuda, **cpu
+    )
+
+
+def _nvml_gpus() -> tuple[list[str], str, str] | None:
+    try:
+        import pynvml
+    except ImportError:
+        return None
+    try:
+        pynvml.nvmlInit()
+    except pynvml.NVMLError:  # no driver or no device
+        return None
+    try:
+        count = pynvml.nvmlDeviceGetCount()
+        if count == 0:
+            return None
+        names = [_text(pynvml.nvmlDeviceGetName(pynvml.nvmlDeviceGetHandleByIndex(i))) for i in range(count)]
+        cuda = pynvml.nvmlSystemGetCudaDriverVersion_v2()
+        return names, _text(pynvml.nvmlSystemGetDriverVersion()), f"{cuda // 1000}.{cuda % 1000 // 10}"
+    finally:
+        pynvml.nvmlShutdown()
+
+
+def _text(value: str | bytes) -> str:
+    return value.decode() if isinstance(value, bytes) else value
+
+
+def _cpu_model() -> str:
+    try:
+        with open("/proc/cpuinfo") as info:
+            for line in info:
+                if line.startswith("model name"):
+                    return line.split(":", 1)[1].strip()
+    except OSError:
+        pass
+    return platform.processor()
