@@ -43,6 +43,7 @@ _POLL_INTERVAL_S = 0.5
 _ERROR_LINE = re.compile(r"\b[A-Za-z_.]*(Error|Exception): |\berror: ")
 """An exception or argparse message; the first one in a log is the root cause, later ones
 (EngineCore, API server) only wrap it."""
+_WARNING_LINE = re.compile(r"\bWARN(ING)?\b")
 _ENGINE_CONFIG_LINE = re.compile(r"Initializing a V1 LLM engine .* with config: (?P<config>.*)$")
 _PORT_IN_USE = "Address already in use"
 
@@ -392,7 +393,7 @@ class ManagedServer:
         if self.log_path is None:
             return None
         with open(self.log_path, errors="replace") as log:
-            return next((ln for ln in log if _ERROR_LINE.search(ln) and " WARNING " not in ln), None)
+            return next((ln for ln in log if _ERROR_LINE.search(ln) and not _WARNING_LINE.search(ln)), None)
 
     def _engine_config_from_log(self) -> str | None:
         if self.log_path is None:
