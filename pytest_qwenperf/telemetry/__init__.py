@@ -1,0 +1,1 @@
+"""What the server and the devices were doing during a load run."""

@@ -1,0 +1,91 @@
+"""vLLM's Prometheus ``/metrics``: snapshots summed over engines, and deltas between two.
+
+Parsed with ``prometheus_client``'s own text parser. Metric names drift between vLLM
+releases, so every quantity is looked up through a list of aliases (newest first), and a
+quantity the server does not expose is ``None`` (unavailable), never an error.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable, Mapping
+from dataclasses import dataclass
+from types import MappingProxyType
+
+from prometheus_client.parser import text_string_to_metric_families
+
+from pytest_qwenperf.server import http_get
+
+# canonical name → Prometheus family names, newest first (REFERENCE: metric-name history)
+COUNTERS: Mapping[str, tuple[str, ...]] = {
+    "prompt_tokens": ("vllm:prompt_tokens",),
+    "generation_tokens": ("vllm:generation_tokens",),
+    "num_preemptions": ("vllm:num_preemptions",),
+    "prefix_cache_queries": ("vllm:prefix_cache_queries", "vllm:gpu_prefix_cache_queries"),
+    "prefix_cache_hits": ("vllm:prefix_cache_hits", "vllm:gpu_prefix_cache_hits"),
+    "spec_decode_num_drafts": ("vllm:spec_decode_num_drafts",),
+    "spec_decode_num_draft_tokens": ("vllm:spec_decode_num_draft_tokens",),
+    "spec_decode_num_accepted_tokens": ("vllm:spec_decode_num_accepted_tokens",),
+}
+GAUGES: Mapping[str, tuple[str, ...]] = {
+    "num_requests_running": ("vllm:num_requests_running",),
+    "num_requests_waiting": ("vllm:num_requests_waiting",),
+    "kv_cache_usage": ("vllm:kv_cache_usage_perc", "vllm:gpu_cache_usage_perc"),
+}
+
+
+@dataclass(frozen=True)
+class MetricsSnapshot:
+    """Counters and gauges of one or more servers, each summed over ``engine`` labels and servers."""
+
+    values: Mapping[str, float | None]
+
+    def __getitem__(self, name: str) -> float | None:
+        return self.values[name]
+
+
+def parse_metrics(text: str) -> MetricsSnapshot:
+    """One server's ``/metrics`` text → snapshot of the canonical quantities."""
+    sums: dict[str, float] = {}
+    for family in text_string_to_metric_families(text):
+        for sample in family.samples:
+            # A counter's value is its _total sample (with or without a matching TYPE line);
+            # _created is a timestamp, not a count.
+            if sample.name.endswith("_created"):
+                continue
+            name = sample.name.removesuffix("_total")
+            sums[name] = sums.get(name, 0.0) + sample.value
+    values = {
+        canonical: next((sums[name] for name in names if name in sums), None)
+        for canonical, names in {**COUNTERS, **GAUGES}.items()
+    }
+    return MetricsSnapshot(MappingProxyType(values))
+
+
+def combine(snapshots: Iterable[MetricsSnapshot]) -> MetricsSnapshot:
+    """Sum several servers' snapshots (replicas behind one config); unavailable stays unavailable."""
+    snapshots = list(snapshots)
+    values = {}
+    for name in {**COUNTERS, **GAUGES}:
+        parts = [s[name] for s in snapshots]
+        values[name] = None if not parts or any(p is None for p in parts) else sum(p for p in parts if p is not None)
+    return MetricsSnapshot(MappingProxyType(values))
+
+
+def counter_deltas(before: MetricsSnapshot, after: MetricsSnapshot) -> dict[str, float | None]:
+    """How much each counter grew between two snapshots (None when unavailable in either)."""
+    deltas: dict[str, float | None] = {}
+    for name in COUNTERS:
+        a, b = before[name], after[name]
+        deltas[name] = None if a is None or b is None else b - a
+    return deltas
+
+
+def scrape(base_urls: Iterable[str], timeout: float = 10.0) -> MetricsSnapshot:
+    """Fetch and combine ``/metrics`` of every server (blocking; call it off the event loop)."""
+    snapshots = []
+    for url in base_urls:
+        status, body = http_get(f"{url}/metrics", timeout=timeout)
+        if status != 200:
+            raise OSError(f"{url}/metrics returned HTTP {status}")
+        snapshots.append(parse_metrics(body.decode()))
+    return combine(snapshots)
