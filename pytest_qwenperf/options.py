@@ -35,3 +35,21 @@ def endpoint_url(value: str) -> str:
     if path.endswith("/v1"):
         raise argparse.ArgumentTypeError(f"give the server's base URL without /v1, got {value!r}")
     return urllib.parse.urlunsplit((parsed.scheme, parsed.netloc, path, "", ""))
+
+
+def cpu_list(value: str) -> frozenset[int]:
+    """``"0-3,6"`` → ``{0, 1, 2, 3, 6}`` (the format of taskset and cpusets)."""
+    cpus: set[int] = set()
+    try:
+        for part in value.split(","):
+            low, _, high = part.strip().partition("-")
+            cpus.update(range(int(low), int(high or low) + 1))
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected a CPU list like 0-3,6, got {value!r}") from None
+    if not cpus:
+        raise argparse.ArgumentTypeError(f"expected a CPU list like 0-3,6, got {value!r}")
+    return frozenset(cpus)
+
+
+def format_cpu_list(cpus: frozenset[int]) -> str:
+    return ",".join(str(c) for c in sorted(cpus))

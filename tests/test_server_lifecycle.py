@@ -127,3 +127,12 @@ def test_tagged_processes_finds_only_our_tree(tmp_path: Path) -> None:
         found = {p.pid for p in proctree.tagged_processes(srv.tag)}
         assert srv.pid in found and len(found) == 3  # server, child, grandchild
     assert proctree.tagged_processes(srv.tag) == []
+
+
+def test_pinned_server_tree_runs_only_on_its_cpus(tmp_path: Path) -> None:
+    pid_file = tmp_path / "pids"
+    cpu = max(os.sched_getaffinity(0))
+    with ManagedServer(standin_spec("--children", "1", "--pid-file", str(pid_file), cpus=frozenset({cpu})), tmp_path) as srv:
+        pids = _pids(pid_file)
+        assert pids[0] == srv.pid, "the pinning shim must exec the server, not wrap it"
+        assert {pid: psutil.Process(pid).cpu_affinity() for pid in pids} == {pid: [cpu] for pid in pids}
