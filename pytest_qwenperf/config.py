@@ -16,6 +16,9 @@ from pathlib import Path
 from typing import Any
 
 from pytest_qwenperf import embedded
+from pytest_qwenperf.loadgen.arrivals import Arrival, ClosedLoop, OpenLoop
+from pytest_qwenperf.loadgen.workloads import Workload, workload_from_dict
+from pytest_qwenperf.metrics import GoodputSLO
 from pytest_qwenperf.server import ServerSpec
 
 FlagValue = str | int | float | bool | dict[str, Any] | list[Any]
@@ -36,8 +39,18 @@ class ServingConfig:
     served_model_name: str | None = None
     description: str = ""
     inherits: str | None = None
+    cpu_flags_any: tuple[str, ...] = ()  # the CPU needs one of these /proc/cpuinfo flags
+    suite: str = ""  # the suite that defines it; ids are unique within a suite only
+    improves: bool = False  # the ladder claims this rung is at least as fast as the one it inherits
 
-    def server_spec(self, *, launcher: tuple[str, ...], boot_timeout_s: float) -> ServerSpec:
+    @property
+    def key(self) -> str:
+        """Unique across suites: ``b200/dp8``."""
+        return f"{self.suite}/{self.id}" if self.suite else self.id
+
+    def server_spec(
+        self, *, launcher: tuple[str, ...], boot_timeout_s: float, cpus: frozenset[int] = frozenset()
+    ) -> ServerSpec:
         return ServerSpec(
             model=embedded.resolve_model(self.model),
             args=self.vllm_args,
@@ -46,7 +59,42 @@ class ServingConfig:
             env=self.env,
             launcher=launcher,
             boot_timeout_s=boot_timeout_s,
+            cpus=cpus,
         )
+
+    @property
+    def speculative(self) -> bool:
+        return "--speculative-config" in self.vllm_args
+
+
+@dataclass(frozen=True)
+class SuiteWorkload:
+    """A workload as a suite runs it: what to send, how, on which rungs, and what must hold.
+
+    The first ``warmup`` requests of the workload warm the server up and are not measured.
+    ``floors`` maps a metric to per-config minimums (``"*"`` for every other config).
+    """
+
+    workload: Workload
+    arrival: Arrival
+    warmup: int = 0
+    configs: tuple[str, ...] = ()  # empty: every config of the suite
+    slo: GoodputSLO | None = None
+    floors: tuple[tuple[str, tuple[tuple[str, float], ...]], ...] = ()
+
+    @property
+    def id(self) -> str:
+        return self.workload.id
+
+    def runs_on(self, config_id: str) -> bool:
+        return not self.configs or config_id in self.configs
+
+    def floor(self, metric: str, config_id: str) -> float | None:
+        for name, per_config in self.floors:
+            if name == metric:
+                table = dict(per_config)
+                return table.get(config_id, table.get("*"))
+        return None
 
 
 def tiny_cpu_config(config_id: str = "cpu-base", extra_args: tuple[str, ...] = ()) -> ServingConfig:
@@ -89,7 +137,10 @@ class Suite:
     hardware: str
     model: str
     configs: tuple[ServingConfig, ...]
+    workloads: tuple[SuiteWorkload, ...] = ()
     description: str = ""
+    gpus: int = 0  # GPUs one node must have (0: a CPU suite)
+    ladder_tolerance: float = 0.10  # an improving rung may be this much slower before the ladder test fails
 
     def config(self, config_id: str) -> ServingConfig:
         for cfg in self.configs:
@@ -109,8 +160,13 @@ def load_suite(path: Path | str) -> Suite:
         raise SuiteError(f"{path}: cannot read suite file: {exc.strerror}") from None
     reader = _Reader(path)
     suite = reader.table(data, "suite")
-    reader.only_keys(data, "", {"suite", "config"})
-    reader.only_keys(suite, "suite", {"name", "hardware", "model", "served_model_name", "description", "env", "vllm"})
+    reader.only_keys(data, "", {"suite", "config", "workload"})
+    reader.only_keys(
+        suite,
+        "suite",
+        {"name", "hardware", "gpus", "model", "served_model_name", "description", "env", "vllm", "ladder_tolerance"},
+    )
+    suite_name = reader.string(suite, "suite.name")
     model = reader.string(suite, "suite.model")
     served = reader.optional_string(suite, "suite.served_model_name")
     if served is None and model == embedded.TINY_MODEL_REF:
@@ -127,7 +183,7 @@ def load_suite(path: Path | str) -> Suite:
         where = f"config[{n}]"
         if not isinstance(entry, dict):
             raise SuiteError(f"{path}: {where}: expected a table, got {entry!r}")
-        reader.only_keys(entry, where, {"id", "inherits", "description", "env", "vllm"})
+        reader.only_keys(entry, where, {"id", "inherits", "description", "env", "vllm", "cpu_flags_any", "improves"})
         config_id = reader.string(entry, f"{where}.id")
         where = f"config {config_id!r}"
         if config_id in rungs:
@@ -148,16 +204,87 @@ def load_suite(path: Path | str) -> Suite:
                 served_model_name=served,
                 description=reader.optional_string(entry, f"{where}.description", key="description") or "",
                 inherits=parent,
+                suite=suite_name,
+                improves=reader.boolean(entry, f"{where}.improves", parent is not None),
+                cpu_flags_any=tuple(reader.strings(entry.get("cpu_flags_any", []), f"{where}.cpu_flags_any")),
             )
         )
+    gpus = suite.get("gpus", 0)
+    if not isinstance(gpus, int) or isinstance(gpus, bool) or gpus < 0:
+        raise reader.fail("suite.gpus", "a whole number of GPUs per node", gpus)
+    workloads = tuple(
+        _suite_workload(reader, entry, f"workload[{n}]", set(rungs)) for n, entry in enumerate(data.get("workload", []))
+    )
+    if len({w.id for w in workloads}) != len(workloads):
+        raise SuiteError(f"{path}: workload: two workloads have the same id: {[w.id for w in workloads]}")
     return Suite(
         path=path,
-        name=reader.string(suite, "suite.name"),
+        name=suite_name,
         hardware=reader.string(suite, "suite.hardware"),
         model=model,
         configs=tuple(configs),
+        workloads=workloads,
         description=reader.optional_string(suite, "suite.description", key="description") or "",
+        gpus=gpus,
+        ladder_tolerance=_fraction(reader, suite.get("ladder_tolerance", 0.10), "suite.ladder_tolerance"),
     )
+
+
+def _fraction(reader: _Reader, value: object, key: str) -> float:
+    if isinstance(value, bool) or not isinstance(value, (int, float)) or not 0 <= value < 1:
+        raise reader.fail(key, "a fraction between 0 and 1", value)
+    return float(value)
+
+
+_RUN_KEYS = {"load", "warmup", "configs", "slo", "floors"}
+
+
+def _suite_workload(reader: _Reader, entry: object, where: str, config_ids: set[str]) -> SuiteWorkload:
+    if not isinstance(entry, dict):
+        raise reader.fail(where, "a [[workload]] table", entry)
+    if "name" in entry:
+        where = f"workload {entry['name']!r}"
+    source = f"{reader.path}: {where}"
+    try:
+        workload = workload_from_dict({k: v for k, v in entry.items() if k not in _RUN_KEYS}, source=source)
+    except ValueError as exc:
+        raise SuiteError(str(exc)) from None
+    load = reader.table(entry, "load") if "load" in entry else None
+    if load is None:
+        raise reader.fail(f"{where}.load", "a table such as { concurrency = 32 } or { rate = 10 }", None)
+    try:
+        arrival: Arrival = ClosedLoop(**load) if "concurrency" in load else OpenLoop(**load)
+    except (TypeError, ValueError) as exc:
+        raise reader.fail(f"{where}.load", f"concurrency = N, or rate = R with distribution/burstiness/seed/max_concurrency ({exc})", load) from None
+    warmup = entry.get("warmup", 0)
+    if not isinstance(warmup, int) or isinstance(warmup, bool) or not 0 <= warmup < workload.num_prompts:
+        raise reader.fail(f"{where}.warmup", f"a whole number of requests below num_prompts ({workload.num_prompts})", warmup)
+    configs = tuple(reader.strings(entry.get("configs", []), f"{where}.configs"))
+    unknown = [c for c in configs if c not in config_ids]
+    if unknown:
+        raise reader.fail(f"{where}.configs", f"ids of configs of this suite {sorted(config_ids)}", unknown)
+    slo = None
+    if "slo" in entry:
+        try:
+            slo = GoodputSLO.parse(entry["slo"]) if isinstance(entry["slo"], str) else None
+        except ValueError as exc:
+            raise reader.fail(f"{where}.slo", str(exc), entry["slo"]) from None
+        if slo is None:
+            raise reader.fail(f"{where}.slo", 'a goodput string such as "ttft:500 tpot:50"', entry["slo"])
+    return SuiteWorkload(workload, arrival, warmup, configs, slo, _floors(reader, entry.get("floors", {}), f"{where}.floors"))
+
+
+def _floors(reader: _Reader, data: object, key: str) -> tuple[tuple[str, tuple[tuple[str, float], ...]], ...]:
+    if not isinstance(data, dict):
+        raise reader.fail(key, "a table of metric = { config = minimum }", data)
+    floors = []
+    for metric, per_config in data.items():
+        if not isinstance(per_config, dict) or not all(
+            isinstance(v, (int, float)) and not isinstance(v, bool) for v in per_config.values()
+        ):
+            raise reader.fail(f"{key}.{metric}", 'a table of config id (or "*") = minimum', per_config)
+        floors.append((metric, tuple((c, float(v)) for c, v in per_config.items())))
+    return tuple(floors)
 
 
 class _Reader:
@@ -192,6 +319,19 @@ class _Reader:
         if value is not None and not isinstance(value, str):
             raise self.fail(where, "a string", value)
         return value
+
+    def boolean(self, data: Mapping[str, Any], key: str, allowed: bool) -> bool:
+        value = data.get(key.rsplit(".", 1)[-1], False)
+        if not isinstance(value, bool):
+            raise self.fail(key, "true or false", value)
+        if value and not allowed:
+            raise self.fail(key, "improves only on a rung that inherits from another", value)
+        return value
+
+    def strings(self, data: object, key: str) -> list[str]:
+        if not isinstance(data, list) or not all(isinstance(v, str) for v in data):
+            raise self.fail(key, "an array of strings", data)
+        return data
 
     def env(self, data: object, key: str) -> dict[str, str]:
         if not isinstance(data, dict) or not all(isinstance(v, str) for v in data.values()):

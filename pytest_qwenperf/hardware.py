@@ -33,7 +33,12 @@ class Hardware:
     driver_version: str | None = None
     cuda_version: str | None = None
     cpu_model: str = ""
-    cpu_count: int = 0
+    cpu_ids: frozenset[int] = frozenset()  # CPUs this process may run on
+    cpu_flags: frozenset[str] = frozenset()  # /proc/cpuinfo flags (avx512f, amx_tile, ...)
+
+    @property
+    def cpu_count(self) -> int:
+        return len(self.cpu_ids)
 
     def describe(self) -> str:
         if self.gpu_count:
@@ -63,7 +68,8 @@ def gpu_kind(name: str) -> str:
 @cache
 def detect() -> Hardware:
     """The hardware of this machine (cached: it does not change during a session)."""
-    cpu = dict(cpu_model=_cpu_model(), cpu_count=len(os.sched_getaffinity(0)))
+    model, flags = _cpu_info()
+    cpu = dict(cpu_model=model, cpu_ids=frozenset(os.sched_getaffinity(0)), cpu_flags=flags)
     gpus = _nvml_gpus()
     if gpus is None:
         return Hardware(kind="cpu", **cpu)
@@ -97,12 +103,18 @@ def _text(value: str | bytes) -> str:
     return value.decode() if isinstance(value, bytes) else value
 
 
-def _cpu_model() -> str:
+def _cpu_info() -> tuple[str, frozenset[str]]:
+    """Model name and feature flags of the first CPU in /proc/cpuinfo."""
+    model, flags = platform.processor(), frozenset[str]()
     try:
         with open("/proc/cpuinfo") as info:
             for line in info:
-                if line.startswith("model name"):
-                    return line.split(":", 1)[1].strip()
+                key, _, value = line.partition(":")
+                if key.strip() == "model name":
+                    model = value.strip()
+                elif key.strip() == "flags":
+                    flags = frozenset(value.split())
+                    break
     except OSError:
         pass
-    return platform.processor()
+    return model, flags

@@ -2,11 +2,14 @@
 
 Settings follow one path, CLI option → ini key → default, resolved once in
 ``pytest_configure`` into a frozen :class:`QwenperfSettings` kept in ``config.stash``.
+Tests that ask for ``suite_workload`` are parametrized from the selected suite files,
+one test per (config, workload), marked with the suite's hardware.
 """
 
 from __future__ import annotations
 
 import argparse
+import glob
 import signal
 import threading
 from collections import Counter
@@ -18,9 +21,13 @@ from typing import TypeVar
 import pytest
 
 from pytest_qwenperf import proctree
-from pytest_qwenperf.config import ServingConfig
-from pytest_qwenperf.options import endpoint_url, launcher_argv, positive_seconds
+from pytest_qwenperf.config import ServingConfig, Suite, SuiteError, SuiteWorkload, load_suite
+from pytest_qwenperf.hardware import Hardware, detect
+from pytest_qwenperf.loadgen.workloads import SharedPrefixWorkload
+from pytest_qwenperf.options import cpu_list, endpoint_url, launcher_argv, positive_seconds
 from pytest_qwenperf.pool import PoolSettings, ServerPool
+from pytest_qwenperf.report import SessionReport
+from pytest_qwenperf.run import RunResult, measure
 from pytest_qwenperf.server import DEFAULT_BOOT_TIMEOUT_S, DEFAULT_LAUNCHER, Server
 
 MARKERS = {
@@ -30,7 +37,24 @@ MARKERS = {
     "h200": "sized for one node of 8x NVIDIA H200",
     "h100": "sized for one node of 8x NVIDIA H100",
     "scaling": "multi-replica scaling-efficiency tests",
+    "qwenperf_select(name)": "only (config, workload) pairs of this kind: ladder, speculative, prefix-cache",
 }
+
+SELECTORS: dict[str, Callable[[Suite, ServingConfig, SuiteWorkload], bool]] = {
+    "all": lambda suite, cfg, wl: True,
+    "ladder": lambda suite, cfg, wl: cfg.improves and cfg.inherits is not None and wl.runs_on(cfg.inherits),
+    "slo": lambda suite, cfg, wl: wl.slo is not None,
+    "speculative": lambda suite, cfg, wl: cfg.speculative,
+    "prefix-cache": lambda suite, cfg, wl: (
+        isinstance(wl.workload, SharedPrefixWorkload)
+        and "--enable-prefix-caching" in cfg.vllm_args
+        and cfg.inherits is not None
+        and wl.runs_on(cfg.inherits)
+    ),
+}
+"""Which (config, workload) pairs a test marked ``qwenperf_select(name)`` runs on: ``ladder``
+compares a rung with the one it inherits from, ``prefix-cache`` a cached rung with its
+uncached parent on a shared-prefix workload."""
 
 
 @dataclass(frozen=True)
@@ -39,10 +63,16 @@ class QwenperfSettings:
     boot_timeout_s: float
     log_dir: Path | None
     endpoints: tuple[str, ...]
+    suites: tuple[Path, ...]
+    json_path: Path | None
+    server_cpus: frozenset[int] | None  # None: the default placement for the suite's hardware
+    client_cpus: frozenset[int] | None
 
 
 SETTINGS_KEY = pytest.StashKey[QwenperfSettings]()
 _USES_KEY = pytest.StashKey[Counter[str]]()
+_SUITES_KEY = pytest.StashKey[tuple[Suite, ...]]()
+_REPORT_KEY = pytest.StashKey[SessionReport]()
 _T = TypeVar("_T")
 
 
@@ -65,10 +95,17 @@ def pytest_addoption(parser: pytest.Parser) -> None:
         default=[],
         help="base URL of an already-running server; repeatable. Nothing is booted when given.",
     )
+    group.addoption(
+        "--qwenperf-suite", type=Path, action="append", default=[], help="suite file to run (repeatable; default: ini qwenperf_suites)"
+    )
+    group.addoption("--qwenperf-json", type=Path, help="write the session's results (every run, boots per config) to this file")
+    group.addoption("--qwenperf-server-cpus", type=cpu_list, help="CPUs for the servers, e.g. 0-6 (CPU suites default: all but the last)")
+    group.addoption("--qwenperf-client-cpus", type=cpu_list, help="CPUs for the load generator (CPU suites default: the last one)")
     parser.addini("qwenperf_launcher", "default for --qwenperf-launcher")
     parser.addini("qwenperf_boot_timeout", "default for --qwenperf-boot-timeout")
     parser.addini("qwenperf_log_dir", "default for --qwenperf-log-dir")
     parser.addini("qwenperf_endpoints", "default for --qwenperf-endpoint", type="linelist")
+    parser.addini("qwenperf_suites", "suite files or globs, relative to the rootdir", type="linelist")
 
 
 def pytest_configure(config: pytest.Config) -> None:
@@ -82,7 +119,16 @@ def pytest_configure(config: pytest.Config) -> None:
         boot_timeout_s=_resolve(config, "qwenperf_boot_timeout", positive_seconds, DEFAULT_BOOT_TIMEOUT_S),
         log_dir=_resolve(config, "qwenperf_log_dir", Path, None),
         endpoints=tuple(endpoints),
+        suites=tuple(config.getoption("qwenperf_suite")) or _ini_suites(config),
+        json_path=config.getoption("qwenperf_json"),
+        server_cpus=config.getoption("qwenperf_server_cpus"),
+        client_cpus=config.getoption("qwenperf_client_cpus"),
     )
+    config.stash[_REPORT_KEY] = SessionReport()
+    try:
+        config.stash[_SUITES_KEY] = tuple(load_suite(p) for p in config.stash[SETTINGS_KEY].suites)
+    except SuiteError as exc:
+        raise pytest.UsageError(str(exc)) from None
     _terminate_like_ctrl_c()
 
 
@@ -101,6 +147,16 @@ def _from_ini(config: pytest.Config, name: str, parse: Callable[[str], _T], raw:
         raise pytest.UsageError(f"{config.inipath}: ini key {name}: {exc}") from None
 
 
+def _ini_suites(config: pytest.Config) -> tuple[Path, ...]:
+    paths: list[Path] = []
+    for pattern in config.getini("qwenperf_suites"):
+        matches = sorted(glob.glob(str(config.rootpath / pattern)))
+        if not matches:
+            raise pytest.UsageError(f"{config.inipath}: ini key qwenperf_suites: {pattern!r} matches no file")
+        paths += [Path(m) for m in matches]
+    return tuple(paths)
+
+
 def _terminate_like_ctrl_c() -> None:
     """Turn SIGTERM (CI cancellation, ``timeout``) into KeyboardInterrupt so teardown still runs."""
     if threading.current_thread() is threading.main_thread() and signal.getsignal(signal.SIGTERM) == signal.SIG_DFL:
@@ -109,6 +165,43 @@ def _terminate_like_ctrl_c() -> None:
             raise KeyboardInterrupt(f"signal {signum}")
 
         signal.signal(signal.SIGTERM, _raise_interrupt)
+
+
+# ------------------------------------------------------------ parametrization
+
+
+def _suites(config: pytest.Config) -> tuple[Suite, ...]:
+    return config.stash[_SUITES_KEY]
+
+
+def pytest_generate_tests(metafunc: pytest.Metafunc) -> None:
+    """One test per (config, workload) of the selected suites, for tests asking for ``suite_workload``."""
+    if "suite_workload" not in metafunc.fixturenames:
+        return
+    marker = metafunc.definition.get_closest_marker("qwenperf_select")
+    selector = marker.args[0] if marker else "all"
+    if selector not in SELECTORS:
+        raise ValueError(f"{metafunc.definition.nodeid}: qwenperf_select({selector!r}): expected one of {sorted(SELECTORS)}")
+    settings = metafunc.config.stash[SETTINGS_KEY]
+    params = []
+    for suite in _suites(metafunc.config):
+        marks = [getattr(pytest.mark, suite.hardware)] + ([pytest.mark.gpu] if suite.gpus else [])
+        for workload in suite.workloads:
+            for cfg in suite.configs:
+                if workload.runs_on(cfg.id) and SELECTORS[selector](suite, cfg, workload):
+                    missing = None if settings.endpoints else _missing_hardware(suite, cfg, detect())
+                    skip = [pytest.mark.skip(reason=missing)] if missing else []
+                    params.append(pytest.param(cfg, workload, id=f"{suite.name}-{cfg.id}/{workload.id}", marks=marks + skip))
+    metafunc.parametrize(("serving_config", "suite_workload"), params)
+
+
+def _missing_hardware(suite: Suite, cfg: ServingConfig, hw: Hardware) -> str | None:
+    """Why ``cfg`` cannot run on ``hw`` (a skip reason naming need and finding), or None."""
+    if suite.gpus and (hw.kind != suite.hardware or hw.gpu_count < suite.gpus):
+        return f"needs {suite.gpus}x {suite.hardware.upper()} GPUs (suite {suite.path.name}); found {hw.describe()}"
+    if cfg.cpu_flags_any and not set(cfg.cpu_flags_any) & hw.cpu_flags:
+        return f"needs a CPU with one of {list(cfg.cpu_flags_any)} (config {cfg.key}); found {hw.cpu_model or 'a CPU'} without"
+    return None
 
 
 # ----------------------------------------------------------------- test ordering
@@ -122,14 +215,18 @@ def _config_of(item: pytest.Item) -> ServingConfig | None:
 
 @pytest.hookimpl(trylast=True)  # after -m/-k deselection, so the use counts are right
 def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
-    """Group tests by serving config, so each server boots once and stops after its last test."""
-    first_seen: dict[str, int] = {}
+    """Group tests by serving config, in ladder order, so each server boots once, stops after
+    its last test, and a rung's parent has already been measured when the rung is compared."""
+    rank: dict[str, tuple[int, ...]] = {}
+    for s, suite in enumerate(_suites(config)):
+        for c, cfg in enumerate(suite.configs):
+            rank[cfg.key] = (0, s, c)
     for item in items:
         cfg = _config_of(item)
-        if cfg is not None:
-            first_seen.setdefault(cfg.id, len(first_seen))
-    items.sort(key=lambda item: first_seen[cfg.id] if (cfg := _config_of(item)) else -1)
-    config.stash[_USES_KEY] = Counter(cfg.id for item in items if (cfg := _config_of(item)))
+        if cfg is not None and cfg.key not in rank:
+            rank[cfg.key] = (1, len(rank))
+    items.sort(key=lambda item: rank[cfg.key] if (cfg := _config_of(item)) else (-1,))
+    config.stash[_USES_KEY] = Counter(cfg.key for item in items if (cfg := _config_of(item)))
 
 
 # ---------------------------------------------------------------------- fixtures
@@ -141,7 +238,9 @@ def qwenperf_settings(pytestconfig: pytest.Config) -> QwenperfSettings:
 
 
 @pytest.fixture(scope="session")
-def qwenperf_pool(qwenperf_settings: QwenperfSettings, tmp_path_factory: pytest.TempPathFactory) -> Iterator[ServerPool]:
+def qwenperf_pool(
+    pytestconfig: pytest.Config, qwenperf_settings: QwenperfSettings, tmp_path_factory: pytest.TempPathFactory
+) -> Iterator[ServerPool]:
     """All servers of the session; each config boots once and everything stops at the end."""
     pool = ServerPool(
         PoolSettings(
@@ -151,6 +250,7 @@ def qwenperf_pool(qwenperf_settings: QwenperfSettings, tmp_path_factory: pytest.
             endpoints=qwenperf_settings.endpoints,
         )
     )
+    pytestconfig.stash[_REPORT_KEY].boots = pool.boots
     try:
         yield pool
     finally:
@@ -166,24 +266,95 @@ def serving_config(request: pytest.FixtureRequest) -> ServingConfig:
     )
 
 
+def _placement(cfg: ServingConfig, settings: QwenperfSettings) -> tuple[frozenset[int], frozenset[int]]:
+    """Server and client CPUs: as set, else disjoint cores for the CPU build (repeatable figures)."""
+    if settings.server_cpus is not None or settings.client_cpus is not None:
+        return settings.server_cpus or frozenset(), settings.client_cpus or frozenset()
+    cpus = sorted(detect().cpu_ids)
+    if not cfg.model.startswith("embedded:") or len(cpus) < 2:
+        return frozenset(), frozenset()
+    return frozenset(cpus[:-1]), frozenset(cpus[-1:])
+
+
 @pytest.fixture
-def vllm_server(request: pytest.FixtureRequest, serving_config: ServingConfig, qwenperf_pool: ServerPool) -> Iterator[Server]:
+def vllm_server(
+    request: pytest.FixtureRequest, serving_config: ServingConfig, qwenperf_pool: ServerPool, qwenperf_settings: QwenperfSettings
+) -> Iterator[Server]:
     """The running server for ``serving_config``; stopped after the last test that needs it."""
+    server_cpus, _ = _placement(serving_config, qwenperf_settings)
     try:
-        yield qwenperf_pool.get(serving_config)
+        yield qwenperf_pool.get(serving_config, server_cpus)
     finally:
         uses = request.config.stash.get(_USES_KEY, Counter())
-        uses[serving_config.id] -= 1
-        if uses[serving_config.id] <= 0:
-            qwenperf_pool.release(serving_config.id)
+        uses[serving_config.key] -= 1
+        if uses[serving_config.key] <= 0:
+            qwenperf_pool.release(serving_config.key)
 
 
-# -------------------------------------------------------------- leftover guard
+MeasureFn = Callable[[ServingConfig, SuiteWorkload], RunResult]
+
+
+@pytest.fixture
+def qwenperf_measure(pytestconfig: pytest.Config, qwenperf_pool: ServerPool, qwenperf_settings: QwenperfSettings) -> MeasureFn:
+    """``measure(config, workload)``: the session's run of that pair, measured on first use.
+
+    Tests comparing two rungs use it for the rung they are not parametrized with; the
+    test ordering usually means that run already exists.
+    """
+    report = pytestconfig.stash[_REPORT_KEY]
+
+    def _measure(cfg: ServingConfig, workload: SuiteWorkload) -> RunResult:
+        result = report.get(cfg.key, workload.id)
+        if result is None:
+            server_cpus, client_cpus = _placement(cfg, qwenperf_settings)
+            server = qwenperf_pool.get(cfg, server_cpus)
+            result = measure(server, cfg, workload, suite=cfg.suite, client_cpus=client_cpus)
+            report.add(result)
+        return result
+
+    return _measure
+
+
+@pytest.fixture
+def qwenperf_run(serving_config: ServingConfig, suite_workload: SuiteWorkload, vllm_server: Server, qwenperf_measure: MeasureFn) -> RunResult:
+    """The measured run of ``suite_workload`` on ``serving_config``: once per session, shared by tests."""
+    return qwenperf_measure(serving_config, suite_workload)
+
+
+@pytest.fixture
+def qwenperf_suite(pytestconfig: pytest.Config, serving_config: ServingConfig) -> Suite:
+    """The suite that defines ``serving_config``."""
+    return next(s for s in _suites(pytestconfig) if s.name == serving_config.suite)
+
+
+# -------------------------------------------------------------- session end
+
+
+def pytest_terminal_summary(terminalreporter: pytest.TerminalReporter, config: pytest.Config) -> None:
+    report = config.stash.get(_REPORT_KEY, None)
+    if report is None or not report.runs:
+        return
+    terminalreporter.section("qwenperf results")
+    for line in report.table():
+        terminalreporter.write_line(line)
 
 
 @pytest.hookimpl(trylast=True)
 def pytest_sessionfinish(session: pytest.Session) -> None:
-    """After fixtures are torn down, no process this session started may be alive."""
+    """Write the JSON report; then, after fixtures are torn down, check that no process of ours survived."""
+    config = session.config
+    settings = config.stash.get(SETTINGS_KEY, None)
+    report = config.stash.get(_REPORT_KEY, None)
+    if settings is not None and settings.json_path is not None and report is not None:
+        kept = report.write_json(settings.json_path)
+        reporter = config.pluginmanager.get_plugin("terminalreporter")
+        if reporter is not None:
+            note = f" (previous file kept as {kept})" if kept else ""
+            reporter.write_line(f"qwenperf: results written to {settings.json_path}{note}")
+    _fail_on_leftovers(session)
+
+
+def _fail_on_leftovers(session: pytest.Session) -> None:
     leftovers = proctree.tagged_processes(proctree.owner_prefix())
     if not leftovers:
         return

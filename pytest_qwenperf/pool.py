@@ -45,45 +45,44 @@ class ServerPool:
         self._failed: dict[str, ServerError] = {}
         self._external: ExternalServer | None = None
 
-    def get(self, config: ServingConfig) -> Server:
-        """The running server for ``config``, booting it on first use."""
+    def get(self, config: ServingConfig, cpus: frozenset[int] = frozenset()) -> Server:
+        """The running server for ``config`` (on ``cpus`` if given), booting it on first use."""
         if self.settings.endpoints:
-            return self._external_server(config)
-        if config.id in self._running:
-            return self._running[config.id]
-        if config.id in self._failed:
-            raise BootFailedEarlier(f"config {config.id!r} failed to boot earlier in this session:\n{self._failed[config.id]}")
-        server = ManagedServer(
-            config.server_spec(launcher=self.settings.launcher, boot_timeout_s=self.settings.boot_timeout_s),
-            self.settings.log_dir,
-        )
-        self.boots[config.id] += 1
+            return self._external_server()
+        key = config.key
+        if key in self._running:
+            return self._running[key]
+        if key in self._failed:
+            raise BootFailedEarlier(f"config {key!r} failed to boot earlier in this session:\n{self._failed[key]}")
+        spec = config.server_spec(launcher=self.settings.launcher, boot_timeout_s=self.settings.boot_timeout_s, cpus=cpus)
+        server = ManagedServer(spec, self.settings.log_dir)
+        self.boots[key] += 1
         try:
             server.start()
         except ServerError as exc:
-            self._failed[config.id] = exc
+            self._failed[key] = exc
             raise
-        self._running[config.id] = server
+        self._running[key] = server
         return server
 
-    def release(self, config_id: str) -> None:
-        """Stop the server of ``config_id`` (no more consumers); a later :meth:`get` boots it again."""
-        server = self._running.pop(config_id, None)
+    def release(self, key: str) -> None:
+        """Stop the server of config ``key`` (no more consumers); a later :meth:`get` boots it again."""
+        server = self._running.pop(key, None)
         if server is not None:
             server.stop()
 
     def close(self) -> None:
         """Stop every server; every one is attempted even if one fails to stop."""
         errors = []
-        for config_id in list(self._running):
+        for key in list(self._running):
             try:
-                self.release(config_id)
+                self.release(key)
             except Exception as exc:  # keep stopping the others
-                errors.append(f"{config_id}: {exc}")
+                errors.append(f"{key}: {exc}")
         if errors:
             raise ServerError("could not stop every server: " + "; ".join(errors))
 
-    def _external_server(self, config: ServingConfig) -> ExternalServer:
+    def _external_server(self) -> ExternalServer:
         if self._external is None:
             # Whatever model the endpoints serve is the one measured; it is recorded in ``info``.
             self._external = ExternalServer(self.settings.endpoints, None, self.settings.boot_timeout_s).wait_ready()

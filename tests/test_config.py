@@ -102,3 +102,77 @@ def test_flags_render_in_order_one_option_each(flags: dict) -> None:
             assert next(argv) == f"--{name}"
             assert next(argv) == (json.dumps(value, separators=(",", ":"), sort_keys=True) if isinstance(value, dict) else str(value))
     assert next(argv, None) is None
+
+
+WORKLOADS = """
+[[workload]]
+name = "chat"
+kind = "random"
+input_len = 64
+output_len = 16
+num_prompts = 40
+warmup = 8
+load = { concurrency = 4 }
+configs = ["short", "spec"]
+slo = "ttft:500 tpot:50"
+floors = { output_throughput = { short = 100.0, "*" = 50.0 } }
+
+[[workload]]
+kind = "shared-prefix"
+num_prefixes = 2
+prompts_per_prefix = 4
+prefix_len = 32
+suffix_len = 8
+output_len = 4
+load = { rate = 5.0, distribution = "constant" }
+"""
+
+
+def test_workloads_carry_arrival_warmup_selection_slo_and_floors(tmp_path: Path) -> None:
+    suite = load_suite(write(tmp_path, LADDER + WORKLOADS))
+    chat, shared = suite.workloads
+    assert chat.id == "chat" and chat.warmup == 8 and chat.arrival.concurrency == 4
+    assert chat.runs_on("short") and not chat.runs_on("base")
+    assert chat.slo is not None and chat.slo.limits() == {"ttft": 500.0, "tpot": 50.0}
+    assert chat.floor("output_throughput", "short") == 100.0
+    assert chat.floor("output_throughput", "spec") == 50.0
+    assert chat.floor("request_throughput", "short") is None
+    assert shared.runs_on("base") and shared.arrival.rate == 5.0 and shared.workload.num_prompts == 8
+
+
+@pytest.mark.parametrize(
+    ("change", "message"),
+    [
+        (("load = { concurrency = 4 }", ""), r"workload 'chat'.load: expected a table such as"),
+        (("load = { concurrency = 4 }", "load = { concurrency = 0 }"), r"workload 'chat'.load: expected concurrency = N"),
+        (("load = { concurrency = 4 }", "load = { rate = 1, bursty = 2 }"), r"workload 'chat'.load: .*unexpected keyword argument 'bursty'"),
+        (("warmup = 8", "warmup = 40"), r"workload 'chat'.warmup: expected a whole number of requests below num_prompts \(40\)"),
+        (('configs = ["short", "spec"]', 'configs = ["nope"]'), r"workload 'chat'.configs: expected ids of configs of this suite"),
+        (('slo = "ttft:500 tpot:50"', 'slo = "ttft=500"'), r"workload 'chat'.slo: .*has no ':'"),
+        (('floors = { output_throughput = { short = 100.0, "*" = 50.0 } }', 'floors = { output_throughput = 5 }'), r"floors.output_throughput: expected a table of config id"),
+        (("input_len = 64", 'input_len = "64"'), r"workload 'chat'.*input_len"),
+    ],
+)
+def test_bad_workload_names_file_key_and_expectation(tmp_path: Path, change: tuple[str, str], message: str) -> None:
+    path = write(tmp_path, LADDER + WORKLOADS.replace(*change, 1))
+    with pytest.raises(SuiteError, match=message) as excinfo:
+        load_suite(path)
+    assert str(excinfo.value).startswith(str(path))
+
+
+@pytest.mark.parametrize("name", ["cpu", "b200", "h200"])
+def test_shipped_suites_load(name: str) -> None:
+    suite = load_suite(Path(__file__).parents[1] / "perf_tests" / "suites" / f"{name}.toml")
+    assert suite.hardware == name and suite.workloads
+    assert all(c.suite == name for c in suite.configs)
+
+
+def test_b200_ladder_is_the_write_ups() -> None:
+    suite = load_suite(Path(__file__).parents[1] / "perf_tests" / "suites" / "b200.toml")
+    assert [c.id for c in suite.configs] == ["tp8", "dp8", "dp8-ctx4k", "dp8-ctx4k-fp8kv", "dp8-ctx4k-fp8kv-mtp1"]
+    last = suite.configs[-1].vllm_args
+    assert "--language-model-only" in last and last[last.index("--data-parallel-size") + 1] == "8"
+    assert last[last.index("--max-model-len") + 1] == "4096" and last[last.index("--kv-cache-dtype") + 1] == "fp8"
+    assert last[last.index("--speculative-config") + 1] == '{"method":"mtp","num_speculative_tokens":1}'
+    assert suite.config("tp8").vllm_args[suite.config("tp8").vllm_args.index("--max-model-len") + 1] == "131072"
+    assert suite.model == "Qwen/Qwen3.5-27B-FP8" and suite.gpus == 8

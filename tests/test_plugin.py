@@ -179,3 +179,51 @@ def test_hold(vllm_server):
     finally:
         end_inner_session(inner)
     assert not [p for p in tree if alive(p)]
+
+
+SUITES = Path(__file__).parents[1] / "perf_tests" / "suites"
+
+
+def test_gpu_suite_on_a_cpu_machine_is_all_skipped_with_the_reason(pytester: pytest.Pytester) -> None:
+    pytester.makepyfile(test_perf="def test_point(suite_workload, serving_config): pass")
+    result = pytester.runpytest_subprocess(f"--qwenperf-suite={SUITES / 'b200.toml'}", "-m", "b200", "-rs")
+    assert result.ret == pytest.ExitCode.OK
+    outcomes = result.parseoutcomes()
+    assert outcomes["skipped"] == 11 and "passed" not in outcomes  # 5 rungs x 1 + 3 rungs x 2 workloads
+    result.stdout.fnmatch_lines(["*needs 8x B200 GPUs (suite b200.toml); found CPU only*"])
+
+
+def test_pairs_are_parametrized_grouped_in_ladder_order_and_marked(pytester: pytest.Pytester) -> None:
+    pytester.makepyfile(
+        test_a="""
+import pytest
+@pytest.mark.qwenperf_select("ladder")
+def test_ladder(suite_workload, serving_config): pass
+""",
+        test_b="def test_point(suite_workload, serving_config): pass",
+    )
+    result = pytester.runpytest_subprocess(f"--qwenperf-suite={SUITES / 'cpu.toml'}", "-m", "cpu", "--collect-only", "-q")
+    ids = [line.split("[", 1)[1].rstrip("]") for line in result.stdout.lines if "::" in line]
+    configs = [i.split("/")[0] for i in ids]
+    assert configs == sorted(configs, key=["cpu-base", "cpu-ctx-short", "cpu-fp8kv", "cpu-ngram-spec", "cpu-prefix-cache", "cpu-seqs-32"].index)
+    assert "cpu-ctx-short/isl128-osl128" in ids and "cpu-prefix-cache/shared-prefix-p4x24" in ids
+    assert [i for i in result.stdout.lines if "test_ladder" in i] == [
+        "test_a.py::test_ladder[cpu-ngram-spec/isl128-osl128]",
+        "test_a.py::test_ladder[cpu-prefix-cache/shared-prefix-p4x24]",
+    ]
+
+
+def test_unknown_selector_is_a_usage_error(pytester: pytest.Pytester) -> None:
+    pytester.makepyfile(test_x='import pytest\n@pytest.mark.qwenperf_select("fastest")\ndef test_x(suite_workload): pass')
+    result = pytester.runpytest_subprocess(f"--qwenperf-suite={SUITES / 'cpu.toml'}")
+    assert result.ret == pytest.ExitCode.INTERRUPTED  # a collection error
+    result.stdout.fnmatch_lines(["*qwenperf_select('fastest'): expected one of*"])
+
+
+def test_bad_suite_file_is_a_usage_error_naming_it(pytester: pytest.Pytester) -> None:
+    bad = pytester.path / "bad.toml"
+    bad.write_text('[suite]\nname = "x"\nhardware = "cpu"\nmodel = "m"\n[[config]]\nid = "a"\nvllm = { max_model_len = 5 }\n')
+    pytester.makepyfile(test_x="def test_x(suite_workload): pass")
+    result = pytester.runpytest_subprocess(f"--qwenperf-suite={bad}")
+    assert result.ret == pytest.ExitCode.USAGE_ERROR
+    result.stderr.fnmatch_lines([f"*{bad}: config 'a'.vllm.max_model_len: expected a flag name as vLLM spells it*"])

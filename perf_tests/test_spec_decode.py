@@ -1,0 +1,26 @@
+"""Speculative decoding: acceptance from the server's counters above the suite's floors.
+
+Dummy or random weights make acceptance meaningless for model-based drafts (MTP, EAGLE):
+GPU suites run those rungs on the real checkpoint.
+"""
+
+from __future__ import annotations
+
+import pytest
+
+from pytest_qwenperf.config import ServingConfig, SuiteWorkload
+from pytest_qwenperf.run import RunResult
+
+
+@pytest.mark.qwenperf_select("speculative")
+def test_acceptance_above_floor(qwenperf_run: RunResult, serving_config: ServingConfig, suite_workload: SuiteWorkload) -> None:
+    observed = {
+        "spec_decode_acceptance_rate": qwenperf_run.spec_decode_acceptance_rate,
+        "spec_decode_mean_acceptance_length": qwenperf_run.spec_decode_mean_acceptance_length,
+    }
+    assert all(v is not None for v in observed.values()), f"no drafts counted by the server: {dict(qwenperf_run.server_deltas)}"
+    floors = {name: suite_workload.floor(name, serving_config.id) for name in observed}
+    assert any(f is not None for f in floors.values()), f"no acceptance floor for {serving_config.key} in the suite file"
+    for name, floor in floors.items():
+        if floor is not None:
+            assert observed[name] >= floor, f"{name} {observed[name]:.3f} is below the floor {floor}"

@@ -1,0 +1,26 @@
+"""Throughput floors per rung x workload, on fixed work (ignore_eos, exact lengths)."""
+
+from __future__ import annotations
+
+from pytest_qwenperf.config import ServingConfig, SuiteWorkload
+from pytest_qwenperf.run import RunResult
+
+
+def test_run_is_complete_and_trustworthy(qwenperf_run: RunResult) -> None:
+    """Every request delivered in full, the client kept up, and client and server agree on tokens."""
+    metrics = qwenperf_run.summary.values()
+    assert qwenperf_run.client_bound is None, f"client-bound, not a verdict on vLLM: {qwenperf_run.client_bound}"
+    assert metrics["failed"] == 0, f"{metrics['failed']} of {metrics['completed'] + metrics['failed']} requests failed"
+    assert qwenperf_run.tokens.matches is not False, qwenperf_run.tokens.describe()
+    assert metrics["output_throughput"] > 0
+
+
+def test_throughput_floor(qwenperf_run: RunResult, serving_config: ServingConfig, suite_workload: SuiteWorkload) -> None:
+    metrics = qwenperf_run.summary.values()
+    checked = []
+    for name in ("output_throughput", "total_token_throughput", "request_throughput"):
+        floor = suite_workload.floor(name, serving_config.id)
+        if floor is not None:
+            checked.append(name)
+            assert metrics[name] >= floor, f"{name} {metrics[name]:.1f} is below the floor {floor:.1f} for {serving_config.key}"
+    assert checked, f"no throughput floor for {serving_config.key} on {suite_workload.id} in the suite file"

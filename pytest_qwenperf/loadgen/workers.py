@@ -1,0 +1,169 @@
+"""Load from several client processes, for loads one Python event loop cannot keep up with.
+
+Request ``i`` goes to worker ``i % n``; each worker gets its share of the closed loop's
+concurrency, or the open loop's schedule for its own requests (the schedule is drawn once
+for the whole workload, so it does not depend on the number of workers). Workers meet at
+a barrier before the warm-up and again before the measured phase, so they start together.
+Records come back as each request finishes (a CLI can draw progress) and are merged by
+``sent_at``: ``perf_counter`` is CLOCK_MONOTONIC, comparable across processes.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import multiprocessing
+import os
+import queue
+import traceback
+from collections.abc import Iterable, Sequence
+from dataclasses import replace
+from multiprocessing.synchronize import Barrier
+from typing import Any
+
+from pytest_qwenperf.loadgen.arrivals import Arrival, ClosedLoop, OpenLoop
+from pytest_qwenperf.loadgen.client import DEFAULT_TIMEOUT_S, Job, LoadResult, Progress, new_event_loop, run_jobs, split_warmup
+from pytest_qwenperf.loadgen.request import RequestSpec
+from pytest_qwenperf.records import RequestRecord
+
+BARRIER_TIMEOUT_S = 120.0  # a worker that never arrives (crashed while starting) breaks the barrier
+
+
+def pin_current_process(cpus: Iterable[int]) -> set[int]:
+    """Restrict this process (and the processes it starts later) to ``cpus``; returns the previous set.
+
+    Pinning the client away from the server's cores keeps the instrument from competing
+    with what it measures.
+    """
+    previous = os.sched_getaffinity(0)
+    os.sched_setaffinity(0, set(cpus))
+    return previous
+
+
+def _share(total: int, n: int, k: int) -> int:
+    """Worker ``k``'s part of ``total`` split as evenly as possible over ``n``."""
+    return total // n + (k < total % n)
+
+
+def _worker(
+    k: int,
+    barrier: Barrier,
+    results: multiprocessing.Queue[Any],
+    cpus: set[int] | None,
+    endpoints: Sequence[str],
+    model: str,
+    warmup_jobs: list[Job],
+    jobs: list[Job],
+    arrival: Arrival,
+    offsets: list[float] | None,
+    options: dict[str, Any],
+) -> None:
+    """One worker process: its own event loop and session; sends each record as it finishes."""
+    try:
+        if cpus:
+            pin_current_process(cpus)
+
+        async def sync() -> None:
+            await asyncio.to_thread(barrier.wait, BARRIER_TIMEOUT_S)
+
+        with asyncio.Runner(loop_factory=new_event_loop) as runner:
+            _, started_at, ended_at = runner.run(
+                run_jobs(endpoints, model, warmup_jobs, jobs, arrival, offsets, progress=results.put, sync=sync, **options)
+            )
+        results.put(("done", k, started_at, ended_at, tuple(sorted(os.sched_getaffinity(0)))))
+    except BaseException:
+        barrier.abort()
+        results.put(("error", k, traceback.format_exc()))
+
+
+def _worker_arrival(arrival: Arrival, n: int, k: int) -> Arrival:
+    if isinstance(arrival, ClosedLoop):
+        return ClosedLoop(_share(arrival.concurrency, n, k))
+    if arrival.max_concurrency is None:
+        return arrival
+    return replace(arrival, max_concurrency=max(1, _share(arrival.max_concurrency, n, k)))
+
+
+def run_load_in_workers(
+    n_workers: int,
+    endpoints: Sequence[str],
+    model: str,
+    requests: Iterable[RequestSpec],
+    arrival: Arrival,
+    *,
+    warmup: int = 0,
+    duration_s: float | None = None,
+    timeout_s: float = DEFAULT_TIMEOUT_S,
+    continuous_usage: bool = True,
+    progress: Progress | None = None,
+    cpus: Iterable[int] | None = None,
+) -> LoadResult:
+    """:func:`~pytest_qwenperf.loadgen.client.run_load` split over ``n_workers`` processes.
+
+    ``cpus`` pins every worker to that set of CPU ids. The result's ``started_at`` and
+    ``ended_at`` span all workers' measured phases; ``client_cpus`` has each worker's affinity.
+    """
+    if n_workers < 1:
+        raise ValueError(f"n_workers must be at least 1, got {n_workers}")
+    if isinstance(arrival, ClosedLoop) and arrival.concurrency < n_workers:
+        raise ValueError(f"concurrency {arrival.concurrency} cannot be split over {n_workers} workers")
+    warmup_jobs, jobs, offsets = split_warmup(requests, arrival, warmup)
+    options = {"duration_s": duration_s, "timeout_s": timeout_s, "continuous_usage": continuous_usage}
+    ctx = multiprocessing.get_context("spawn")
+    barrier = ctx.Barrier(n_workers)
+    results: multiprocessing.Queue[Any] = ctx.Queue()
+    procs = []
+    for k in range(n_workers):
+        args = (
+            k,
+            barrier,
+            results,
+            set(cpus) if cpus is not None else None,
+            list(endpoints),
+            model,
+            warmup_jobs[k::n_workers],
+            jobs[k::n_workers],
+            _worker_arrival(arrival, n_workers, k),
+            offsets[k::n_workers] if offsets is not None else None,
+            options,
+        )
+        procs.append(ctx.Process(target=_worker, args=args, name=f"qwenperf-loadgen-{k}", daemon=True))
+    records: list[RequestRecord] = []
+    done: dict[int, tuple[float, float, tuple[int, ...]]] = {}
+    try:
+        for proc in procs:
+            proc.start()
+        while len(done) < n_workers:
+            try:
+                message = results.get(timeout=1.0)
+            except queue.Empty:
+                crashed = [proc for proc in procs if proc.exitcode not in (None, 0)]
+                if crashed:
+                    raise RuntimeError(f"load generator worker {crashed[0].name} died with exit code {crashed[0].exitcode}")
+                continue
+            if isinstance(message, RequestRecord):
+                records.append(message)
+                if progress is not None:
+                    progress(message)
+            elif message[0] == "done":
+                done[message[1]] = message[2:]
+            else:
+                raise RuntimeError(f"load generator worker {message[1]} failed:\n{message[2]}")
+    finally:
+        for proc in procs:
+            if len(done) < n_workers and proc.is_alive():  # failing: stop the others too
+                proc.terminate()
+            proc.join(timeout=10)
+            if proc.is_alive():
+                proc.kill()
+                proc.join()
+    records.sort(key=lambda record: record.sent_at)
+    spans = [done[k] for k in range(n_workers)]
+    return LoadResult(
+        records=tuple(records),
+        started_at=min(span[0] for span in spans),
+        ended_at=max(span[1] for span in spans),
+        arrival=arrival,
+        warmup=warmup,
+        duration_s=duration_s,
+        client_cpus=tuple(span[2] for span in spans),
+    )

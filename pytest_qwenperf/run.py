@@ -1,0 +1,145 @@
+"""One measured point: a workload driven against a running config, and everything it showed.
+
+Plain Python over the other modules: the plugin, the CLI and a notebook all call
+:func:`measure`, and the :class:`RunResult` is what the verdicts, the JSON report and
+pytest-benchmark get.
+"""
+
+from __future__ import annotations
+
+import datetime
+import time
+from collections.abc import Mapping
+from dataclasses import dataclass
+from types import MappingProxyType
+
+from pytest_qwenperf import embedded
+from pytest_qwenperf.config import ServingConfig, SuiteWorkload
+from pytest_qwenperf.hardware import Hardware, detect
+from pytest_qwenperf.loadgen.client import run_load_sync
+from pytest_qwenperf.loadgen.tokenizer import PromptTokenizer
+from pytest_qwenperf.loadgen.workers import pin_current_process
+from pytest_qwenperf.metrics import RunSummary, TokenCrossCheck, client_bound_reason, cross_check, steady_window, summarize, summarize_window
+from pytest_qwenperf.server import Server, ServerInfo
+from pytest_qwenperf.telemetry.server_metrics import counter_deltas, scrape
+
+
+@dataclass(frozen=True)
+class RunResult:
+    """What one load run measured, with what was measured (identity) and where (context)."""
+
+    suite: str
+    config: ServingConfig
+    workload: SuiteWorkload
+    servers: tuple[ServerInfo, ...]
+    hardware: Hardware
+    summary: RunSummary
+    steady: RunSummary | None
+    server_deltas: Mapping[str, float | None]
+    tokens: TokenCrossCheck
+    client_bound: str | None
+    client_cpu_busy: float  # fraction of the run the client process spent on a CPU
+    client_cpus: tuple[int, ...]
+    started: str  # ISO 8601, UTC
+
+    @property
+    def vllm_version(self) -> str | None:
+        return self.servers[0].version if self.servers else None
+
+    @property
+    def prefix_cache_hit_rate(self) -> float | None:
+        return _ratio(self.server_deltas.get("prefix_cache_hits"), self.server_deltas.get("prefix_cache_queries"))
+
+    @property
+    def spec_decode_acceptance_rate(self) -> float | None:
+        """Accepted draft tokens / proposed draft tokens (vLLM's definition)."""
+        return _ratio(
+            self.server_deltas.get("spec_decode_num_accepted_tokens"), self.server_deltas.get("spec_decode_num_draft_tokens")
+        )
+
+    @property
+    def spec_decode_mean_acceptance_length(self) -> float | None:
+        """1 + accepted tokens per draft: tokens produced per forward pass of the target model."""
+        accepted_per_draft = _ratio(
+            self.server_deltas.get("spec_decode_num_accepted_tokens"), self.server_deltas.get("spec_decode_num_drafts")
+        )
+        return None if accepted_per_draft is None else 1 + accepted_per_draft
+
+    def as_json(self) -> dict[str, object]:
+        """Identity (what was measured), context (where, which versions) and results, kept apart."""
+        return {
+            "identity": {
+                "suite": self.suite,
+                "config": self.config.id,
+                "argv": list(self.config.vllm_args),
+                "model": self.config.model,
+                "workload": self.workload.id,
+                "workload_fingerprint": self.workload.workload.fingerprint(),
+                "hardware": self.hardware.kind,
+            },
+            "context": {
+                "vllm_version": self.vllm_version,
+                "hardware": self.hardware.as_dict(),
+                "servers": [info.as_dict() for info in self.servers],
+                "client_cpus": list(self.client_cpus),
+                "started": self.started,
+            },
+            "metrics": self.summary.values(),
+            "steady_state": self.steady.values() if self.steady else None,
+            "server": {
+                "deltas": dict(self.server_deltas),
+                "prefix_cache_hit_rate": self.prefix_cache_hit_rate,
+                "spec_decode_acceptance_rate": self.spec_decode_acceptance_rate,
+                "spec_decode_mean_acceptance_length": self.spec_decode_mean_acceptance_length,
+            },
+            "token_check": {"matches": self.tokens.matches, "detail": self.tokens.describe()},
+            "client": {"bound": self.client_bound, "cpu_busy": self.client_cpu_busy},
+        }
+
+
+def _ratio(part: float | None, whole: float | None) -> float | None:
+    return None if part is None or not whole else part / whole
+
+
+def measure(
+    server: Server,
+    config: ServingConfig,
+    workload: SuiteWorkload,
+    *,
+    suite: str = "",
+    client_cpus: frozenset[int] = frozenset(),
+) -> RunResult:
+    """Drive ``workload`` against ``server`` (running ``config``) and collect the result.
+
+    ``client_cpus`` pins this process while the load runs, so the instrument does not
+    share cores with the server; the previous affinity is restored afterwards.
+    """
+    tokenizer = PromptTokenizer.load(embedded.resolve_model(config.model))
+    requests = workload.workload.build(tokenizer)
+    started = datetime.datetime.now(datetime.UTC).isoformat(timespec="seconds")
+    before = scrape(server.base_urls)
+    previous_cpus = pin_current_process(client_cpus) if client_cpus else None
+    try:
+        cpu_start, wall_start = time.process_time(), time.perf_counter()
+        load = run_load_sync(server.base_urls, server.model, requests, workload.arrival, warmup=workload.warmup)
+        busy = (time.process_time() - cpu_start) / max(time.perf_counter() - wall_start, 1e-9)
+    finally:
+        if previous_cpus is not None:
+            pin_current_process(previous_cpus)
+    deltas = counter_deltas(before, scrape(server.base_urls))
+    window = steady_window(load.records)
+    return RunResult(
+        suite=suite,
+        config=config,
+        workload=workload,
+        servers=server.info,
+        hardware=detect(),
+        summary=summarize(load.records, goodput_slo=workload.slo, requested_rate=load.requested_rate),
+        steady=summarize_window(load.records, window) if window else None,
+        server_deltas=MappingProxyType(deltas),
+        tokens=cross_check(load.records, deltas["prompt_tokens"], deltas["generation_tokens"]),
+        client_bound=client_bound_reason(load.records, requested_rate=load.requested_rate, client_cpu_busy_fraction=busy),
+        client_cpu_busy=busy,
+        client_cpus=load.client_cpus[0],
+        started=started,
+    )

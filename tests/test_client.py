@@ -1,0 +1,382 @@
+"""The load generator's client against a stream source with known timing (tests/stream_source.py).
+
+The source runs in its own process, so the client's timing is not distorted by sharing
+an event loop with it; where timing matters, source and client are pinned to different
+CPUs.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import os
+import random
+import socket
+import time
+from collections import Counter
+from collections.abc import Iterator
+from contextlib import contextmanager
+from typing import Any
+
+import aiohttp
+import numpy as np
+import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from pytest_qwenperf.loadgen.arrivals import ClosedLoop, OpenLoop
+from pytest_qwenperf.loadgen.client import StreamParser, new_event_loop, run_load, run_load_sync
+from pytest_qwenperf.loadgen.request import RequestSpec
+from pytest_qwenperf.loadgen.workers import pin_current_process, run_load_in_workers
+from pytest_qwenperf.records import RequestRecord
+from tests.stream_source import MODEL, StreamSource, stream_source
+
+TWO_CPUS = len(os.sched_getaffinity(0)) >= 2
+SOURCE_CPUS, CLIENT_CPUS = ({0}, {1}) if TWO_CPUS else (None, None)
+
+
+def spec(index: int, max_tokens: int = 4, api: str = "completions", **schedule: Any) -> RequestSpec:
+    """A request whose ``x_schedule`` tells the source how to answer it."""
+    sampling = (("temperature", 0.0), ("x_schedule", {"id": index, **schedule}))
+    if api == "chat":
+        return RequestSpec(index=index, max_tokens=max_tokens, api="chat", messages=(("user", "hi there"),), sampling=sampling)
+    return RequestSpec(index=index, max_tokens=max_tokens, prompt=(1, 2, 3), sampling=sampling)
+
+
+@pytest.fixture(scope="module")
+def source() -> Iterator[StreamSource]:
+    with stream_source(cpus=SOURCE_CPUS) as src:
+        yield src
+
+
+@contextmanager
+def pinned(cpus: set[int] | None) -> Iterator[None]:
+    """Pin the test process (the client) for the duration, then restore its affinity."""
+    previous = pin_current_process(cpus) if cpus else None
+    try:
+        yield
+    finally:
+        if previous is not None:
+            pin_current_process(previous)
+
+
+def run(source: StreamSource, specs: list[RequestSpec], arrival: Any = None, **options: Any) -> list[RequestRecord]:
+    return list(run_load_sync(source.urls, MODEL, specs, arrival or ClosedLoop(len(specs)), **options).records)
+
+
+# --- fidelity ---------------------------------------------------------------------------
+
+
+def test_fidelity_256_streams() -> None:
+    """256 concurrent streams: TTFT and every inter-chunk gap as measured match the source's
+    schedule within 1 ms at p99, and every token is counted exactly once.
+
+    The source is pinned to CPU 0 and the client (this process) to CPU 1: on a 2-core
+    machine both need most of a core at this load, and sharing one would turn each
+    one's CPU bursts into the other's timing errors. Schedules are realistic and varied
+    (TTFT 50-200 ms, gaps 10-20 ms, 32 tokens in chunks of 1-3 like speculative decoding,
+    some chunks with empty text) so that sends do not line up. The first 256 requests are
+    a warm-up that opens the connections; the measured 256 then start in one burst, as a
+    closed loop does. ``scheduled`` is the source's actual send times: ``/stats`` shows
+    how late the source itself was, which is not the client's error.
+    """
+    rng = random.Random(7)
+    specs, schedules = [], {}
+    for i in range(256):
+        specs.append(spec(i, max_tokens=1))
+    for i in range(256, 512):
+        per_chunk: list[int] = []
+        while sum(per_chunk) < 32:
+            per_chunk.append(min(rng.choice((1, 1, 1, 2, 3)), 32 - sum(per_chunk)))
+        gaps = [0.0] + [rng.uniform(10, 20) for _ in per_chunk[1:]]
+        empty = [k for k in range(len(per_chunk)) if rng.random() < 0.1]
+        schedules[i] = {"ttft_ms": rng.uniform(50, 200), "itl_ms": gaps, "tokens_per_chunk": per_chunk, "empty_text": empty}
+        specs.append(spec(i, max_tokens=32, **schedules[i]))
+
+    with stream_source(cpus=SOURCE_CPUS) as src, pinned(CLIENT_CPUS):
+        load = run_load_sync(src.urls, MODEL, specs, ClosedLoop(256), warmup=256)
+        stats, sent = src.stats(), src.sent()
+
+    measured = [r for r in load.records if not r.warmup]
+    assert len(measured) == 256 and stats["peak_active"] == 256
+    ttft_err, itl_err, nominal_ttft_err, nominal_itl_err = [], [], [], []
+    for r in measured:
+        schedule, actual = schedules[r.index], np.array(sent[r.index])  # [handler start, chunk 0, chunk 1, ...]
+        assert r.ok, r.error
+        assert list(r.chunk_tokens) == schedule["tokens_per_chunk"]  # multi-token and empty-text chunks included
+        assert sum(r.chunk_tokens) == r.completion_tokens == 32
+        times = np.array(r.chunk_times)
+        ttft_err.append((times[0] - r.sent_at) - (actual[1] - actual[0]))
+        itl_err.extend(np.diff(times) - np.diff(actual[1:]))
+        nominal_ttft_err.append((times[0] - r.sent_at) * 1e3 - schedule["ttft_ms"])
+        nominal_itl_err.extend(np.diff(times) * 1e3 - schedule["itl_ms"][1:])
+    p99 = {
+        "ttft": np.percentile(np.abs(ttft_err), 99) * 1e3,
+        "itl": np.percentile(np.abs(itl_err), 99) * 1e3,
+        "ttft vs nominal": np.percentile(np.abs(nominal_ttft_err), 99),
+        "itl vs nominal": np.percentile(np.abs(nominal_itl_err), 99),
+    }
+    print(f"p99 error (ms): {', '.join(f'{k} {v:.3f}' for k, v in p99.items())}; source late p99 {stats['late_ms_p99']:.3f} ms")
+    assert p99["ttft"] <= 1.0 and p99["itl"] <= 1.0, p99
+
+
+# --- routing and connections ------------------------------------------------------------
+
+
+def test_round_robin_over_three_endpoints() -> None:
+    with stream_source(n_ports=3) as src:
+        records = run(src, [spec(i, max_tokens=2) for i in range(30)], ClosedLoop(7))
+        by_port = src.stats()["by_port"]
+    assert sorted(by_port.values()) == [10, 10, 10]
+    assert Counter(r.endpoint for r in records) == {url: 10 for url in src.urls}
+    assert all(r.endpoint == src.urls[r.index % 3] for r in records)
+
+
+def test_no_connection_cap(source: StreamSource) -> None:
+    """aiohttp's default connector holds 100 connections; 300 held streams must all be open at once."""
+    source.reset()
+    records = run(source, [spec(i, max_tokens=1, ttft_ms=1500) for i in range(300)], timeout_s=60)
+    assert all(r.ok for r in records)
+    assert source.stats()["peak_active"] == 300
+
+
+# --- token accounting -------------------------------------------------------------------
+
+
+def test_chat_multi_token_and_plain_usage(source: StreamSource) -> None:
+    """Chat's role chunk carries no token; without continuous usage each chunk with text counts one."""
+    per_chunk = [1, 3, 1, 2]
+    chat = run(source, [spec(0, max_tokens=7, api="chat", tokens_per_chunk=per_chunk, empty_text=[2])])[0]
+    assert chat.ok and chat.chunk_tokens == (1, 3, 1, 2) and chat.completion_tokens == 7 and chat.prompt_tokens == 2
+    plain = run(source, [spec(1, max_tokens=7, tokens_per_chunk=per_chunk, empty_text=[2])], continuous_usage=False)[0]
+    assert plain.ok and plain.completion_tokens == 7  # totals always from the final usage
+    assert plain.chunk_tokens == (1, 1, 1)  # the empty-text chunk cannot be seen without usage
+
+
+def _reference_tokens(events: list[bytes]) -> tuple[list[int], tuple[int, int]]:
+    """What the parser must find, by decoding every event: the slow, obviously right way."""
+    tokens, seen, plain, usage = [], 0, False, (0, 0)
+    for event in events:
+        payload = event.removeprefix(b"data: ").strip()
+        if payload == b"[DONE]":
+            continue
+        chunk = json.loads(payload)
+        if chunk.get("usage"):
+            usage = (chunk["usage"]["prompt_tokens"], chunk["usage"]["completion_tokens"])
+        if chunk.get("usage") and not plain:
+            n = chunk["usage"]["completion_tokens"] - seen
+        elif chunk["choices"] and (chunk["choices"][0].get("text") or chunk["choices"][0].get("delta", {}).get("content")):
+            n, plain = 1, True
+        else:
+            continue
+        if n > 0:
+            tokens.append(n)
+            seen += n
+    return tokens, usage
+
+
+@settings(max_examples=150, deadline=None)
+@given(
+    texts=st.lists(st.text(alphabet=st.sampled_from('a"\\:{},_ completion_tokens\n\u00e9\U0001f600'), max_size=40), min_size=1, max_size=12),
+    per_chunk=st.lists(st.integers(1, 4), min_size=12, max_size=12),
+    continuous=st.booleans(),
+    chat=st.booleans(),
+    cuts=st.lists(st.integers(0, 4000), max_size=8),
+)
+def test_fast_path_parses_what_json_parses(
+    texts: list[str], per_chunk: list[int], continuous: bool, chat: bool, cuts: list[int]
+) -> None:
+    """The byte-level fast path agrees with decoding every chunk, whatever the text and however the bytes are split."""
+    from tests.stream_source import _Format
+
+    fmt = _Format(chat, MODEL, 5, continuous)
+    events, completion = [fmt.role()] if chat else [], 0
+    for text, n in zip(texts, per_chunk):
+        completion += n
+        events.append(fmt.chunk(text, completion))
+    events += [fmt.final(completion), b"data: [DONE]\n\n"]
+    stream = b"".join(events)
+    parser = StreamParser()
+    for start, end in zip([0, *sorted(cuts)], [*sorted(cuts), len(stream)]):
+        parser.feed(stream[start:end], 0.0)
+    assert (parser.tokens, parser.finish()) == _reference_tokens([e.strip() for e in events])
+    assert parser.error is None and len(parser.times) == len(parser.tokens)
+
+
+# --- failures ---------------------------------------------------------------------------
+
+FAILURES = {  # (model, schedule, what the record's error must say)
+    "wrong model (vLLM's 404)": ("nope", {}, "The model `nope` does not exist."),
+    "4xx message": (MODEL, {"error": {"status": 400, "body": {"message": "prompt too long"}}}, "prompt too long"),
+    "4xx detail": (MODEL, {"error": {"status": 422, "body": {"detail": "field required"}}}, "field required"),
+    "cut mid-stream": (MODEL, {"abort_after": 3, "itl_ms": 5}, "ClientPayloadError"),
+    "no usage": (MODEL, {"usage": False}, "stream ended without usage"),
+}
+
+
+@pytest.mark.parametrize("case", FAILURES)
+def test_failures_keep_the_reason_and_are_not_delivered(source: StreamSource, case: str) -> None:
+    model, schedule, reason = FAILURES[case]
+    record = run_load_sync(source.urls, model, [spec(0, max_tokens=8, **schedule)], ClosedLoop(1)).records[0]
+    assert reason in (record.error or "") and not record.ok
+
+
+def test_truncated_stream_is_not_delivered(source: StreamSource) -> None:
+    """A stream that ends cleanly with fewer tokens than ``max_tokens`` under ignore_eos."""
+    record = run(source, [spec(0, max_tokens=8, tokens_per_chunk=[1, 1, 1])])[0]
+    assert record.error is None and record.completion_tokens == 3 and not record.ok
+
+
+def test_connection_refused() -> None:
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        port = sock.getsockname()[1]  # nothing listens once closed
+    record = run_load_sync([f"http://127.0.0.1:{port}"], MODEL, [spec(0)], ClosedLoop(1)).records[0]
+    assert record.status is None and "ClientConnectorError" in (record.error or "") and not record.ok
+
+
+def test_per_request_timeout(source: StreamSource) -> None:
+    records = run(source, [spec(0, max_tokens=2, ttft_ms=3000), spec(1, max_tokens=2)], timeout_s=0.5)
+    slow, fast = sorted(records, key=lambda r: r.index)
+    assert slow.error is not None and "TimeoutError" in slow.error and not slow.ok
+    assert 0.45 < slow.ended_at - slow.sent_at < 1.5
+    assert fast.ok
+
+
+# --- arrivals ---------------------------------------------------------------------------
+
+
+def test_schedules_are_deterministic() -> None:
+    gamma = OpenLoop(rate=20, distribution="gamma", burstiness=0.5, seed=3)
+    assert gamma.offsets(200) == OpenLoop(rate=20, distribution="gamma", burstiness=0.5, seed=3).offsets(200)
+    assert gamma.offsets(200) != OpenLoop(rate=20, distribution="gamma", burstiness=0.5, seed=4).offsets(200)
+    assert gamma.offsets(200)[-1] == pytest.approx(200 / 20)  # rescaled as vllm bench serve does
+    bursty, smooth = (np.diff(OpenLoop(rate=20, distribution="gamma", burstiness=b).offsets(2000)) for b in (0.25, 4.0))
+    assert bursty.std() > 3 * smooth.std()  # coefficient of variation is 1/sqrt(burstiness)
+    assert OpenLoop(rate=20).offsets(50) == OpenLoop(rate=20, distribution="gamma", burstiness=1.0).offsets(50)
+    assert OpenLoop(rate=4, distribution="constant").offsets(3) == [0.25, 0.5, 0.75]
+    with pytest.raises(ValueError):
+        OpenLoop(rate=4, burstiness=2.0)  # burstiness means gamma
+
+
+@pytest.mark.parametrize("distribution", ["constant", "poisson"])
+def test_open_loop_follows_its_schedule(source: StreamSource, distribution: str) -> None:
+    arrival = OpenLoop(rate=40, distribution=distribution, seed=1)
+    load = run_load_sync(source.urls, MODEL, [spec(i, max_tokens=2, itl_ms=5) for i in range(30)], arrival)
+    offsets = arrival.offsets(30)
+    assert [r.index for r in load.records] == list(range(30))
+    assert [r.scheduled_at - load.started_at for r in load.records] == pytest.approx(offsets, abs=1e-9)
+    lag_ms = np.array([r.scheduling_lag for r in load.records]) * 1e3
+    assert lag_ms.min() >= 0 and np.percentile(lag_ms, 90) < 5, lag_ms
+    assert load.requested_rate == 40 and all(r.ok for r in load.records)
+
+
+def test_open_loop_max_concurrency_holds_requests_back(source: StreamSource) -> None:
+    arrival = OpenLoop(rate=1000, distribution="constant", max_concurrency=2)
+    source.reset()
+    load = run_load_sync(source.urls, MODEL, [spec(i, max_tokens=1, ttft_ms=100) for i in range(6)], arrival)
+    assert source.stats()["peak_active"] == 2
+    assert max(r.scheduling_lag for r in load.records) > 0.15  # the last pair waited for two rounds
+
+
+def test_duration_limit(source: StreamSource) -> None:
+    """Nothing is sent after ``duration_s``; requests in flight then finish and count."""
+    specs = [spec(i, max_tokens=2, ttft_ms=80, itl_ms=20) for i in range(200)]
+    load = run_load_sync(source.urls, MODEL, specs, ClosedLoop(4), duration_s=0.5)
+    assert 10 <= len(load.records) <= 30
+    assert all(r.ok and r.sent_at < load.started_at + 0.5 for r in load.records)
+    assert max(r.ended_at for r in load.records) > load.started_at + 0.5
+    opened = run_load_sync(source.urls, MODEL, specs, OpenLoop(rate=40, distribution="constant"), duration_s=0.5)
+    assert len(opened.records) == 19  # offsets 1/40 .. 19/40 s; 20/40 is not before the limit
+
+
+def test_warmup_goes_first_and_is_marked(source: StreamSource) -> None:
+    specs = [spec(i, max_tokens=2, ttft_ms=20) for i in range(10)]
+    load = run_load_sync(source.urls, MODEL, specs, ClosedLoop(2), warmup=4)
+    warm = [r for r in load.records if r.warmup]
+    assert sorted(r.index for r in warm) == [0, 1, 2, 3]
+    assert max(r.ended_at for r in warm) <= load.started_at <= min(r.sent_at for r in load.records if not r.warmup)
+    assert all(r.ok for r in load.records)
+
+
+def test_progress_is_called_per_finished_request(source: StreamSource) -> None:
+    seen: list[int] = []
+    run(source, [spec(i) for i in range(5)], ClosedLoop(2), progress=lambda record: seen.append(record.index))
+    assert sorted(seen) == [0, 1, 2, 3, 4]
+
+
+# --- workers ----------------------------------------------------------------------------
+
+
+def test_workers_merge_like_one_process(source: StreamSource) -> None:
+    specs = [spec(i, max_tokens=3, ttft_ms=10, itl_ms=5) for i in range(24)]
+    single = run_load_sync(source.urls, MODEL, specs, ClosedLoop(4))
+    cpus = CLIENT_CPUS or os.sched_getaffinity(0)
+    seen: list[int] = []
+    merged = run_load_in_workers(2, source.urls, MODEL, specs, ClosedLoop(4), cpus=cpus, progress=lambda r: seen.append(r.index))
+    for load in (single, merged):
+        assert len(load.records) == 24 and all(r.ok for r in load.records)
+        assert sum(r.completion_tokens for r in load.records) == sum(sum(r.chunk_tokens) for r in load.records) == 72
+    assert sorted(r.index for r in merged.records) == sorted(seen) == list(range(24))
+    assert [r.sent_at for r in merged.records] == sorted(r.sent_at for r in merged.records)
+    assert merged.client_cpus == (tuple(sorted(cpus)),) * 2  # each worker reports its own affinity
+    assert merged.started_at <= min(r.sent_at for r in merged.records)
+
+
+def test_workers_report_a_failing_worker() -> None:
+    with pytest.raises(RuntimeError, match="no endpoints"):
+        run_load_in_workers(2, [], MODEL, [spec(i) for i in range(4)], ClosedLoop(2))
+
+
+# --- CPU cost ---------------------------------------------------------------------------
+
+
+def chunks_per_cpu_second(url: str, client: str, chunks: int = 200_000, streams: int = 4) -> float:
+    """Chunks one client process parses per CPU-second, streaming ``chunks`` at the source's full speed.
+
+    ``client`` is ``"qwenperf"`` (:func:`run_load` on :func:`new_event_loop`) or ``"vllm"``
+    (``vllm bench serve``'s ``async_request_openai_completions`` on asyncio's loop, as
+    ``vllm bench serve`` runs it). Both ask for continuous usage, so they read the same bytes.
+    """
+    per_stream = chunks // streams
+    if client == "qwenperf":
+        specs = [spec(i, max_tokens=per_stream, fast=True) for i in range(streams)]
+        with asyncio.Runner(loop_factory=new_event_loop) as runner:
+            start = time.process_time()
+            load = runner.run(run_load([url], MODEL, specs, ClosedLoop(streams)))
+            cpu = time.process_time() - start
+        assert all(r.ok and sum(r.chunk_tokens) == per_stream for r in load.records)
+        return sum(len(r.chunk_tokens) for r in load.records) / cpu
+
+    from vllm.benchmarks.lib.endpoint_request_func import RequestFuncInput, async_request_openai_completions
+
+    async def vllm_client() -> tuple[int, float]:
+        stream_options = {"include_usage": True, "continuous_usage_stats": True}
+        request = RequestFuncInput(
+            prompt=[1, 2, 3],
+            api_url=url + "/v1/completions",
+            prompt_len=3,
+            output_len=per_stream,
+            model=MODEL,
+            ignore_eos=True,
+            extra_body={"x_schedule": {"fast": True}, "stream_options": stream_options},
+        )
+        async with aiohttp.ClientSession(trust_env=False, timeout=aiohttp.ClientTimeout(total=600)) as session:
+            start = time.process_time()
+            outputs = await asyncio.gather(*(async_request_openai_completions(request, session) for _ in range(streams)))
+            cpu = time.process_time() - start
+        # Its parser can fail when a read ends right after "data:"; the chunks it did parse still count.
+        return sum(len(o.itl) + (o.ttft > 0) for o in outputs), cpu
+
+    parsed, cpu = asyncio.run(vllm_client())
+    return parsed / cpu
+
+
+def test_cpu_cost_per_chunk() -> None:
+    """The figure the project tracks: chunks per CPU-second, ours and vLLM's own client's, same source, same bytes."""
+    pytest.importorskip("vllm.benchmarks.lib.endpoint_request_func")
+    with stream_source(cpus=SOURCE_CPUS) as src, pinned(CLIENT_CPUS):
+        ours = chunks_per_cpu_second(src.urls[0], "qwenperf")
+        theirs = chunks_per_cpu_second(src.urls[0], "vllm", chunks=100_000)
+    print(f"chunks per CPU-second: qwenperf {ours:,.0f}, vllm {theirs:,.0f}; qwenperf spends {theirs / ours:.2f}x vLLM's CPU per chunk")
+    assert ours > 0 and theirs > 0
