@@ -40,3 +40,40 @@ def test_unknown_command_is_a_usage_error() -> None:
     done = run_cli("no-such-command")
     assert done.returncode == 2
     assert "invalid choice: 'no-such-command'" in done.stderr
+
+
+SUITES = Path(__file__).parents[1] / "perf_tests" / "suites"
+
+
+def test_show_json_prints_the_five_b200_rungs_with_their_flags() -> None:
+    import json
+
+    done = run_cli("show", str(SUITES / "b200.toml"), "--json")
+    assert done.returncode == 0, done.stderr
+    shown = json.loads(done.stdout)
+    assert [c["id"] for c in shown["configs"]] == ["tp8", "dp8", "dp8-ctx4k", "dp8-ctx4k-fp8kv", "dp8-ctx4k-fp8kv-mtp1"]
+    last = shown["configs"][-1]["argv"]
+    assert last[last.index("--speculative-config") + 1] == '{"method":"mtp","num_speculative_tokens":1}'
+    assert "--disable-log-stats" not in " ".join(" ".join(c["argv"]) for c in shown["configs"])
+
+
+def test_lint_fails_naming_suite_rung_flag_and_hint(tmp_path: Path) -> None:
+    suite = tmp_path / "old.toml"
+    suite.write_text(
+        (SUITES / "cpu.toml").read_text().replace(
+            'vllm = { max-model-len = 2048 }', 'vllm = { max-model-len = 2048, speculative-model = "x", max-num-seqz = 4 }'
+        )
+    )
+    done = run_cli("lint", str(suite), str(SUITES / "cpu.toml"))
+    assert done.returncode == 1, done.stdout + done.stderr
+    assert f"FAIL {suite}: config 'base': unrecognized arguments: --speculative-model --max-num-seqz 4" in done.stdout
+    assert "hint: --speculative-model: speculative decoding is configured with --speculative-config" in done.stdout
+    assert f"ok   {SUITES / 'cpu.toml'}: base (vLLM 0.32.0)" in done.stdout
+
+
+def test_lint_refuses_disable_log_stats(tmp_path: Path) -> None:
+    suite = tmp_path / "stats.toml"
+    suite.write_text((SUITES / "cpu.toml").read_text().replace("max-num-seqs = 128", "max-num-seqs = 128\ndisable-log-stats = true"))
+    done = run_cli("lint", str(suite))
+    assert done.returncode == 1
+    assert "--disable-log-stats is not allowed: it turns off every stat logger" in done.stdout

@@ -7,7 +7,11 @@ from importlib.metadata import version
 
 import pytest
 
+from pytest_qwenperf.config import SuiteWorkload
+from pytest_qwenperf.loadgen.arrivals import ClosedLoop
+from pytest_qwenperf.loadgen.workloads import RandomWorkload
 from pytest_qwenperf.pool import ServerPool
+from pytest_qwenperf.run import measure
 from pytest_qwenperf.server import ManagedServer
 from tests.e2e.tiny import TINY, stream_completion
 
@@ -34,3 +38,14 @@ def test_server_records_version_and_resolved_config(vllm_server: ManagedServer) 
 def test_config_booted_once_for_this_session(vllm_server: ManagedServer, qwenperf_pool: ServerPool) -> None:
     """Other tests in this module and in test_serving_again.py share the same boot."""
     assert qwenperf_pool.boots[TINY.id] == 1
+
+
+def test_run_token_totals_equal_usage_and_server_counters(vllm_server: ManagedServer) -> None:
+    """Exact prompt lengths (token ids) and ignore_eos: every total is known in advance."""
+    workload = SuiteWorkload(RandomWorkload(input_len=64, output_len=32, num_prompts=40, seed=3), ClosedLoop(8), warmup=4)
+    result = measure(vllm_server, TINY, workload)
+    assert result.tokens.matches is True, result.tokens.describe()
+    assert (result.tokens.client_prompt, result.tokens.client_generation) == (40 * 64, 40 * 32)
+    assert (result.tokens.server_prompt, result.tokens.server_generation) == (40 * 64, 40 * 32)
+    metrics = result.summary.values()
+    assert (metrics["completed"], metrics["total_input_tokens"], metrics["total_output_tokens"]) == (36, 36 * 64, 36 * 32)
