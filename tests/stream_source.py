@@ -3,30 +3,39 @@
 The client tests need a server whose timing is known exactly, which real vLLM cannot
 give. Each request says what it wants in an extra body key, ``x_schedule`` (a dict):
 
+- ``id``: a key under which the actual send times are logged (see ``/sent``).
 - ``ttft_ms``: delay from receiving the request to the first token chunk (default 0).
 - ``itl_ms``: gap before each later chunk: one number, or one per chunk (index 0 unused).
 - ``tokens_per_chunk``: tokens carried by each chunk (default one per ``max_tokens``);
   several per chunk imitate speculative decoding / ``--stream-interval``.
 - ``empty_text``: indices of chunks whose text is empty (partial byte-level tokens).
-- ``text``: the text of every chunk (default ``"tok"``; any string, it is JSON-escaped).
-- ``abort_after``: close the connection abruptly after that many chunks.
+- ``text``: the text of every token (default ``"tok"``; any string, it is JSON-escaped).
+- ``abort_after``: reset the connection when that chunk would be due, instead of sending it.
+- ``error_after``: send vLLM's in-stream error event (then ``[DONE]``) there instead.
 - ``usage``: false to send no usage at all (default true).
 - ``fast``: send every chunk at once, as fast as possible (CPU-cost benchmark).
 - ``error``: ``{"status": 4xx, "body": <any JSON>}`` answers with that instead of a stream.
 
 The body is otherwise read like vLLM reads it: ``model`` must match the served name
 (else vLLM's 404), ``stream_options.continuous_usage_stats`` adds cumulative usage to
-every chunk, and chunks have vLLM's exact JSON layout for completions and chat.
+every chunk, chunks have vLLM's exact JSON layout for completions and chat, and each
+SSE event is its own HTTP chunk, as uvicorn sends them.
 
-Timing: sends are due at absolute times from when the handler started. The event loop
-waits in ``select()``, whose timeout has microsecond resolution, not in epoll, which
-rounds up to the next millisecond: late sends would be a fidelity error of the *source*,
-not of the client under test (``select`` limits the source to ~1000 connections). Run
-it in its own process (:func:`stream_source`), pinned to its own CPU if need be;
-``/stats`` reports how late the source actually was.
+It is written on asyncio protocols, not aiohttp.web: on a 2-vCPU VM an aiohttp.web
+request cost ~270 us of CPU and ~45 us per chunk, and a closed loop's burst of 256
+requests queued for 70 ms in the *source*. Here it is ~170 us per one-token request and
+~35 us per chunk, most of it the kernel's; a request's arrival is stamped in
+``data_received`` and chunks are written from timer callbacks. The loop sleeps in epoll,
+which wakes on a millisecond clock, so a chunk may leave up to ~1 ms after its due time
+(``select()`` would be exact but costs the source twice the CPU with hundreds of
+connections, and CPU is what makes a small VM stall): the source logs when it actually
+sent each chunk and the tests compare the client against that. Run it in its own process
+(:func:`stream_source`), pinned to its own CPU if need be. Connections carry one request
+at a time (no pipelining), as HTTP clients use them.
 
 ``GET /stats`` returns request counts per port, the active and peak number of open
-streams and the source's send lateness; ``POST /stats/reset`` zeroes them.
+streams and how late the source was against the schedules; ``GET /sent`` the send log;
+``POST /stats/reset`` clears them.
 """
 
 from __future__ import annotations
@@ -36,7 +45,6 @@ import asyncio
 import functools
 import json
 import os
-import selectors
 import signal
 import subprocess
 import sys
@@ -46,13 +54,11 @@ from collections import Counter
 from collections.abc import Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass
+from time import perf_counter
 from typing import Any
-
-from aiohttp import web
 
 MODEL = "stand-in-model"
 _json = functools.lru_cache(maxsize=64)(json.dumps)
-_STATS = web.AppKey("stats", dict)
 
 
 def _usage(prompt: int, completion: int) -> str:
@@ -86,6 +92,24 @@ class _Format:
         return f"{self.head}],{_usage(self.prompt_tokens, completion)}}}\n\n".encode()
 
 
+def _frame(event: bytes) -> bytes:
+    """One SSE event as one HTTP/1.1 chunk."""
+    return b"%x\r\n%s\r\n" % (len(event), event)
+
+
+_END = _frame(b"data: [DONE]\n\n") + b"0\r\n\r\n"
+_ERROR = {"error": {"message": "stand-in failure mid-stream", "type": "InternalServerError", "param": None, "code": 500}}
+_ERROR_EVENT = _frame(b"data: %s\n\n" % json.dumps(_ERROR).encode())  # json.dumps, as vLLM writes it
+_STREAM_HEAD = b"HTTP/1.1 200 OK\r\nContent-Type: text/event-stream\r\nTransfer-Encoding: chunked\r\n\r\n"
+_REASONS = {200: "OK", 400: "Bad Request", 404: "Not Found", 422: "Unprocessable Entity"}
+
+
+def _response(status: int, body: Any = None) -> bytes:
+    data = b"" if body is None else json.dumps(body).encode()
+    head = f"HTTP/1.1 {status} {_REASONS.get(status, 'Error')}\r\nContent-Type: application/json\r\n"
+    return head.encode() + b"Content-Length: %d\r\n\r\n%s" % (len(data), data)
+
+
 def _prompt_tokens(body: dict[str, Any]) -> int:
     prompt = body.get("prompt", "")
     if isinstance(prompt, list):
@@ -95,166 +119,212 @@ def _prompt_tokens(body: dict[str, Any]) -> int:
     return max(1, len(str(prompt).split()))
 
 
-def _frame(event: bytes) -> bytes:
-    """One SSE event as one HTTP/1.1 chunk, the way vLLM (uvicorn) sends each event."""
-    return b"%x\r\n%s\r\n" % (len(event), event)
+class _Source:
+    """What all connections share: the served model, counters and the send log."""
+
+    def __init__(self, model: str) -> None:
+        self.model = model
+        self.by_port: Counter[int] = Counter()
+        self.active = self.peak_active = 0
+        self.sent: dict[Any, tuple[list[float], list[float]]] = {}  # id -> (due times, [arrived, chunk sends...])
+
+    def stats(self) -> dict[str, Any]:
+        late = sorted(at - due for dues, sent in self.sent.values() for due, at in zip(dues, sent[1:]))
+        return {
+            "by_port": {str(port): n for port, n in self.by_port.items()},
+            "requests": sum(self.by_port.values()),
+            "active": self.active,
+            "peak_active": self.peak_active,
+            "late_ms_p99": late[int(0.99 * (len(late) - 1))] * 1e3 if late else 0.0,
+            "late_ms_max": late[-1] * 1e3 if late else 0.0,
+        }
 
 
-async def _stream(request: web.Request) -> web.StreamResponse:
-    loop = asyncio.get_running_loop()
-    started = loop.time()
-    body = await request.json()
-    stats = request.app[_STATS]
-    if body.get("model") != stats["model"]:
-        message = f"The model `{body.get('model')}` does not exist."
-        error = {"message": message, "type": "NotFoundError", "param": "model", "code": 404}
-        return web.json_response({"error": error}, status=404)
-    sched: dict[str, Any] = body.get("x_schedule", {})
-    if "error" in sched:
-        return web.json_response(sched["error"]["body"], status=sched["error"]["status"])
+class _Stream:
+    """One streamed response: sends its chunks at their due times from a chain of timers."""
 
-    per_chunk: list[int] = sched.get("tokens_per_chunk") or [1] * int(body["max_tokens"])
-    abort_after: int | None = sched.get("abort_after")
-    with_usage = sched.get("usage", True)
-    continuous = with_usage and bool(body.get("stream_options", {}).get("continuous_usage_stats"))
-    fmt = _Format(request.path.endswith("/chat/completions"), body["model"], _prompt_tokens(body), continuous)
-    empty, text = set(sched.get("empty_text", ())), sched.get("text", "tok")
-    events, completion = [], 0
-    for k, tokens in enumerate(per_chunk[:abort_after]):
-        completion += tokens
-        finish = "length" if k == len(per_chunk) - 1 else None
-        events.append(_frame(fmt.chunk("" if k in empty else text * tokens, completion, finish)))
-    end = b"" if abort_after is not None else _frame(fmt.final(completion)) * with_usage + _frame(b"data: [DONE]\n\n")
-
-    stats["by_port"][request.transport.get_extra_info("sockname")[1]] += 1
-    stats["active"] += 1
-    stats["peak_active"] = max(stats["peak_active"], stats["active"])
-    resp = web.StreamResponse(headers={"Content-Type": "text/event-stream"})
-    await resp.prepare(request)
-    writer = resp._payload_writer  # type: ignore[union-attr]  # we send our own HTTP chunks; aiohttp ends them
-    writer.send_headers()
-    if fmt.chat:
-        request.transport.write(_frame(fmt.role()))
-    try:
-        if sched.get("fast"):
-            await _fast(request.transport, writer, events, end)
-        else:
-            itl = sched.get("itl_ms", 0.0)
-            gaps = itl if isinstance(itl, list) else [itl] * len(per_chunk)
-            due = [started + sched.get("ttft_ms", 0.0) / 1e3]
-            for gap in gaps[1 : len(events)]:
-                due.append(due[-1] + gap / 1e3)
-            sent = [started]
-            stats["sent"][sched.get("id", len(stats["sent"]))] = (due, sent)
-            await _scheduled(request.transport, events, end, due, sent)
-    finally:
-        stats["active"] -= 1
-    if abort_after is not None:
-        request.transport.abort()
-    else:
-        await resp.write_eof()
-    return resp
-
-
-class _Sender:
-    """Writes a stream's events at their due times, one timer at a time so that order is kept
-    even for equal times; a timer callback per event, no task wake-ups."""
-
-    def __init__(self, transport: asyncio.BaseTransport, events: list[bytes], due: list[float], sent: list[float]) -> None:
-        self.transport, self.events, self.due, self.sent = transport, events, due, sent
+    def __init__(
+        self, conn: _Connection, fmt: _Format, per_chunk: list[int], texts: list[str], due: list[float], sent: list[float]
+    ) -> None:
+        """``texts`` shorter than ``per_chunk``: the stream is cut (``conn.cut``) where the next chunk is due."""
+        self.conn, self.fmt, self.per_chunk, self.texts, self.due, self.sent = conn, fmt, per_chunk, texts, due, sent
+        self.completion = 0
         self.loop = asyncio.get_running_loop()
-        self.done = self.loop.create_future()
-        self.timer = self.loop.call_at(due[0], self)
+        self.timer = self._at(due[0])
 
-    def __call__(self) -> None:
-        self.sent.append(self.loop.time())
-        k = len(self.sent) - 2  # sent[0] is when the handler started
-        if not self.transport.is_closing():
-            self.transport.write(self.events[k])  # type: ignore[attr-defined]
-        if k + 1 < len(self.events):
-            self.timer = self.loop.call_at(self.due[k + 1], self)
+    def _at(self, due: float) -> asyncio.TimerHandle:
+        return self.loop.call_later(due - perf_counter(), self._send)
+
+    def _send(self) -> None:
+        k = len(self.sent) - 1  # sent[0] is the arrival
+        transport = self.conn.transport
+        if k == len(self.texts):
+            self.sent.append(perf_counter())
+            if self.conn.cut == "error_after":
+                transport.write(_ERROR_EVENT + _END)
+                self.conn.end_stream()
+            else:
+                transport.abort()
+            return
+        self.completion += self.per_chunk[k]
+        last = k == len(self.per_chunk) - 1
+        data = _frame(self.fmt.chunk(self.texts[k], self.completion, "length" if last else None))
+        if last:
+            data += (_frame(self.fmt.final(self.completion)) if self.conn.with_usage else b"") + _END
+        self.sent.append(perf_counter())
+        transport.write(data)
+        if last:
+            self.conn.end_stream()
         else:
-            self.done.set_result(None)
+            self.timer = self._at(self.due[k + 1])
+
+    def cancel(self) -> None:
+        self.timer.cancel()
 
 
-async def _scheduled(transport: asyncio.BaseTransport, events: list[bytes], end: bytes, due: list[float], sent: list[float]) -> None:
-    """Send each event at its due time; the end of the stream (final usage, ``[DONE]``) goes
-    with the last event, as vLLM sends it right after the last token."""
-    events = [*events[:-1], events[-1] + end] if events else [end]
-    sender = _Sender(transport, events, due, sent)
-    try:
-        await sender.done
-    finally:
-        sender.timer.cancel()
+class _Connection(asyncio.Protocol):
+    """One client connection: parses requests (``Content-Length`` bodies) and answers them."""
 
+    def __init__(self, source: _Source) -> None:
+        self.source = source
+        self.transport: asyncio.Transport = None  # type: ignore[assignment]  # set in connection_made
+        self.buffer = b""
+        self.arrived = 0.0
+        self.stream: _Stream | asyncio.Task[None] | None = None
+        self.with_usage = True
+        self.cut = ""  # "abort_after" or "error_after": how the current stream ends early
+        self._writable: asyncio.Future[None] | None = None
 
-async def _fast(transport: asyncio.Transport, writer: Any, events: list[bytes], end: bytes) -> None:
-    """Everything at once in large writes, so that the source outpaces any client."""
-    for start in range(0, len(events), 2000):
-        transport.write(b"".join(events[start : start + 2000]))
-        await writer.drain()
-    transport.write(end)
+    def connection_made(self, transport: asyncio.BaseTransport) -> None:
+        self.transport = transport  # type: ignore[assignment]
+        self.port = transport.get_extra_info("sockname")[1]
 
+    def data_received(self, data: bytes) -> None:
+        if not self.buffer:
+            self.arrived = perf_counter()  # the request's first bytes: TTFT is scheduled from here
+        self.buffer += data
+        while (end := self.buffer.find(b"\r\n\r\n")) >= 0:
+            lines = self.buffer[:end].split(b"\r\n")
+            method, target = lines[0].split(b" ")[:2]
+            length = 0
+            for line in lines[1:]:
+                name, _, value = line.partition(b":")
+                if name.strip().lower() == b"content-length":
+                    length = int(value)
+            if len(self.buffer) < end + 4 + length:
+                return
+            body, self.buffer = self.buffer[end + 4 : end + 4 + length], self.buffer[end + 4 + length :]
+            self._handle(method.decode(), target.decode(), body)
+            self.arrived = perf_counter()
 
-async def _health(request: web.Request) -> web.Response:
-    return web.Response()
+    def _handle(self, method: str, path: str, body: bytes) -> None:
+        source = self.source
+        if method == "POST" and path in ("/v1/completions", "/v1/chat/completions"):
+            self._start_stream(path, json.loads(body))
+        elif path == "/health":
+            self.transport.write(_response(200))
+        elif path == "/v1/models":
+            self.transport.write(_response(200, {"object": "list", "data": [{"id": source.model, "object": "model"}]}))
+        elif path == "/stats":
+            self.transport.write(_response(200, source.stats()))
+        elif path == "/sent":
+            self.transport.write(_response(200, {str(key): sent for key, (_, sent) in source.sent.items()}))
+        elif method == "POST" and path == "/stats/reset":
+            source.by_port.clear()
+            source.sent.clear()
+            source.peak_active = source.active
+            self.transport.write(_response(200))
+        else:
+            self.transport.write(_response(404, {"detail": "Not Found"}))
 
+    def _start_stream(self, path: str, body: dict[str, Any]) -> None:
+        source = self.source
+        if body.get("model") != source.model:
+            message = f"The model `{body.get('model')}` does not exist."  # vLLM's answer
+            error = {"message": message, "type": "NotFoundError", "param": "model", "code": 404}
+            self.transport.write(_response(404, {"error": error}))
+            return
+        sched: dict[str, Any] = body.get("x_schedule", {})
+        if "error" in sched:
+            self.transport.write(_response(sched["error"]["status"], sched["error"]["body"]))
+            return
+        per_chunk: list[int] = sched.get("tokens_per_chunk") or [1] * int(body["max_tokens"])
+        self.with_usage = sched.get("usage", True)
+        continuous = self.with_usage and bool(body.get("stream_options", {}).get("continuous_usage_stats"))
+        fmt = _Format(path.endswith("/chat/completions"), body["model"], _prompt_tokens(body), continuous)
+        empty, text = set(sched.get("empty_text", ())), sched.get("text", "tok")
+        self.cut = next((key for key in ("abort_after", "error_after") if key in sched), "")
+        texts = ["" if k in empty else text * n for k, n in enumerate(per_chunk)]
+        if self.cut:
+            texts = texts[: sched[self.cut]]
+        source.by_port[self.port] += 1
+        source.active += 1
+        source.peak_active = max(source.peak_active, source.active)
+        self.transport.write(_STREAM_HEAD + (_frame(fmt.role()) if fmt.chat else b""))
+        if sched.get("fast"):
+            self.stream = asyncio.ensure_future(self._fast(fmt, per_chunk, texts))
+            return
+        itl = sched.get("itl_ms", 0.0)
+        gaps = itl if isinstance(itl, list) else [itl] * len(per_chunk)
+        due = [self.arrived + sched.get("ttft_ms", 0.0) / 1e3]
+        for gap in gaps[1 : len(texts) + 1]:  # one more than sent when aborting: when to cut
+            due.append(due[-1] + gap / 1e3)
+        sent = [self.arrived]
+        source.sent[sched.get("id", len(source.sent))] = (due, sent)
+        self.stream = _Stream(self, fmt, per_chunk, texts, due, sent)
 
-async def _models(request: web.Request) -> web.Response:
-    return web.json_response({"object": "list", "data": [{"id": request.app[_STATS]["model"], "object": "model"}]})
+    async def _fast(self, fmt: _Format, per_chunk: list[int], texts: list[str]) -> None:
+        """Everything at once in large writes, so that the source outpaces any client."""
+        events, completion = [], 0
+        for n, text in zip(per_chunk, texts):
+            completion += n
+            events.append(_frame(fmt.chunk(text, completion)))
+            if len(events) == 2000:
+                self.transport.write(b"".join(events))
+                events = []
+                if self._writable is not None:
+                    await self._writable
+        if self.cut == "abort_after":
+            self.transport.write(b"".join(events))
+            self.transport.abort()
+            return
+        if self.cut == "error_after":
+            end = _ERROR_EVENT + _END
+        else:
+            end = (_frame(fmt.final(completion)) if self.with_usage else b"") + _END
+        self.transport.write(b"".join(events) + end)
+        self.end_stream()
 
+    def end_stream(self) -> None:
+        if self.stream is not None:
+            self.stream = None
+            self.source.active -= 1
 
-async def _stats(request: web.Request) -> web.Response:
-    stats = request.app[_STATS]
-    late = sorted(at - due for dues, sent in stats["sent"].values() for due, at in zip(dues, sent[1:]))
-    report = {
-        "by_port": {str(port): n for port, n in stats["by_port"].items()},
-        "requests": sum(stats["by_port"].values()),
-        "active": stats["active"],
-        "peak_active": stats["peak_active"],
-        "late_ms_p99": late[int(0.99 * (len(late) - 1))] * 1e3 if late else 0.0,
-        "late_ms_max": late[-1] * 1e3 if late else 0.0,
-    }
-    return web.json_response(report)
+    def pause_writing(self) -> None:
+        self._writable = asyncio.get_running_loop().create_future()
 
+    def resume_writing(self) -> None:
+        if self._writable is not None:
+            self._writable.set_result(None)
+            self._writable = None
 
-async def _sent(request: web.Request) -> web.Response:
-    return web.json_response({str(key): sent for key, (_, sent) in request.app[_STATS]["sent"].items()})
-
-
-async def _reset(request: web.Request) -> web.Response:
-    stats = request.app[_STATS]
-    stats.update(by_port=Counter(), peak_active=stats["active"], sent={})
-    return web.Response()
+    def connection_lost(self, exc: Exception | None) -> None:
+        if self.stream is not None:
+            self.stream.cancel()
+        self.end_stream()
 
 
 async def serve(n_ports: int, model: str) -> None:
     """Serve on ``n_ports`` free loopback ports, print them as one JSON line, run until SIGTERM."""
-    app = web.Application()
-    app[_STATS] = {"model": model, "by_port": Counter(), "active": 0, "peak_active": 0, "sent": {}}
-    app.add_routes(
-        [
-            web.post("/v1/completions", _stream),
-            web.post("/v1/chat/completions", _stream),
-            web.get("/health", _health),
-            web.get("/v1/models", _models),
-            web.get("/stats", _stats),
-            web.get("/sent", _sent),
-            web.post("/stats/reset", _reset),
-        ]
-    )
-    runner = web.AppRunner(app, access_log=None, handler_cancellation=True)
-    await runner.setup()
-    ports = []
-    for _ in range(n_ports):
-        site = web.TCPSite(runner, "127.0.0.1", 0, backlog=1024)
-        await site.start()
-        ports.append(site._server.sockets[0].getsockname()[1])  # type: ignore[union-attr]
+    loop = asyncio.get_running_loop()
+    source = _Source(model)
+    servers = [await loop.create_server(lambda: _Connection(source), "127.0.0.1", 0, backlog=1024) for _ in range(n_ports)]
     stop = asyncio.Event()
-    asyncio.get_running_loop().add_signal_handler(signal.SIGTERM, stop.set)
-    print(json.dumps({"ports": ports}), flush=True)
+    loop.add_signal_handler(signal.SIGTERM, stop.set)
+    print(json.dumps({"ports": [server.sockets[0].getsockname()[1] for server in servers]}), flush=True)
     await stop.wait()
-    await runner.cleanup()
+    for server in servers:
+        server.close()
 
 
 @dataclass(frozen=True)
@@ -269,15 +339,16 @@ class StreamSource:
         return tuple(f"http://127.0.0.1:{port}" for port in self.ports)
 
     def _call(self, path: str, method: str = "GET") -> bytes:
-        opener = urllib.request.build_opener(urllib.request.ProxyHandler({}))
-        with opener.open(urllib.request.Request(self.urls[0] + path, method=method), timeout=10) as resp:
+        opener = urllib.request.build_opener(urllib.request.ProxyHandler({}))  # no proxy from the environment
+        request = urllib.request.Request(self.urls[0] + path, data=b"" if method == "POST" else None)
+        with opener.open(request, timeout=10) as resp:
             return resp.read()
 
     def stats(self) -> dict[str, Any]:
         return json.loads(self._call("/stats"))
 
     def sent(self) -> dict[int, list[float]]:
-        """Per request ``id``: when its handler started, then when each chunk was actually written."""
+        """Per request ``id``: when the request arrived, then when each chunk was written (``perf_counter``)."""
         return {int(key): times for key, times in json.loads(self._call("/sent")).items()}
 
     def reset(self) -> None:
@@ -314,8 +385,7 @@ def main() -> None:
     args = parser.parse_args()
     if args.cpus:
         os.sched_setaffinity(0, {int(cpu) for cpu in args.cpus.split(",")})
-    with asyncio.Runner(loop_factory=lambda: asyncio.SelectorEventLoop(selectors.SelectSelector())) as runner:
-        runner.run(serve(args.ports, args.model))
+    asyncio.run(serve(args.ports, args.model))
 
 
 if __name__ == "__main__":

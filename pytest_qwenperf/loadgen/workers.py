@@ -21,7 +21,15 @@ from multiprocessing.synchronize import Barrier
 from typing import Any
 
 from pytest_qwenperf.loadgen.arrivals import Arrival, ClosedLoop, OpenLoop
-from pytest_qwenperf.loadgen.client import DEFAULT_TIMEOUT_S, Job, LoadResult, Progress, new_event_loop, run_jobs, split_warmup
+from pytest_qwenperf.loadgen.client import (
+    DEFAULT_TIMEOUT_S,
+    Job,
+    LoadResult,
+    Progress,
+    new_event_loop,
+    run_jobs,
+    split_warmup,
+)
 from pytest_qwenperf.loadgen.request import RequestSpec
 from pytest_qwenperf.records import RequestRecord
 
@@ -57,7 +65,7 @@ def _worker(
     offsets: list[float] | None,
     options: dict[str, Any],
 ) -> None:
-    """One worker process: its own event loop and session; sends each record as it finishes."""
+    """One worker process: its own event loop and connections; sends each record as it finishes."""
     try:
         if cpus:
             pin_current_process(cpus)
@@ -65,10 +73,14 @@ def _worker(
         async def sync() -> None:
             await asyncio.to_thread(barrier.wait, BARRIER_TIMEOUT_S)
 
-        with asyncio.Runner(loop_factory=new_event_loop) as runner:
-            _, started_at, ended_at = runner.run(
-                run_jobs(endpoints, model, warmup_jobs, jobs, arrival, offsets, progress=results.put, sync=sync, **options)
+        async def measured_phase() -> tuple[float, float]:  # the records went out one by one through ``results``
+            _, started_at, ended_at = await run_jobs(
+                endpoints, model, warmup_jobs, jobs, arrival, offsets, progress=results.put, sync=sync, **options
             )
+            return started_at, ended_at
+
+        with asyncio.Runner(loop_factory=new_event_loop) as runner:
+            started_at, ended_at = runner.run(measured_phase())
         results.put(("done", k, started_at, ended_at, tuple(sorted(os.sched_getaffinity(0)))))
     except BaseException:
         barrier.abort()
