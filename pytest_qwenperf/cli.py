@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import shlex
 import sys
 from collections.abc import Sequence
 from pathlib import Path
@@ -49,7 +50,7 @@ def _show(args: argparse.Namespace) -> int:
     for cfg in configs:
         parent = f"  (inherits {cfg.inherits})" if cfg.inherits else ""
         print(f"\n[{cfg.id}]{parent} {cfg.description}")
-        print("  argv: " + " ".join(_quote(a) for a in cfg.vllm_args))
+        print("  argv: " + shlex.join(cfg.vllm_args))
         for key, value in cfg.env:
             print(f"  env:  {key}={value}")
     return 0
@@ -73,12 +74,6 @@ def _suite_json(suite: Suite, configs: list) -> dict:
             for cfg in configs
         ],
     }
-
-
-def _quote(arg: str) -> str:
-    import shlex
-
-    return shlex.quote(arg)
 
 
 def build_parser() -> argparse.ArgumentParser:

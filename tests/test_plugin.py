@@ -227,3 +227,19 @@ def test_bad_suite_file_is_a_usage_error_naming_it(pytester: pytest.Pytester) ->
     result = pytester.runpytest_subprocess(f"--qwenperf-suite={bad}")
     assert result.ret == pytest.ExitCode.USAGE_ERROR
     result.stderr.fnmatch_lines([f"*{bad}: config 'a'.vllm.max_model_len: expected a flag name as vLLM spells it*"])
+
+
+def test_cpu_build_places_server_and_client_on_disjoint_cores() -> None:
+    from pytest_qwenperf.config import ServingConfig, tiny_cpu_config
+    from pytest_qwenperf.hardware import detect
+    from pytest_qwenperf.plugin import QwenperfSettings, _placement
+
+    settings = QwenperfSettings((), 1.0, None, (), (), None, None, None)
+    cpus = sorted(detect().cpu_ids)
+    server, client = _placement(tiny_cpu_config(), settings)
+    if len(cpus) >= 2:
+        assert (sorted(server), sorted(client)) == (cpus[:-1], cpus[-1:])
+    assert not server & client
+    assert _placement(ServingConfig(id="gpu", model="Qwen/Qwen3.5-27B-FP8"), settings) == (frozenset(), frozenset())
+    chosen = QwenperfSettings((), 1.0, None, (), (), None, frozenset({0}), None)
+    assert _placement(tiny_cpu_config(), chosen) == (frozenset({0}), frozenset())
