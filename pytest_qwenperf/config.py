@@ -188,7 +188,7 @@ def load_suite(path: Path | str) -> Suite:
         where = f"config {config_id!r}"
         if config_id in rungs:
             raise SuiteError(f"{path}: {where}: id used twice")
-        parent = reader.optional_string(entry, f"{where}.inherits", key="inherits")
+        parent = reader.optional_string(entry, f"{where}.inherits")
         if parent is not None and parent not in rungs:
             raise SuiteError(f"{path}: {where}.inherits: expected the id of an earlier config, got {parent!r}")
         flags, env = rungs[parent] if parent else (base_flags, base_env)
@@ -202,7 +202,7 @@ def load_suite(path: Path | str) -> Suite:
                 vllm_args=render_flags(flags),
                 env=tuple(sorted(env.items())),
                 served_model_name=served,
-                description=reader.optional_string(entry, f"{where}.description", key="description") or "",
+                description=reader.optional_string(entry, f"{where}.description") or "",
                 inherits=parent,
                 suite=suite_name,
                 improves=reader.boolean(entry, f"{where}.improves", parent is not None),
@@ -224,7 +224,7 @@ def load_suite(path: Path | str) -> Suite:
         model=model,
         configs=tuple(configs),
         workloads=workloads,
-        description=reader.optional_string(suite, "suite.description", key="description") or "",
+        description=reader.optional_string(suite, "suite.description") or "",
         gpus=gpus,
         ladder_tolerance=_fraction(reader, suite.get("ladder_tolerance", 0.10), "suite.ladder_tolerance"),
     )
@@ -314,10 +314,10 @@ class _Reader:
             raise self.fail(key, "a non-empty string", value)
         return value
 
-    def optional_string(self, data: Mapping[str, Any], where: str, key: str | None = None) -> str | None:
-        value = data.get(key or where.rsplit(".", 1)[-1])
+    def optional_string(self, data: Mapping[str, Any], key: str) -> str | None:
+        value = data.get(key.rsplit(".", 1)[-1])
         if value is not None and not isinstance(value, str):
-            raise self.fail(where, "a string", value)
+            raise self.fail(key, "a string", value)
         return value
 
     def boolean(self, data: Mapping[str, Any], key: str, allowed: bool) -> bool:

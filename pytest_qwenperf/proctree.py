@@ -86,13 +86,13 @@ def stop_tree(popen: subprocess.Popen[bytes], tag: str, grace: float = 15.0) -> 
     """SIGTERM the group, wait ``grace`` seconds, SIGKILL everything left; return when all are gone.
 
     Targets are the session's process group, the current descendants and every
-    process carrying ``tag``. Raises :class:`RuntimeError` if something survives SIGKILL.
+    process carrying ``tag``, looked up again at each step (a dying server may still fork). Raises :class:`RuntimeError` if something survives SIGKILL.
     """
     targets = _tree(popen.pid, tag)
     _signal_group(popen.pid, signal.SIGTERM)
     _signal_each(targets, signal.SIGTERM)
     targets = _wait_gone(targets | _tree(popen.pid, tag), grace)
-    if targets or _group_alive(popen.pid):
+    if targets:
         _signal_group(popen.pid, signal.SIGKILL)
         _signal_each(targets | _tree(popen.pid, tag), signal.SIGKILL)
         targets = _wait_gone(targets | _tree(popen.pid, tag), 10.0)
@@ -103,7 +103,8 @@ def stop_tree(popen: subprocess.Popen[bytes], tag: str, grace: float = 15.0) -> 
 
 
 def _tree(root_pid: int, tag: str) -> set[psutil.Process]:
-    procs: set[psutil.Process] = set(tagged_processes(tag))
+    """Live processes of the tree: tagged, in the root's process group, or below the root."""
+    procs: set[psutil.Process] = set(tagged_processes(tag)) | _group_members(root_pid)
     try:
         root = psutil.Process(root_pid)
         procs.add(root)
@@ -111,6 +112,17 @@ def _tree(root_pid: int, tag: str) -> set[psutil.Process]:
     except psutil.NoSuchProcess:
         pass
     return {p for p in procs if _alive(p)}
+
+
+def _group_members(pgid: int) -> set[psutil.Process]:
+    members = set()
+    for proc in psutil.process_iter():
+        try:
+            if os.getpgid(proc.pid) == pgid:
+                members.add(proc)
+        except (ProcessLookupError, psutil.NoSuchProcess):
+            continue
+    return members
 
 
 def _alive(proc: psutil.Process) -> bool:
@@ -125,23 +137,6 @@ def _signal_group(pgid: int, sig: signal.Signals) -> None:
         os.killpg(pgid, sig)
     except (ProcessLookupError, PermissionError):
         pass
-
-
-def _group_alive(pgid: int) -> bool:
-    try:
-        os.killpg(pgid, 0)
-    except (ProcessLookupError, PermissionError):
-        return False
-    # The group leader may be a zombie we have not reaped yet; look for live members.
-    for proc in psutil.process_iter():
-        try:
-            if os.getpgid(proc.pid) == pgid and _alive(proc) and proc.pid != os.getpid():
-                if proc.pid == pgid and proc.status() == psutil.STATUS_ZOMBIE:
-                    continue
-                return True
-        except (ProcessLookupError, psutil.NoSuchProcess, psutil.ZombieProcess, PermissionError):
-            continue
-    return False
 
 
 def _signal_each(procs: Iterable[psutil.Process], sig: signal.Signals) -> None:
