@@ -9,6 +9,10 @@ import sys
 from collections.abc import Sequence
 from pathlib import Path
 
+from pytest_qwenperf import compare
+from pytest_qwenperf.bench import BenchError
+from pytest_qwenperf.bench import add_arguments as add_bench_arguments
+from pytest_qwenperf.bench import run as run_bench
 from pytest_qwenperf.config import Suite, SuiteError, load_suite
 from pytest_qwenperf.tiny_model import TinyModelSpec, ensure_tiny_model, write_tiny_model
 
@@ -76,6 +80,22 @@ def _suite_json(suite: Suite, configs: list) -> dict:
     }
 
 
+def _compare(args: argparse.Namespace) -> int:
+    try:
+        comparison = compare.compare([compare.load_runs(p) for p in (args.reference, *args.files)], args.metric or ())
+        if args.plot:
+            compare.plot_throughput(comparison, args.plot)
+    except compare.CompareError as exc:
+        print(f"qwenperf: {exc}", file=sys.stderr)
+        return 2
+    print(compare.render(comparison, markdown=args.markdown))
+    failing = {verdict: n for verdict, n in comparison.verdicts().items() if verdict in (args.fail_on or ())}
+    if failing:
+        print("qwenperf: failing on " + ", ".join(f"{n} {verdict}" for verdict, n in failing.items()), file=sys.stderr)
+        return 1
+    return 0
+
+
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="qwenperf", description=__doc__)
     commands = parser.add_subparsers(dest="command", required=True)
@@ -104,6 +124,34 @@ def build_parser() -> argparse.ArgumentParser:
     show.add_argument("--config", help="only this config id")
     show.add_argument("--json", action="store_true", help="machine-readable output")
     show.set_defaults(run=_show)
+
+    bench = commands.add_parser(
+        "bench",
+        help="drive a workload against running servers and report vllm-bench-serve-style metrics",
+        description="Load-test already-running OpenAI-compatible vLLM servers with the suite's load generator.",
+    )
+    add_bench_arguments(bench)
+    bench.set_defaults(run=run_bench)
+
+    comparing = commands.add_parser(
+        "compare",
+        help="compare runs across vLLM versions (or config changes), with verdicts against the first file",
+        description="Tables per config x workload: one column per file (session JSON from --qwenperf-json or "
+        "pytest-benchmark JSON), deltas and verdicts against REFERENCE. Exit 2 for an unreadable input.",
+    )
+    comparing.add_argument("reference", type=Path, metavar="REFERENCE", help="the file the others are judged against")
+    comparing.add_argument("files", nargs="+", type=Path, metavar="FILE")
+    comparing.add_argument(
+        "--fail-on",
+        action="append",
+        choices=compare.FAILABLE,
+        metavar="VERDICT",
+        help=f"exit 1 when any metric gets this verdict (repeatable; one of {', '.join(compare.FAILABLE)})",
+    )
+    comparing.add_argument("--markdown", action="store_true", help="GitHub-flavoured markdown (for $GITHUB_STEP_SUMMARY)")
+    comparing.add_argument("--plot", type=Path, metavar="PNG", help="also write total tok/s per rung and file as a PNG")
+    comparing.add_argument("--metric", action="append", metavar="NAME", help="only these metrics (repeatable)")
+    comparing.set_defaults(run=_compare)
     return parser
 
 
@@ -111,7 +159,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
     try:
         return int(args.run(args))
-    except SuiteError as exc:
+    except (SuiteError, BenchError) as exc:
         print(f"qwenperf: {exc}", file=sys.stderr)
         return 2
 

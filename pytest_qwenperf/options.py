@@ -6,6 +6,7 @@ from __future__ import annotations
 import argparse
 import shlex
 import urllib.parse
+from collections.abc import Callable
 
 
 def launcher_argv(value: str) -> tuple[str, ...]:
@@ -17,13 +18,36 @@ def launcher_argv(value: str) -> tuple[str, ...]:
 
 
 def positive_seconds(value: str) -> float:
+    return _positive(value, "seconds")
+
+
+def positive_rate(value: str) -> float:
+    return _positive(value, "requests per second")
+
+
+def _positive(value: str, unit: str) -> float:
     try:
-        seconds = float(value)
+        number = float(value)
     except ValueError:
-        raise argparse.ArgumentTypeError(f"expected a number of seconds, got {value!r}") from None
-    if not seconds > 0:
-        raise argparse.ArgumentTypeError(f"expected a positive number of seconds, got {value!r}")
-    return seconds
+        raise argparse.ArgumentTypeError(f"expected a number of {unit}, got {value!r}") from None
+    if not number > 0:
+        raise argparse.ArgumentTypeError(f"expected a positive number of {unit}, got {value!r}")
+    return number
+
+
+def whole_number(minimum: int) -> Callable[[str], int]:
+    """A parser for whole numbers of at least ``minimum``."""
+
+    def parse(value: str) -> int:
+        try:
+            number = int(value)
+        except ValueError:
+            raise argparse.ArgumentTypeError(f"expected a whole number, got {value!r}") from None
+        if number < minimum:
+            raise argparse.ArgumentTypeError(f"expected a whole number >= {minimum}, got {value!r}")
+        return number
+
+    return parse
 
 
 def endpoint_url(value: str) -> str:

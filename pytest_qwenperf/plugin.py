@@ -30,6 +30,8 @@ from pytest_qwenperf.report import SessionReport
 from pytest_qwenperf.run import RunResult, measure
 from pytest_qwenperf.server import DEFAULT_BOOT_TIMEOUT_S, DEFAULT_LAUNCHER, Server
 
+pytest_plugins = ["pytest_qwenperf.benchmark_glue"]  # pytest-benchmark machine_info and compare hooks
+
 MARKERS = {
     "cpu": "runs on the CPU build of vLLM (the embedded default)",
     "gpu": "needs NVIDIA GPUs",

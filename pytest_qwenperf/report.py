@@ -56,7 +56,7 @@ class SessionReport:
 
     def write_json(self, path: Path) -> Path | None:
         """Write atomically; an existing file is kept under a timestamped name, which is returned."""
-        text = json.dumps(_finite(self.as_json()), indent=2, sort_keys=True)
+        text = json.dumps(json_safe(self.as_json()), indent=2, sort_keys=True)
         path.parent.mkdir(parents=True, exist_ok=True)
         kept = None
         if path.exists():
@@ -81,12 +81,12 @@ def write_atomically(path: Path, text: str) -> None:
         raise
 
 
-def _finite(value: object) -> object:
+def json_safe(value: object) -> object:
     """JSON has no inf/nan: write them as null."""
     if isinstance(value, float) and not math.isfinite(value):
         return None
     if isinstance(value, dict):
-        return {k: _finite(v) for k, v in value.items()}
+        return {k: json_safe(v) for k, v in value.items()}
     if isinstance(value, (list, tuple)):
-        return [_finite(v) for v in value]
+        return [json_safe(v) for v in value]
     return value

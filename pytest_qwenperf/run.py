@@ -8,18 +8,30 @@ pytest-benchmark get.
 from __future__ import annotations
 
 import datetime
+import resource
 import time
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from types import MappingProxyType
 
 from pytest_qwenperf import embedded
 from pytest_qwenperf.config import ServingConfig, SuiteWorkload
 from pytest_qwenperf.hardware import Hardware, detect
-from pytest_qwenperf.loadgen.client import run_load_sync
+from pytest_qwenperf.loadgen.arrivals import Arrival
+from pytest_qwenperf.loadgen.client import LoadOptions, LoadResult, Progress, run_load_sync
+from pytest_qwenperf.loadgen.request import RequestSpec
 from pytest_qwenperf.loadgen.tokenizer import PromptTokenizer
-from pytest_qwenperf.loadgen.workers import pin_current_process
-from pytest_qwenperf.metrics import RunSummary, TokenCrossCheck, client_bound_reason, cross_check, steady_window, summarize, summarize_window
+from pytest_qwenperf.loadgen.workers import pin_current_process, run_load_in_workers
+from pytest_qwenperf.metrics import (
+    GoodputSLO,
+    RunSummary,
+    TokenCrossCheck,
+    client_bound_reason,
+    cross_check,
+    steady_window,
+    summarize,
+    summarize_window,
+)
 from pytest_qwenperf.server import Server, ServerInfo
 from pytest_qwenperf.telemetry.server_metrics import counter_deltas, scrape
 
@@ -101,6 +113,71 @@ def _ratio(part: float | None, whole: float | None) -> float | None:
     return None if part is None or not whole else part / whole
 
 
+@dataclass(frozen=True)
+class Observation:
+    """What one load run against some endpoints saw, before it is tied to a serving config."""
+
+    load: LoadResult
+    summary: RunSummary
+    steady: RunSummary | None
+    server_deltas: Mapping[str, float | None]
+    tokens: TokenCrossCheck
+    client_bound: str | None
+    client_cpu_busy: float
+    started: str
+
+
+def observe(
+    base_urls: Sequence[str],
+    model: str,
+    requests: Sequence[RequestSpec],
+    arrival: Arrival,
+    options: LoadOptions = LoadOptions(),
+    *,
+    slo: GoodputSLO | None = None,
+    client_cpus: frozenset[int] = frozenset(),
+    workers: int = 1,
+    progress: Progress | None = None,
+) -> Observation:
+    """Drive ``requests`` against ``base_urls`` and measure: client records plus the servers' /metrics deltas.
+
+    ``client_cpus`` pins the client (and its workers) while the load runs, so the
+    instrument does not share cores with the server; the previous affinity is restored.
+    ``client_cpu_busy`` is the CPU the client used per second per client process.
+    """
+    started = datetime.datetime.now(datetime.UTC).isoformat(timespec="seconds")
+    before = scrape(base_urls)
+    previous_cpus = pin_current_process(client_cpus) if client_cpus else None
+    try:
+        cpu_start, wall_start = _client_cpu_s(), time.perf_counter()
+        if workers > 1:
+            load = run_load_in_workers(workers, base_urls, model, requests, arrival, options, progress=progress)
+        else:
+            load = run_load_sync(base_urls, model, requests, arrival, options, progress=progress)
+        busy = (_client_cpu_s() - cpu_start) / max(time.perf_counter() - wall_start, 1e-9) / workers
+    finally:
+        if previous_cpus is not None:
+            pin_current_process(previous_cpus)
+    deltas = counter_deltas(before, scrape(base_urls))
+    window = steady_window(load.records)
+    return Observation(
+        load=load,
+        summary=summarize(load.records, goodput_slo=slo, requested_rate=load.requested_rate),
+        steady=summarize_window(load.records, window) if window else None,
+        server_deltas=MappingProxyType(deltas),
+        tokens=cross_check(load.records, deltas["prompt_tokens"], deltas["generation_tokens"]),
+        client_bound=client_bound_reason(load.records, requested_rate=load.requested_rate, client_cpu_busy_fraction=busy),
+        client_cpu_busy=busy,
+        started=started,
+    )
+
+
+def _client_cpu_s() -> float:
+    """CPU seconds of this process and of its finished children (the load generator's workers)."""
+    own, children = resource.getrusage(resource.RUSAGE_SELF), resource.getrusage(resource.RUSAGE_CHILDREN)
+    return own.ru_utime + own.ru_stime + children.ru_utime + children.ru_stime
+
+
 def measure(
     server: Server,
     config: ServingConfig,
@@ -109,37 +186,32 @@ def measure(
     suite: str = "",
     client_cpus: frozenset[int] = frozenset(),
 ) -> RunResult:
-    """Drive ``workload`` against ``server`` (running ``config``) and collect the result.
-
-    ``client_cpus`` pins this process while the load runs, so the instrument does not
-    share cores with the server; the previous affinity is restored afterwards.
-    """
+    """Drive ``workload`` against ``server`` (running ``config``) and collect the result."""
     tokenizer = PromptTokenizer.load(embedded.resolve_model(config.model))
     requests = workload.workload.build(tokenizer)
-    started = datetime.datetime.now(datetime.UTC).isoformat(timespec="seconds")
-    before = scrape(server.base_urls)
-    previous_cpus = pin_current_process(client_cpus) if client_cpus else None
-    try:
-        cpu_start, wall_start = time.process_time(), time.perf_counter()
-        load = run_load_sync(server.base_urls, server.model, requests, workload.arrival, warmup=workload.warmup)
-        busy = (time.process_time() - cpu_start) / max(time.perf_counter() - wall_start, 1e-9)
-    finally:
-        if previous_cpus is not None:
-            pin_current_process(previous_cpus)
-    deltas = counter_deltas(before, scrape(server.base_urls))
-    window = steady_window(load.records)
+    seen = observe(
+        server.base_urls,
+        server.model,
+        requests,
+        workload.arrival,
+        # Usage in every chunk costs the server CPU per chunk; only speculative decoding needs it
+        # (a chunk then carries several tokens, and ITL is per token).
+        LoadOptions(warmup=workload.warmup, continuous_usage=config.speculative),
+        slo=workload.slo,
+        client_cpus=client_cpus,
+    )
     return RunResult(
         suite=suite,
         config=config,
         workload=workload,
         servers=server.info,
         hardware=detect(),
-        summary=summarize(load.records, goodput_slo=workload.slo, requested_rate=load.requested_rate),
-        steady=summarize_window(load.records, window) if window else None,
-        server_deltas=MappingProxyType(deltas),
-        tokens=cross_check(load.records, deltas["prompt_tokens"], deltas["generation_tokens"]),
-        client_bound=client_bound_reason(load.records, requested_rate=load.requested_rate, client_cpu_busy_fraction=busy),
-        client_cpu_busy=busy,
-        client_cpus=load.client_cpus[0],
-        started=started,
+        summary=seen.summary,
+        steady=seen.steady,
+        server_deltas=seen.server_deltas,
+        tokens=seen.tokens,
+        client_bound=seen.client_bound,
+        client_cpu_busy=seen.client_cpu_busy,
+        client_cpus=seen.load.client_cpus[0],
+        started=seen.started,
     )

@@ -107,11 +107,13 @@ class ServerInfo:
     max_model_len: int | None
     engine_config: str | None = None
     cache_config: tuple[tuple[str, str], ...] = ()
+    root: str | None = None  # what the server loaded the model from (a folder or a hub name)
 
     def as_dict(self) -> dict[str, object]:
         return {
             "base_url": self.base_url,
             "model": self.model,
+            "root": self.root,
             "version": self.version,
             "max_model_len": self.max_model_len,
             "engine_config": self.engine_config,
@@ -192,6 +194,7 @@ def describe(base_url: str, model: str | None, engine_config: str | None = None)
         max_model_len=int(max_len) if isinstance(max_len, int) else None,
         engine_config=engine_config,
         cache_config=_cache_config_labels(base_url),
+        root=str(entry["root"]) if entry.get("root") else None,
     )
 
 

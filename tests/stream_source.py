@@ -16,6 +16,9 @@ give. Each request says what it wants in an extra body key, ``x_schedule`` (a di
 - ``fast``: send every chunk at once, as fast as possible (CPU-cost benchmark).
 - ``error``: ``{"status": 4xx, "body": <any JSON>}`` answers with that instead of a stream.
 
+Requests without ``x_schedule`` (from clients that cannot add body keys) get the one
+given with ``--schedule`` (default: none, so one token per ``max_tokens``, at once).
+
 The body is otherwise read like vLLM reads it: ``model`` must match the served name
 (else vLLM's 404), ``stream_options.continuous_usage_stats`` adds cumulative usage to
 every chunk, chunks have vLLM's exact JSON layout for completions and chat, and each
@@ -122,8 +125,9 @@ def _prompt_tokens(body: dict[str, Any]) -> int:
 class _Source:
     """What all connections share: the served model, counters and the send log."""
 
-    def __init__(self, model: str) -> None:
+    def __init__(self, model: str, default_schedule: dict[str, Any]) -> None:
         self.model = model
+        self.default_schedule = default_schedule  # for requests without ``x_schedule`` (other clients)
         self.by_port: Counter[int] = Counter()
         self.active = self.peak_active = 0
         self.sent: dict[Any, tuple[list[float], list[float]]] = {}  # id -> (due times, [arrived, chunk sends...])
@@ -244,7 +248,7 @@ class _Connection(asyncio.Protocol):
             error = {"message": message, "type": "NotFoundError", "param": "model", "code": 404}
             self.transport.write(_response(404, {"error": error}))
             return
-        sched: dict[str, Any] = body.get("x_schedule", {})
+        sched: dict[str, Any] = body.get("x_schedule", source.default_schedule)
         if "error" in sched:
             self.transport.write(_response(sched["error"]["status"], sched["error"]["body"]))
             return
@@ -314,10 +318,10 @@ class _Connection(asyncio.Protocol):
         self.end_stream()
 
 
-async def serve(n_ports: int, model: str) -> None:
+async def serve(n_ports: int, model: str, default_schedule: dict[str, Any]) -> None:
     """Serve on ``n_ports`` free loopback ports, print them as one JSON line, run until SIGTERM."""
     loop = asyncio.get_running_loop()
-    source = _Source(model)
+    source = _Source(model, default_schedule)
     servers = [await loop.create_server(lambda: _Connection(source), "127.0.0.1", 0, backlog=1024) for _ in range(n_ports)]
     stop = asyncio.Event()
     loop.add_signal_handler(signal.SIGTERM, stop.set)
@@ -356,9 +360,11 @@ class StreamSource:
 
 
 @contextmanager
-def stream_source(n_ports: int = 1, cpus: set[int] | None = None, model: str = MODEL) -> Iterator[StreamSource]:
+def stream_source(
+    n_ports: int = 1, cpus: set[int] | None = None, model: str = MODEL, default_schedule: dict[str, Any] | None = None
+) -> Iterator[StreamSource]:
     """Run the source in its own process (pinned to ``cpus`` if given) for the duration."""
-    cmd = [sys.executable, __file__, "--ports", str(n_ports), "--model", model]
+    cmd = [sys.executable, __file__, "--ports", str(n_ports), "--model", model, "--schedule", json.dumps(default_schedule or {})]
     if cpus:
         cmd += ["--cpus", ",".join(map(str, sorted(cpus)))]
     proc = subprocess.Popen(cmd, stdout=subprocess.PIPE)
@@ -382,10 +388,11 @@ def main() -> None:
     parser.add_argument("--ports", type=int, default=1, help="how many loopback ports to listen on")
     parser.add_argument("--model", default=MODEL)
     parser.add_argument("--cpus", help="comma-separated CPU ids to pin the source to")
+    parser.add_argument("--schedule", type=json.loads, default={}, help="x_schedule for requests that carry none (JSON)")
     args = parser.parse_args()
     if args.cpus:
         os.sched_setaffinity(0, {int(cpu) for cpu in args.cpus.split(",")})
-    asyncio.run(serve(args.ports, args.model))
+    asyncio.run(serve(args.ports, args.model, args.schedule))
 
 
 if __name__ == "__main__":

@@ -77,3 +77,20 @@ def test_lint_refuses_disable_log_stats(tmp_path: Path) -> None:
     done = run_cli("lint", str(suite))
     assert done.returncode == 1
     assert "--disable-log-stats is not allowed: it turns off every stat logger" in done.stdout
+
+
+def test_bench_unreachable_endpoint_fails_before_running() -> None:
+    done = run_cli("bench", "--endpoint", "http://127.0.0.1:9", "--progress", "off")
+    assert done.returncode == 2
+    assert "endpoint http://127.0.0.1:9 is not ready: ConnectionRefusedError" in done.stderr
+
+
+def test_bench_bad_option_values_fail_at_parsing() -> None:
+    for args, message in (
+        (("--dataset-name", "sharegpt"), "invalid choice: 'sharegpt'"),
+        (("--num-prompts", "0"), "expected a whole number >= 1, got '0'"),
+        (("--request-rate", "-2"), "expected a positive number of requests per second"),
+        (("--endpoint", "localhost:8000"), "expected a URL like http://10.0.0.5:8000"),
+    ):
+        done = run_cli("bench", "--endpoint", "http://127.0.0.1:9", *args)
+        assert done.returncode == 2 and message in done.stderr, (args, done.stderr)

@@ -26,7 +26,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from pytest_qwenperf.loadgen.arrivals import Arrival, ClosedLoop, OpenLoop
-from pytest_qwenperf.loadgen.client import StreamParser, _Connection, new_event_loop, run_load, run_load_sync
+from pytest_qwenperf.loadgen.client import LoadOptions, Progress, StreamParser, _Connection, new_event_loop, run_load, run_load_sync
 from pytest_qwenperf.loadgen.request import Api, RequestSpec
 from pytest_qwenperf.loadgen.workers import pin_current_process, run_load_in_workers
 from pytest_qwenperf.records import RequestRecord
@@ -61,9 +61,14 @@ def pinned(cpus: set[int] | None) -> Iterator[None]:
             pin_current_process(previous)
 
 
-def run(source: StreamSource, specs: list[RequestSpec], arrival: Arrival | None = None, **options: Any) -> list[RequestRecord]:
-    """Run ``specs`` (all at once unless ``arrival`` says otherwise) and return the records."""
-    return list(run_load_sync(source.urls, MODEL, specs, arrival or ClosedLoop(len(specs)), **options).records)
+def run(
+    source: StreamSource, specs: list[RequestSpec], arrival: Arrival | None = None, progress: Progress | None = None, **options: Any
+) -> list[RequestRecord]:
+    """Run ``specs`` (all at once unless ``arrival`` says otherwise) with :class:`LoadOptions` ``options``
+    (continuous usage unless told otherwise: these tests check tokens per chunk)."""
+    options = {"continuous_usage": True, **options}
+    load = run_load_sync(source.urls, MODEL, specs, arrival or ClosedLoop(len(specs)), LoadOptions(**options), progress=progress)
+    return list(load.records)
 
 
 # --- fidelity ---------------------------------------------------------------------------
@@ -93,7 +98,7 @@ def _fidelity_attempt(seed: int) -> dict[str, float]:
     with stream_source(cpus=SOURCE_CPUS) as src, pinned(CLIENT_CPUS):
         source = psutil.Process(src.proc.pid)
         before = (_busy_cpu_s(), time.process_time(), sum(source.cpu_times()[:2]), time.perf_counter())
-        load = run_load_sync(src.urls, MODEL, specs, ClosedLoop(256))
+        load = run_load_sync(src.urls, MODEL, specs, ClosedLoop(256), LoadOptions(continuous_usage=True))
         after = (_busy_cpu_s(), time.process_time(), sum(source.cpu_times()[:2]), time.perf_counter())
         stats, sent = src.stats(), src.sent()
     busy, client, source_cpu, wall = (b - a for a, b in zip(before, after))
@@ -137,26 +142,22 @@ def test_fidelity_256_streams() -> None:
     first chunk's; ``sent_at`` is checked to precede the request's arrival at the source
     and to be close to it at the median. Errors against the nominal schedules are printed.
 
-    Timing noise on a shared machine only ever adds error, so up to five clean runs are
-    made and the best must hold: a client that is systematically off fails every run. A
-    run is not clean when other processes used more than a fifth of a CPU meanwhile; when
-    no run is, the check is skipped rather than failed. A small VM also stalls a busy
-    vCPU for 1-3 ms now and then (measured here: a few times a second with both vCPUs
-    busy), which this cannot see and which is what costs a run its p99.
+    Timing noise on a shared machine only ever adds error, so up to five runs are made
+    and the best must hold: a client that is systematically off fails every run. Runs
+    during which other processes used more than a fifth of a CPU do not count towards
+    the five (up to eight runs in all); if every run was disturbed the best of them must
+    still hold, and the failure message shows how busy the machine was. A small VM also
+    stalls a busy vCPU for 1-3 ms now and then (measured here: a few times a second with
+    both vCPUs busy), which this cannot see and which is what costs a run its p99.
     """
-    clean, foreign = [], []
+    attempts: list[dict[str, float]] = []
     for seed in range(8):
-        attempt = _fidelity_attempt(seed)
-        if attempt["foreign"] > 0.2:
-            foreign.append(round(attempt["foreign"], 2))
-            continue
-        clean.append(attempt)
-        if (attempt["ttft"] <= 1.0 and attempt["itl"] <= 1.0) or len(clean) == 5:
+        attempts.append(_fidelity_attempt(seed))
+        clean = [a for a in attempts if a["foreign"] <= 0.2]
+        if (attempts[-1]["ttft"] <= 1.0 and attempts[-1]["itl"] <= 1.0) or len(clean) == 5:
             break
-    if not clean:
-        pytest.skip(f"other processes used {foreign} of a CPU during the runs: no clean timing measurement")
-    best = min(clean, key=lambda p99: max(p99["ttft"], p99["itl"]))
-    assert best["ttft"] <= 1.0 and best["itl"] <= 1.0 and best["request leg p50"] < 0.5, clean
+    best = min(attempts, key=lambda p99: max(p99["ttft"], p99["itl"]))
+    assert best["ttft"] <= 1.0 and best["itl"] <= 1.0 and best["request leg p50"] < 0.5, attempts
 
 
 # --- routing and connections ------------------------------------------------------------
@@ -384,17 +385,17 @@ def test_open_loop_max_concurrency_holds_requests_back(source: StreamSource) -> 
 def test_duration_limit(source: StreamSource) -> None:
     """Nothing is sent after ``duration_s``; requests in flight then finish and count."""
     specs = [spec(i, max_tokens=2, ttft_ms=80, itl_ms=20) for i in range(200)]
-    load = run_load_sync(source.urls, MODEL, specs, ClosedLoop(4), duration_s=0.5)
+    load = run_load_sync(source.urls, MODEL, specs, ClosedLoop(4), LoadOptions(duration_s=0.5))
     assert 10 <= len(load.records) <= 30
     assert all(r.ok and r.sent_at < load.started_at + 0.5 for r in load.records)
     assert max(r.ended_at for r in load.records) > load.started_at + 0.5
-    opened = run_load_sync(source.urls, MODEL, specs, OpenLoop(rate=40, distribution="constant"), duration_s=0.5)
+    opened = run_load_sync(source.urls, MODEL, specs, OpenLoop(rate=40, distribution="constant"), LoadOptions(duration_s=0.5))
     assert len(opened.records) == 19  # offsets 1/40 .. 19/40 s; 20/40 is not before the limit
 
 
 def test_warmup_goes_first_and_is_marked(source: StreamSource) -> None:
     specs = [spec(i, max_tokens=2, ttft_ms=20) for i in range(10)]
-    load = run_load_sync(source.urls, MODEL, specs, ClosedLoop(2), warmup=4)
+    load = run_load_sync(source.urls, MODEL, specs, ClosedLoop(2), LoadOptions(warmup=4))
     warm = [r for r in load.records if r.warmup]
     assert sorted(r.index for r in warm) == [0, 1, 2, 3]
     assert max(r.ended_at for r in warm) <= load.started_at <= min(r.sent_at for r in load.records if not r.warmup)

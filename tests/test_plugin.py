@@ -8,7 +8,6 @@ from __future__ import annotations
 import shlex
 import signal
 import sys
-import time
 from pathlib import Path
 
 import pytest

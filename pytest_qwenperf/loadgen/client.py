@@ -150,6 +150,30 @@ def _error_message(body: Any) -> str:
     return json.dumps(body)
 
 
+@dataclass(frozen=True)
+class LoadOptions:
+    """How a run is driven, besides what is sent and when.
+
+    ``warmup``: the first this many requests go first, as a closed loop, and are marked
+    warm-up. ``duration_s``: stop sending after this long (requests in flight finish and
+    count). ``timeout_s`` bounds each request. ``continuous_usage`` asks the server for
+    cumulative usage in every chunk, which gives each chunk's token count.
+    """
+
+    warmup: int = 0
+    duration_s: float | None = None
+    timeout_s: float = DEFAULT_TIMEOUT_S
+    continuous_usage: bool = False
+
+    def __post_init__(self) -> None:
+        if self.warmup < 0:
+            raise ValueError(f"warmup must be at least 0, got {self.warmup}")
+        if self.duration_s is not None and not self.duration_s > 0:
+            raise ValueError(f"duration_s must be positive, got {self.duration_s}")
+        if not self.timeout_s > 0:
+            raise ValueError(f"timeout_s must be positive, got {self.timeout_s}")
+
+
 @dataclass(frozen=True, repr=False)
 class LoadResult:
     """The records of one run and what the run was asked to do.
@@ -163,8 +187,7 @@ class LoadResult:
     started_at: float
     ended_at: float
     arrival: Arrival
-    warmup: int
-    duration_s: float | None
+    options: LoadOptions
     client_cpus: tuple[tuple[int, ...], ...]
 
     def __repr__(self) -> str:
@@ -502,10 +525,8 @@ async def run_jobs(
     jobs: Sequence[Job],
     arrival: Arrival,
     offsets: Sequence[float] | None,
+    options: LoadOptions,
     *,
-    duration_s: float | None,
-    timeout_s: float,
-    continuous_usage: bool,
     progress: Progress | None,
     sync: Callable[[], Awaitable[None]] | None = None,
 ) -> tuple[list[RequestRecord], float, float]:
@@ -516,7 +537,7 @@ async def run_jobs(
     """
     if not endpoints:
         raise ValueError("no endpoints")
-    client = _Client(endpoints, model, continuous_usage, timeout_s, progress)
+    client = _Client(endpoints, model, options.continuous_usage, options.timeout_s, progress)
     gc.collect()
     gc.freeze()  # a full collection over everything imported stalls the loop for >10 ms; only scan what the run creates
     try:
@@ -526,7 +547,7 @@ async def run_jobs(
         if sync is not None:
             await sync()
         started_at = perf_counter()
-        deadline = None if duration_s is None else started_at + duration_s
+        deadline = None if options.duration_s is None else started_at + options.duration_s
         if isinstance(arrival, ClosedLoop):
             records += await _closed(client, jobs, arrival.concurrency, deadline, False)
         else:
@@ -556,36 +577,23 @@ async def run_load(
     model: str,
     requests: Iterable[RequestSpec],
     arrival: Arrival,
+    options: LoadOptions = LoadOptions(),
     *,
-    warmup: int = 0,
-    duration_s: float | None = None,
-    timeout_s: float = DEFAULT_TIMEOUT_S,
-    continuous_usage: bool = True,
     progress: Progress | None = None,
 ) -> LoadResult:
     """Send ``requests`` to ``endpoints`` (base URLs, request ``i`` to ``endpoints[i % n]``).
 
-    The first ``warmup`` requests go first as a closed loop and are marked ``warmup``;
-    the measured phase starts when they have all finished and sends the rest by
-    ``arrival``, until the workload or ``duration_s`` is exhausted (requests in flight
-    then finish and count). ``timeout_s`` bounds each request; ``progress`` is called
-    with each finished record.
+    The first ``options.warmup`` requests go first as a closed loop and are marked
+    ``warmup``; the measured phase starts when they have all finished and sends the rest
+    by ``arrival``, until the workload or ``options.duration_s`` is exhausted (requests in
+    flight then finish and count). ``progress`` is called with each finished record.
     """
-    warmup_jobs, jobs, offsets = split_warmup(requests, arrival, warmup)
+    warmup_jobs, jobs, offsets = split_warmup(requests, arrival, options.warmup)
     records, started_at, ended_at = await run_jobs(
-        endpoints,
-        model,
-        warmup_jobs,
-        jobs,
-        arrival,
-        offsets,
-        duration_s=duration_s,
-        timeout_s=timeout_s,
-        continuous_usage=continuous_usage,
-        progress=progress,
+        endpoints, model, warmup_jobs, jobs, arrival, offsets, options, progress=progress
     )
     cpus = (tuple(sorted(os.sched_getaffinity(0))),)
-    return LoadResult(tuple(records), started_at, ended_at, arrival, warmup, duration_s, cpus)
+    return LoadResult(tuple(records), started_at, ended_at, arrival, options, cpus)
 
 
 def new_event_loop() -> asyncio.AbstractEventLoop:
@@ -606,24 +614,10 @@ def run_load_sync(
     model: str,
     requests: Iterable[RequestSpec],
     arrival: Arrival,
+    options: LoadOptions = LoadOptions(),
     *,
-    warmup: int = 0,
-    duration_s: float | None = None,
-    timeout_s: float = DEFAULT_TIMEOUT_S,
-    continuous_usage: bool = True,
     progress: Progress | None = None,
 ) -> LoadResult:
     """:func:`run_load` on a fresh event loop (see :func:`new_event_loop`), for callers without one."""
-    load = run_load(
-        endpoints,
-        model,
-        requests,
-        arrival,
-        warmup=warmup,
-        duration_s=duration_s,
-        timeout_s=timeout_s,
-        continuous_usage=continuous_usage,
-        progress=progress,
-    )
     with asyncio.Runner(loop_factory=new_event_loop) as runner:
-        return runner.run(load)
+        return runner.run(run_load(endpoints, model, requests, arrival, options, progress=progress))

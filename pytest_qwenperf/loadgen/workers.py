@@ -20,10 +20,10 @@ from dataclasses import replace
 from multiprocessing.synchronize import Barrier
 from typing import Any
 
-from pytest_qwenperf.loadgen.arrivals import Arrival, ClosedLoop, OpenLoop
+from pytest_qwenperf.loadgen.arrivals import Arrival, ClosedLoop
 from pytest_qwenperf.loadgen.client import (
-    DEFAULT_TIMEOUT_S,
     Job,
+    LoadOptions,
     LoadResult,
     Progress,
     new_event_loop,
@@ -63,7 +63,7 @@ def _worker(
     jobs: list[Job],
     arrival: Arrival,
     offsets: list[float] | None,
-    options: dict[str, Any],
+    options: LoadOptions,
 ) -> None:
     """One worker process: its own event loop and connections; sends each record as it finishes."""
     try:
@@ -75,7 +75,7 @@ def _worker(
 
         async def measured_phase() -> tuple[float, float]:  # the records went out one by one through ``results``
             _, started_at, ended_at = await run_jobs(
-                endpoints, model, warmup_jobs, jobs, arrival, offsets, progress=results.put, sync=sync, **options
+                endpoints, model, warmup_jobs, jobs, arrival, offsets, options, progress=results.put, sync=sync
             )
             return started_at, ended_at
 
@@ -101,11 +101,8 @@ def run_load_in_workers(
     model: str,
     requests: Iterable[RequestSpec],
     arrival: Arrival,
+    options: LoadOptions = LoadOptions(),
     *,
-    warmup: int = 0,
-    duration_s: float | None = None,
-    timeout_s: float = DEFAULT_TIMEOUT_S,
-    continuous_usage: bool = True,
     progress: Progress | None = None,
     cpus: Iterable[int] | None = None,
 ) -> LoadResult:
@@ -118,8 +115,7 @@ def run_load_in_workers(
         raise ValueError(f"n_workers must be at least 1, got {n_workers}")
     if isinstance(arrival, ClosedLoop) and arrival.concurrency < n_workers:
         raise ValueError(f"concurrency {arrival.concurrency} cannot be split over {n_workers} workers")
-    warmup_jobs, jobs, offsets = split_warmup(requests, arrival, warmup)
-    options = {"duration_s": duration_s, "timeout_s": timeout_s, "continuous_usage": continuous_usage}
+    warmup_jobs, jobs, offsets = split_warmup(requests, arrival, options.warmup)
     ctx = multiprocessing.get_context("spawn")
     barrier = ctx.Barrier(n_workers)
     results: multiprocessing.Queue[Any] = ctx.Queue()
@@ -175,7 +171,6 @@ def run_load_in_workers(
         started_at=min(span[0] for span in spans),
         ended_at=max(span[1] for span in spans),
         arrival=arrival,
-        warmup=warmup,
-        duration_s=duration_s,
+        options=options,
         client_cpus=tuple(span[2] for span in spans),
     )

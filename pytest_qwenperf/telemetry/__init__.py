@@ -1,1 +1,118 @@
-"""What the server and the devices were doing during a load run."""
+"""What the server and the devices were doing during a load run.
+
+:class:`Telemetry` starts the samplers a run needs (NVML on the GPUs the replicas see,
+psutil on the server and client process trees, the servers' /metrics gauges), each in
+its own thread, and summarizes them over the run's steady-state window afterwards::
+
+    telemetry = Telemetry.start(gpu_visible_devices=["0,1"], server_pids=[pid],
+                                client_pid=os.getpid(), metrics_urls=server.base_urls)
+    try:
+        load = run_load_sync(...)
+    finally:
+        telemetry.stop()
+    block = telemetry.summary(steady_window(load.records), tokens=output_tokens).as_json()
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass
+from types import TracebackType
+from typing import Self
+
+from pytest_qwenperf.telemetry.cpu import DEFAULT_INTERVAL_S as CPU_INTERVAL_S
+from pytest_qwenperf.telemetry.cpu import CpuSampler, CpuSummary
+from pytest_qwenperf.telemetry.gauges import DEFAULT_INTERVAL_S as METRICS_INTERVAL_S
+from pytest_qwenperf.telemetry.gauges import GaugeSummary, MetricsPoller
+from pytest_qwenperf.telemetry.nvml import DEFAULT_INTERVAL_S as NVML_INTERVAL_S
+from pytest_qwenperf.telemetry.nvml import GpuSummary, NvmlSampler
+from pytest_qwenperf.telemetry.sampling import Window
+
+
+@dataclass(frozen=True)
+class TelemetrySummary:
+    """Every sampler's summary over one window; a sampler that was not asked for is None."""
+
+    window: Window | None
+    gpu: GpuSummary | None
+    cpu: CpuSummary | None
+    server: GaugeSummary | None
+
+    def as_json(self) -> dict[str, object]:
+        return {
+            "window_s": self.window[1] - self.window[0] if self.window else None,
+            "gpu": self.gpu.as_json() if self.gpu else None,
+            "cpu": self.cpu.as_json() if self.cpu else None,
+            "server_gauges": self.server.as_json() if self.server else None,
+        }
+
+
+class Telemetry:
+    """The samplers of one load run; start them just before the load and stop them just after."""
+
+    def __init__(self, gpu: NvmlSampler | None, cpu: CpuSampler | None, server: MetricsPoller | None) -> None:
+        self.gpu = gpu
+        self.cpu = cpu
+        self.server = server
+
+    @classmethod
+    def start(
+        cls,
+        *,
+        gpu_visible_devices: Sequence[str | None] = (),
+        server_pids: Sequence[int] = (),
+        client_pid: int | None = None,
+        metrics_urls: Sequence[str] = (),
+        interval_s: float = NVML_INTERVAL_S,
+        cpu_interval_s: float = CPU_INTERVAL_S,
+        metrics_interval_s: float = METRICS_INTERVAL_S,
+    ) -> Telemetry:
+        """Start what was asked for; a sampler that cannot run here says why in its summary.
+
+        ``gpu_visible_devices``: each replica's ``CUDA_VISIBLE_DEVICES`` (None: unset, all
+        GPUs); empty: no GPU sampling. ``server_pids``: the servers' root processes (their
+        descendants are included); ``client_pid``: the load generator (with its worker
+        processes, but not the servers it started). ``metrics_urls``: server base URLs.
+        """
+        groups = {
+            name: pids for name, pids in (("server", tuple(server_pids)), ("client", _pids(client_pid))) if pids
+        }
+        samplers = cls(
+            gpu=NvmlSampler(gpu_visible_devices, interval_s) if gpu_visible_devices else None,
+            cpu=CpuSampler(groups, cpu_interval_s) if groups else None,
+            server=MetricsPoller(metrics_urls, metrics_interval_s) if metrics_urls else None,
+        )
+        for sampler in (samplers.gpu, samplers.cpu, samplers.server):
+            if sampler is not None:
+                sampler.start()
+        return samplers
+
+    def stop(self) -> None:
+        """Stop every sampler (each takes a closing sample first); idempotent."""
+        for sampler in (self.gpu, self.cpu, self.server):
+            if sampler is not None:
+                sampler.stop()
+
+    def summary(self, window: Window | None = None, tokens: int | None = None) -> TelemetrySummary:
+        """Summaries over ``window`` (perf_counter seconds, as the request records; None: everything).
+
+        ``tokens``: tokens produced inside the window, for tokens per joule.
+        """
+        return TelemetrySummary(
+            window=window,
+            gpu=self.gpu.summary(window, tokens) if self.gpu else None,
+            cpu=self.cpu.summary(window) if self.cpu else None,
+            server=self.server.summary(window) if self.server else None,
+        )
+
+    def __enter__(self) -> Self:
+        return self
+
+    def __exit__(
+        self, exc_type: type[BaseException] | None, exc: BaseException | None, tb: TracebackType | None
+    ) -> None:
+        self.stop()
+
+
+def _pids(pid: int | None) -> tuple[int, ...]:
+    return () if pid is None else (pid,)

@@ -1,0 +1,158 @@
+"""CPU time of process trees (the vLLM servers, the load generator), sampled while the load runs.
+
+Measured as cores busy: CPU seconds (user + system) the group's processes used per
+wall-clock second, so 1.0 is one core fully busy. On CPU builds this is the device
+utilization; on GPU hosts it shows an API server or the client saturating a core.
+
+Each group is its root processes plus all their descendants, looked up again while the
+run goes on (vLLM's engine-core and workers are children, and may come and go). A
+process belongs to the first group that claims it: the load generator's own process
+tree contains the servers it started, so the servers are listed first.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
+from types import MappingProxyType
+
+import psutil
+
+from pytest_qwenperf.telemetry.sampling import CLOCK, PeriodicSampler, SamplerHealth, Stats, Window, inside
+
+DEFAULT_INTERVAL_S = 0.5
+DISCOVER_EVERY_S = 2.0
+"""Walking /proc for descendants costs milliseconds of the client's CPU; per-process CPU times are cheap."""
+
+
+@dataclass(frozen=True)
+class CpuSample:
+    """Cores busy per group over the interval that ended at ``at`` (perf_counter seconds)."""
+
+    at: float
+    seconds: float  # length of the interval
+    busy: tuple[float, ...]  # in the order of CpuSampler.groups
+    processes: tuple[int, ...]  # live processes per group
+
+
+@dataclass(frozen=True)
+class CpuGroupSummary:
+    """One group over a window."""
+
+    cores_busy: Stats | None
+    cpu_seconds: float  # CPU time used over the polled intervals
+    max_processes: int
+
+    def as_json(self) -> dict[str, object]:
+        return {
+            "cores_busy": self.cores_busy.as_json() if self.cores_busy else None,
+            "cpu_seconds": self.cpu_seconds,
+            "max_processes": self.max_processes,
+        }
+
+
+@dataclass(frozen=True)
+class CpuSummary:
+    groups: Mapping[str, CpuGroupSummary]
+    health: SamplerHealth
+
+    def as_json(self) -> dict[str, object]:
+        return {"groups": {name: g.as_json() for name, g in self.groups.items()}, "sampler": self.health.as_json()}
+
+
+@dataclass
+class _Tracked:
+    process: psutil.Process
+    group: int
+    cpu_s: float  # user + system at the previous poll
+
+
+class CpuSampler(PeriodicSampler):
+    """Cores busy of each named group of process trees, e.g. ``{"server": pids, "client": (pid,)}``."""
+
+    def __init__(
+        self,
+        groups: Mapping[str, Sequence[int]],
+        interval_s: float = DEFAULT_INTERVAL_S,
+        discover_every_s: float = DISCOVER_EVERY_S,
+    ) -> None:
+        super().__init__(interval_s)
+        self.groups = tuple(groups)
+        self._roots = tuple(tuple(pids) for pids in groups.values())
+        self.discover_every_s = discover_every_s
+        self.samples: list[CpuSample] = []
+        self._tracked: dict[int, _Tracked] = {}
+        self._last_poll: float | None = None
+        self._last_discovery = float("-inf")
+
+    def _poll(self) -> None:
+        now = CLOCK()
+        if now - self._last_discovery >= self.discover_every_s:
+            self._discover()
+            self._last_discovery = now
+        used = [0.0] * len(self.groups)
+        for pid, tracked in list(self._tracked.items()):
+            try:
+                times = tracked.process.cpu_times()
+            except psutil.Error:  # exited since the last poll; its last slice is lost
+                del self._tracked[pid]
+                continue
+            cpu_s = times.user + times.system
+            used[tracked.group] += max(cpu_s - tracked.cpu_s, 0.0)
+            tracked.cpu_s = cpu_s
+        if self._last_poll is not None:
+            elapsed = now - self._last_poll
+            counts = [sum(1 for t in self._tracked.values() if t.group == g) for g in range(len(self.groups))]
+            self.samples.append(CpuSample(now, elapsed, tuple(u / elapsed for u in used), tuple(counts)))
+        self._last_poll = now
+
+    def _discover(self) -> None:
+        """Track new members of each group; a process is counted in the first group that reaches it."""
+        seen: set[int] = set()
+        for group, roots in enumerate(self._roots):
+            for process in _trees(roots):
+                if process.pid in seen:
+                    continue
+                seen.add(process.pid)
+                if process.pid not in self._tracked:
+                    self._track(process, group)
+
+    def _track(self, process: psutil.Process, group: int) -> None:
+        try:
+            times = process.cpu_times()
+        except psutil.Error:
+            return
+        # A process found after the first discovery was born during the run: all its CPU time
+        # belongs to the run. (Not decided by create_time(): psutil derives it from a boot time
+        # in whole seconds, so it can be off by up to a second.)
+        baseline = 0.0 if self._last_poll is not None else times.user + times.system
+        self._tracked[process.pid] = _Tracked(process, group, baseline)
+
+    def summary(self, window: Window | None = None) -> CpuSummary:
+        """Per group: cores busy over the polls that ended inside ``window`` (all when None)."""
+        samples = [s for s in self.samples if inside(s.at, window)]
+        return CpuSummary(
+            groups=MappingProxyType(
+                {
+                    name: CpuGroupSummary(
+                        cores_busy=Stats.of(s.busy[g] for s in samples),
+                        cpu_seconds=sum(s.busy[g] * s.seconds for s in samples),
+                        max_processes=max((s.processes[g] for s in samples), default=0),
+                    )
+                    for g, name in enumerate(self.groups)
+                }
+            ),
+            health=self.health(),
+        )
+
+
+def _trees(roots: Sequence[int]) -> list[psutil.Process]:
+    found = []
+    for pid in roots:
+        try:
+            root = psutil.Process(pid)
+            found.append(root)
+            found.extend(root.children(recursive=True))
+        except psutil.Error:
+            continue
+    return found

@@ -1,0 +1,515 @@
+"""GPU telemetry through NVML (``pynvml`` from nvidia-ml-py), sampled while the load runs.
+
+Per GPU and poll: kernel-busy time and memory-controller busy time
+(``nvmlDeviceGetUtilizationRates``), and, where the device supports GPU Performance
+Monitoring (Hopper and newer), the share of SMs busy, SM occupancy and tensor-pipe activity
+between two GPM samples. "GPU utilization" alone reads 100 % while one tiny kernel runs;
+SM and tensor activity say how much of the chip did work. Also memory used, power,
+the cumulative energy counter (→ joules per run, tokens per joule), SM clock and
+clock-event (throttle) reasons.
+
+``pynvml`` is imported when sampling starts, so this module imports on machines without
+it. NVML errors are recorded per device and field and never end the run: a field the
+device does not support, or that keeps failing, is marked unavailable and no longer
+polled; a GPU that falls off the bus (``GPU is lost``) stops being polled at all.
+"""
+
+from __future__ import annotations
+
+import statistics
+from collections.abc import Callable, Mapping, Sequence
+from dataclasses import dataclass, field
+from types import MappingProxyType, ModuleType
+from typing import Any
+
+from pytest_qwenperf.telemetry.sampling import (
+    CLOCK,
+    PeriodicSampler,
+    SamplerHealth,
+    SamplerUnavailable,
+    Stats,
+    Window,
+    counter_increase,
+    inside,
+)
+
+DEFAULT_INTERVAL_S = 0.1
+GIVE_UP_AFTER = 5
+"""Consecutive failures after which a field is marked unavailable (not-supported: at once)."""
+
+FIELDS = ("utilization", "memory_used", "power", "energy", "sm_clock", "clock_events", "gpm")
+GPM_FIELDS = ("sm_activity", "sm_occupancy", "tensor_activity")
+
+# nvmlClocksEventReason* bits (nvml.h; the same bits were called ThrottleReason before driver 535)
+CLOCK_EVENT_REASONS: Mapping[int, str] = MappingProxyType(
+    {
+        0x1: "gpu_idle",
+        0x2: "applications_clocks_setting",
+        0x4: "sw_power_cap",
+        0x8: "hw_slowdown",
+        0x10: "sync_boost",
+        0x20: "sw_thermal_slowdown",
+        0x40: "hw_thermal_slowdown",
+        0x80: "hw_power_brake_slowdown",
+        0x100: "display_clock_setting",
+    }
+)
+
+
+@dataclass(frozen=True)
+class GpuDevice:
+    """One GPU, by NVML index (PCI bus order) and UUID."""
+
+    index: int
+    uuid: str
+    name: str
+
+
+@dataclass(frozen=True)
+class GpuSample:
+    """One poll of one GPU; fractions are of 1, None where the field could not be read."""
+
+    at: float  # perf_counter seconds
+    utilization: float | None = None  # time a kernel was running
+    memory_utilization: float | None = None  # time device memory was read or written
+    sm_activity: float | None = None  # GPM: SMs busy, since the previous poll
+    sm_occupancy: float | None = None  # GPM: resident warps / theoretical maximum
+    tensor_activity: float | None = None  # GPM: time SMs ran any tensor instruction
+    memory_used_bytes: int | None = None
+    power_w: float | None = None
+    energy_mj: int | None = None  # cumulative since the driver loaded
+    sm_clock_mhz: int | None = None
+    clock_events: int | None = None  # nvmlClocksEventReason bit mask
+
+
+@dataclass(frozen=True)
+class FieldHealth:
+    """Errors one field of one GPU had; ``unavailable`` once it was given up on."""
+
+    errors: int
+    unavailable: bool
+    last_error: str | None
+
+    def as_json(self) -> dict[str, object]:
+        return {"errors": self.errors, "unavailable": self.unavailable, "last_error": self.last_error}
+
+
+@dataclass(frozen=True)
+class GpuDeviceSummary:
+    """One GPU over a window."""
+
+    device: GpuDevice
+    samples: int
+    utilization: Stats | None
+    memory_utilization: Stats | None
+    sm_activity: Stats | None
+    sm_occupancy: Stats | None
+    tensor_activity: Stats | None
+    power_w: Stats | None
+    sm_clock_mhz: Stats | None
+    peak_memory_used_bytes: int | None
+    energy_j: float | None  # None unless the energy counter covers the whole window
+    clock_events: Mapping[str, float]  # reason → share of samples it was active in
+    field_errors: Mapping[str, FieldHealth]  # only fields that had errors
+    lost: bool
+
+    def as_json(self) -> dict[str, object]:
+        def stats(s: Stats | None) -> dict[str, float | int] | None:
+            return s.as_json() if s else None
+
+        return {
+            "index": self.device.index,
+            "uuid": self.device.uuid,
+            "name": self.device.name,
+            "samples": self.samples,
+            "lost": self.lost,
+            "utilization": stats(self.utilization),
+            "memory_utilization": stats(self.memory_utilization),
+            "sm_activity": stats(self.sm_activity),
+            "sm_occupancy": stats(self.sm_occupancy),
+            "tensor_activity": stats(self.tensor_activity),
+            "power_w": stats(self.power_w),
+            "sm_clock_mhz": stats(self.sm_clock_mhz),
+            "peak_memory_used_bytes": self.peak_memory_used_bytes,
+            "energy_j": self.energy_j,
+            "clock_events": dict(self.clock_events),
+            "field_errors": {name: health.as_json() for name, health in self.field_errors.items()},
+        }
+
+
+@dataclass(frozen=True)
+class GpuSummary:
+    """Every sampled GPU over a window, with totals across them."""
+
+    devices: tuple[GpuDeviceSummary, ...]
+    unresolved_devices: tuple[str, ...]  # CUDA_VISIBLE_DEVICES entries that name no GPU here
+    tokens: int | None
+    health: SamplerHealth
+
+    @property
+    def energy_j(self) -> float | None:
+        """Energy of all GPUs; None if any GPU's is unknown (a partial sum would flatter tokens/J)."""
+        parts = [d.energy_j for d in self.devices]
+        return None if not parts or any(p is None for p in parts) else sum(p for p in parts if p is not None)
+
+    @property
+    def tokens_per_joule(self) -> float | None:
+        energy = self.energy_j
+        return None if self.tokens is None or not energy else self.tokens / energy
+
+    def mean_of(self, name: str) -> float | None:
+        """Mean over GPUs of each GPU's mean ``name`` (``utilization``, ``sm_activity``, ...)."""
+        means = [stats.mean for d in self.devices if (stats := getattr(d, name)) is not None]
+        return statistics.fmean(means) if means else None
+
+    def as_json(self) -> dict[str, object]:
+        return {
+            "utilization_mean": self.mean_of("utilization"),
+            "sm_activity_mean": self.mean_of("sm_activity"),
+            "tensor_activity_mean": self.mean_of("tensor_activity"),
+            "energy_j": self.energy_j,
+            "tokens": self.tokens,
+            "tokens_per_joule": self.tokens_per_joule,
+            "devices": [d.as_json() for d in self.devices],
+            "unresolved_devices": list(self.unresolved_devices),
+            "sampler": self.health.as_json(),
+        }
+
+
+# --- which GPUs ------------------------------------------------------------------------
+
+
+def select_devices(
+    visible: Sequence[str | None], uuids: Sequence[str | None]
+) -> tuple[tuple[int, ...], tuple[str, ...]]:
+    """NVML indices of the GPUs some replica sees, and the entries that name no GPU here.
+
+    ``visible`` holds each replica's ``CUDA_VISIBLE_DEVICES`` (None: unset, every GPU);
+    ``uuids`` are the UUIDs of NVML devices 0..n-1 (None: unreadable, cannot be sampled).
+    Entries are indices or (prefixes of)
+    ``GPU-…`` UUIDs. As CUDA does, an entry that names no device ends its list (``-1``
+    is the usual way of hiding every GPU and is not reported). Indices are taken in NVML
+    (PCI bus) order, which matches CUDA's only with ``CUDA_DEVICE_ORDER=PCI_BUS_ID`` or
+    identical GPUs; UUIDs are unambiguous.
+    """
+    chosen: list[int] = []
+    unresolved: list[str] = []
+    for value in visible:
+        if value is None:
+            chosen.extend(i for i, uuid in enumerate(uuids) if uuid is not None)
+            continue
+        for token in (t.strip() for t in value.split(",")):
+            index = _device_index(token, uuids)
+            if index is None:
+                if token and not token.startswith("-"):
+                    unresolved.append(token)
+                break
+            chosen.append(index)
+    return tuple(dict.fromkeys(chosen)), tuple(unresolved)
+
+
+def _device_index(token: str, uuids: Sequence[str | None]) -> int | None:
+    if token.isdigit():
+        index = int(token)
+        return index if index < len(uuids) and uuids[index] is not None else None
+    if token.startswith("GPU-"):
+        matches = [i for i, uuid in enumerate(uuids) if uuid is not None and uuid.startswith(token)]
+        return matches[0] if len(matches) == 1 else None
+    return None  # MIG instances and anything else: not sampled per device here
+
+
+# --- the sampler -----------------------------------------------------------------------
+
+
+class _DeviceLost(Exception):
+    pass
+
+
+@dataclass
+class _FieldState:
+    errors: int = 0
+    consecutive: int = 0
+    unavailable: bool = False
+    last_error: str | None = None
+
+
+@dataclass
+class _DeviceState:
+    """Mutable per-GPU state, touched only by the sampler thread (and by open/close)."""
+
+    info: GpuDevice
+    handle: Any
+    fields: dict[str, _FieldState] = field(default_factory=lambda: {f: _FieldState() for f in FIELDS + GPM_FIELDS})
+    samples: list[GpuSample] = field(default_factory=list)
+    gpm_samples: list[Any] = field(default_factory=list)  # [previous, next]
+    gpm_request: Any = None  # a reusable c_nvmlGpmMetricsGet_t
+    gpm_primed: bool = False  # whether ``gpm_samples[0]`` holds a sample yet
+    lost: bool = False
+
+
+class NvmlSampler(PeriodicSampler):
+    """Samples the GPUs named by the replicas' ``CUDA_VISIBLE_DEVICES`` values."""
+
+    def __init__(
+        self,
+        visible_devices: Sequence[str | None],
+        interval_s: float = DEFAULT_INTERVAL_S,
+        give_up_after: int = GIVE_UP_AFTER,
+    ) -> None:
+        super().__init__(interval_s)
+        self.visible_devices = tuple(visible_devices)
+        self.give_up_after = give_up_after
+        self.unresolved_devices: tuple[str, ...] = ()
+        self._nv: ModuleType | None = None
+        self._devices: list[_DeviceState] = []
+
+    @property
+    def devices(self) -> tuple[GpuDevice, ...]:
+        return tuple(d.info for d in self._devices)
+
+    def samples(self, uuid: str) -> tuple[GpuSample, ...]:
+        """The time series of one GPU (complete once the sampler is stopped)."""
+        for device in self._devices:
+            if device.info.uuid == uuid:
+                return tuple(device.samples)
+        raise KeyError(f"GPU {uuid} is not sampled")
+
+    # lifecycle -----------------------------------------------------------------------
+    def _open(self) -> None:
+        try:
+            import pynvml
+        except ImportError as exc:
+            raise SamplerUnavailable("pynvml is not installed (pip install nvidia-ml-py)") from exc
+        try:
+            pynvml.nvmlInit()
+        except pynvml.NVMLError as exc:
+            raise SamplerUnavailable(f"NVML could not start: {exc}") from exc
+        self._nv = pynvml
+        try:
+            every = self._all_devices()
+            uuids = [device[0].uuid if device else None for device in every]
+            chosen, self.unresolved_devices = select_devices(self.visible_devices, uuids)
+            self._devices = [_DeviceState(*every[i]) for i in chosen if every[i]]
+            if not self._devices:
+                raise SamplerUnavailable(f"no GPU here matches CUDA_VISIBLE_DEVICES {list(self.visible_devices)}")
+            for device in self._devices:
+                self._open_gpm(device)
+        except pynvml.NVMLError as exc:
+            self._close()
+            raise SamplerUnavailable(f"NVML could not list the GPUs: {exc}") from exc
+        except BaseException:
+            self._close()
+            raise
+
+    def _all_devices(self) -> list[tuple[GpuDevice, Any] | None]:
+        """Every NVML device with its handle; None for one that cannot be read (already lost)."""
+        nv = self._nvml
+        found: list[tuple[GpuDevice, Any] | None] = []
+        for index in range(nv.nvmlDeviceGetCount()):
+            try:
+                handle = nv.nvmlDeviceGetHandleByIndex(index)
+                uuid, name = _text(nv.nvmlDeviceGetUUID(handle)), _text(nv.nvmlDeviceGetName(handle))
+                found.append((GpuDevice(index, uuid, name), handle))
+            except nv.NVMLError:
+                found.append(None)
+        return found
+
+    def _open_gpm(self, device: _DeviceState) -> None:
+        """Allocate two GPM samples and one metrics request, or mark GPM unavailable."""
+        nv = self._nvml
+        try:
+            if not nv.nvmlGpmQueryDeviceSupport(device.handle).isSupportedDevice:
+                _gpm_unavailable(device, "GPM not supported on this GPU")
+                return
+            for _ in range(2):
+                device.gpm_samples.append(nv.nvmlGpmSampleAlloc())
+            request = nv.c_nvmlGpmMetricsGet_t()
+            request.version = nv.NVML_GPM_METRICS_GET_VERSION
+            ids = (nv.NVML_GPM_METRIC_SM_UTIL, nv.NVML_GPM_METRIC_SM_OCCUPANCY, nv.NVML_GPM_METRIC_ANY_TENSOR_UTIL)
+            request.numMetrics = len(ids)
+            for slot, metric_id in enumerate(ids):
+                request.metrics[slot].metricId = metric_id
+            device.gpm_request = request
+        except (AttributeError, nv.NVMLError) as exc:  # a pynvml before GPM, or the driver refused
+            _gpm_unavailable(device, _describe(exc))
+
+    def _close(self) -> None:
+        nv = self._nv
+        if nv is None:
+            return
+        for device in self._devices:
+            for sample in device.gpm_samples:
+                try:
+                    nv.nvmlGpmSampleFree(sample)
+                except nv.NVMLError:
+                    pass  # a lost GPU's samples cannot be freed; NVML reclaims them at shutdown
+            device.gpm_samples = []
+        self._nv = None
+        nv.nvmlShutdown()
+
+    @property
+    def _nvml(self) -> Any:
+        assert self._nv is not None, "NVML used outside start()/stop()"
+        return self._nv
+
+    # polling -------------------------------------------------------------------------
+    def _poll(self) -> None:
+        for device in self._devices:
+            if not device.lost:
+                try:
+                    device.samples.append(self._read(device))
+                except _DeviceLost:
+                    device.lost = True
+
+    def _read(self, device: _DeviceState) -> GpuSample:
+        nv, h = self._nvml, device.handle
+        at = CLOCK()
+        util = self._field(device, "utilization", lambda: nv.nvmlDeviceGetUtilizationRates(h))
+        memory = self._field(device, "memory_used", lambda: nv.nvmlDeviceGetMemoryInfo(h).used)
+        power = self._field(device, "power", lambda: nv.nvmlDeviceGetPowerUsage(h))
+        gpm = self._field(device, "gpm", lambda: self._gpm(device)) or {}
+        return GpuSample(
+            at=at,
+            utilization=util.gpu / 100 if util is not None else None,
+            memory_utilization=util.memory / 100 if util is not None else None,
+            sm_activity=gpm.get("sm_activity"),
+            sm_occupancy=gpm.get("sm_occupancy"),
+            tensor_activity=gpm.get("tensor_activity"),
+            memory_used_bytes=memory,
+            power_w=power / 1000 if power is not None else None,
+            energy_mj=self._field(device, "energy", lambda: nv.nvmlDeviceGetTotalEnergyConsumption(h)),
+            sm_clock_mhz=self._field(device, "sm_clock", lambda: nv.nvmlDeviceGetClockInfo(h, nv.NVML_CLOCK_SM)),
+            clock_events=self._field(device, "clock_events", lambda: _clock_event_reasons(nv, h)),
+        )
+
+    def _gpm(self, device: _DeviceState) -> dict[str, float | None]:
+        """Take a GPM sample; metrics between it and the previous one (none on the first poll)."""
+        nv = self._nvml
+        previous, current = device.gpm_samples
+        nv.nvmlGpmSampleGet(device.handle, current)
+        values: dict[str, float | None] = {}
+        try:
+            if device.gpm_primed:
+                request = device.gpm_request
+                request.sample1, request.sample2 = previous, current
+                nv.nvmlGpmMetricsGet(request)
+                for slot, name in enumerate(GPM_FIELDS):
+                    metric = request.metrics[slot]
+                    if metric.nvmlReturn == nv.NVML_SUCCESS:
+                        values[name] = metric.value / 100
+                        device.fields[name].consecutive = 0
+                    elif not device.fields[name].unavailable:
+                        self._record_error(device, name, nv.NVMLError(metric.nvmlReturn))
+        finally:
+            device.gpm_samples = [current, previous]
+            device.gpm_primed = True
+        return values
+
+    def _field(self, device: _DeviceState, name: str, read: Callable[[], Any]) -> Any:
+        state = device.fields[name]
+        if state.unavailable:
+            return None
+        try:
+            value = read()
+        except _DeviceLost:
+            raise
+        except Exception as exc:  # NVML errors, and older pynvml versions missing a function
+            self._record_error(device, name, exc)
+            return None
+        state.consecutive = 0
+        return value
+
+    def _record_error(self, device: _DeviceState, name: str, exc: Exception) -> None:
+        nv = self._nvml
+        state = device.fields[name]
+        state.errors += 1
+        state.consecutive += 1
+        state.last_error = _describe(exc)
+        if isinstance(exc, nv.NVMLError_GpuIsLost):
+            raise _DeviceLost from exc
+        permanent = isinstance(exc, (nv.NVMLError_NotSupported, nv.NVMLError_FunctionNotFound, AttributeError))
+        if permanent or state.consecutive >= self.give_up_after:
+            state.unavailable = True
+
+    # results -------------------------------------------------------------------------
+    def summary(self, window: Window | None = None, tokens: int | None = None) -> GpuSummary:
+        """Per-GPU statistics of the samples inside ``window`` (all samples when None).
+
+        Energy is over ``window``, or over the span all GPUs were sampled: a GPU whose
+        counter stopped early (lost, or the field gave up) has no energy figure.
+        """
+        span = window or _span(self._devices)
+        return GpuSummary(
+            devices=tuple(_device_summary(d, window, span, self.interval_s) for d in self._devices),
+            unresolved_devices=self.unresolved_devices,
+            tokens=tokens,
+            health=self.health(),
+        )
+
+
+def _gpm_unavailable(device: _DeviceState, reason: str) -> None:
+    for name in ("gpm", *GPM_FIELDS):
+        state = device.fields[name]
+        state.unavailable, state.last_error = True, reason
+
+
+def _span(devices: Sequence[_DeviceState]) -> Window | None:
+    sampled = [d.samples for d in devices if d.samples]
+    return (min(s[0].at for s in sampled), max(s[-1].at for s in sampled)) if sampled else None
+
+
+def _device_summary(device: _DeviceState, window: Window | None, span: Window | None, slack: float) -> GpuDeviceSummary:
+    """``slack``: GPUs are read one after another, so their samples of one poll differ by up to a poll's length."""
+    samples = [s for s in device.samples if inside(s.at, window)]
+
+    def stats(name: str) -> Stats | None:
+        return Stats.of(getattr(s, name) for s in samples)
+
+    energy = [(s.at, float(s.energy_mj)) for s in device.samples if s.energy_mj is not None]
+    increase = counter_increase(energy, span, slack) if span else None
+    events = [s.clock_events for s in samples if s.clock_events is not None]
+    memory = [s.memory_used_bytes for s in samples if s.memory_used_bytes is not None]
+    return GpuDeviceSummary(
+        device=device.info,
+        samples=len(samples),
+        utilization=stats("utilization"),
+        memory_utilization=stats("memory_utilization"),
+        sm_activity=stats("sm_activity"),
+        sm_occupancy=stats("sm_occupancy"),
+        tensor_activity=stats("tensor_activity"),
+        power_w=stats("power_w"),
+        sm_clock_mhz=stats("sm_clock_mhz"),
+        peak_memory_used_bytes=max(memory) if memory else None,
+        energy_j=increase / 1000 if increase is not None else None,
+        clock_events=_event_shares(events),
+        field_errors=MappingProxyType(
+            {
+                name: FieldHealth(state.errors, state.unavailable, state.last_error)
+                for name, state in device.fields.items()
+                if state.errors or state.unavailable
+            }
+        ),
+        lost=device.lost,
+    )
+
+
+def _event_shares(masks: Sequence[int]) -> Mapping[str, float]:
+    """Share of the samples in which each clock-event reason was active (reasons never seen left out)."""
+    shares = {reason: sum(1 for m in masks if m & bit) / len(masks) for bit, reason in CLOCK_EVENT_REASONS.items()} if masks else {}
+    return MappingProxyType({reason: share for reason, share in shares.items() if share})
+
+
+def _clock_event_reasons(nv: Any, handle: Any) -> int:
+    """Called ``…ClocksEventReasons`` since driver 535; older pynvml and drivers know only ``…ThrottleReasons``."""
+    try:
+        return int(nv.nvmlDeviceGetCurrentClocksEventReasons(handle))
+    except (AttributeError, nv.NVMLError_FunctionNotFound):
+        return int(nv.nvmlDeviceGetCurrentClocksThrottleReasons(handle))
+
+
+def _describe(exc: BaseException) -> str:
+    return str(exc) or type(exc).__name__
+
+
+def _text(value: str | bytes) -> str:
+    return value.decode() if isinstance(value, bytes) else value

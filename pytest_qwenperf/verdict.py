@@ -1,0 +1,336 @@
+"""Verdicts: is a metric of a run worse than its baseline, honestly?
+
+The rule, per metric with a better direction and a tolerance τ (the fraction of the
+baseline a run may be worse by):
+
+* The bounds are ``1 - τ`` and ``1 + τ`` on the ratio now / baseline; for a
+  higher-is-better metric the lower bound is the *worse* one, for lower-is-better the
+  upper bound.
+* An interval for that ratio comes from the run-to-run spread: Welch's t interval on
+  the log of the samples (confidence 95 % by default), so it is an interval for the
+  ratio of geometric means. Logs, because performance noise is multiplicative and a
+  ratio's interval must be the same whichever side is called the baseline.
+* **regression**: the whole interval lies beyond the worse bound; **improvement**: the
+  whole interval lies beyond the better bound; **noisy**: the interval straddles the
+  worse bound, so the spread cannot tell a regression from a pass; **pass** otherwise.
+
+Why the whole interval: a red build must mean "worse than the tolerance, and not by
+chance". Requiring only the point estimate beyond the tolerance would turn a true
+change right at the tolerance red half of the nights; requiring only significance
+would flag changes smaller than anyone cares about. Asking the interval to clear the
+bound asks for both at once, and "noisy" says out loud when the data cannot decide
+(more rounds, or pinning the client and the server apart, are the cure).
+
+Sample sizes: with one sample on one side (a published figure) its spread is taken to
+be the other side's per-sample spread, with that side's degrees of freedom. With one
+sample on each side there is no spread to test, and the ratio alone is compared with
+the bounds; the detail says so. Samples that include zero (a hit rate of 0) have no
+logarithm: the ratio of their means is compared with the bounds alone.
+
+Metrics whose direction is "none" are never gated. A run that is not comparable with
+its baseline (different identity), has no baseline, or was client-bound gets that
+verdict for every metric, never "regression".
+"""
+
+from __future__ import annotations
+
+import math
+import re
+import statistics
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
+from typing import Any, ClassVar, Literal
+
+from pytest_qwenperf.baseline import Baseline, StoredMetric, centre, gate, gate_order, parse_run
+from pytest_qwenperf.metrics import Direction
+
+Verdict = Literal["pass", "regression", "improvement", "not-comparable", "no-baseline", "client-bound", "noisy"]
+
+DEFAULT_CONFIDENCE = 0.95
+
+
+@dataclass(frozen=True)
+class Judgement:
+    """One metric of one run against its baseline."""
+
+    metric: str
+    unit: str
+    direction: Direction
+    baseline: float | None  # centre of the baseline samples
+    now: float | None  # centre of the current samples
+    ratio: float | None  # now / baseline
+    tolerance: float
+    verdict: Verdict
+    detail: str
+
+    HEADER: ClassVar[tuple[str, ...]] = ("metric", "baseline", "now", "ratio", "tolerance", "verdict")
+
+    def row(self) -> tuple[str, ...]:
+        """Cells for :data:`HEADER`."""
+        return (
+            f"{self.metric} ({self.unit})" if self.unit else self.metric,
+            format_value(self.baseline),
+            format_value(self.now),
+            "—" if self.ratio is None else f"{self.ratio:.3f}",
+            f"{self.tolerance:.0%}",
+            self.verdict,
+        )
+
+
+def format_value(value: float | None) -> str:
+    """A number as a table shows it: ``95,317``, ``46.2``, ``0.965``; ``—`` for none."""
+    if value is None:
+        return "—"
+    if abs(value) >= 1000:
+        return f"{value:,.0f}"
+    if abs(value) >= 10:
+        return f"{value:.1f}"
+    return f"{value:.4g}"
+
+
+# ------------------------------------------------------------------ Student's t
+
+
+def _incomplete_beta(a: float, b: float, x: float) -> float:
+    """Regularized incomplete beta I_x(a, b), by its continued fraction (modified Lentz)."""
+    if x <= 0:
+        return 0.0
+    if x >= 1:
+        return 1.0
+    if x > (a + 1) / (a + b + 2):  # the fraction converges fast only below the mean
+        return 1.0 - _incomplete_beta(b, a, 1.0 - x)
+    front = math.exp(math.lgamma(a + b) - math.lgamma(a) - math.lgamma(b) + a * math.log(x) + b * math.log1p(-x)) / a
+    tiny = 1e-300
+    f, c, d = 1.0, 1.0, 0.0
+    for i in range(1000):
+        m = i // 2
+        if i == 0:
+            numerator = 1.0
+        elif i % 2 == 0:
+            numerator = m * (b - m) * x / ((a + 2 * m - 1) * (a + 2 * m))
+        else:
+            numerator = -((a + m) * (a + b + m) * x) / ((a + 2 * m) * (a + 2 * m + 1))
+        d = 1.0 + numerator * d
+        d = 1.0 / (d if abs(d) > tiny else tiny)
+        c = 1.0 + numerator / c
+        c = c if abs(c) > tiny else tiny
+        f *= c * d
+        if abs(1.0 - c * d) < 1e-15:
+            break
+    return front * (f - 1.0)
+
+
+def _t_tail(t: float, df: float) -> float:
+    """P(T > t) for Student's t with ``df`` degrees of freedom, t >= 0."""
+    return 0.5 * _incomplete_beta(df / 2, 0.5, df / (df + t * t))
+
+
+def t_quantile(p: float, df: float) -> float:
+    """The ``p`` quantile (p >= 0.5) of Student's t with ``df`` (real, > 0) degrees of freedom."""
+    if not 0.5 <= p < 1 or df <= 0:
+        raise ValueError(f"t_quantile needs 0.5 <= p < 1 and df > 0, got p={p}, df={df}")
+    tail = 1 - p
+    lo, hi = 0.0, 1.0
+    while _t_tail(hi, df) > tail:
+        lo, hi = hi, hi * 2
+    for _ in range(200):
+        mid = (lo + hi) / 2
+        if _t_tail(mid, df) > tail:
+            lo = mid
+        else:
+            hi = mid
+        if hi - lo <= 1e-12 * hi:
+            break
+    return (lo + hi) / 2
+
+
+# ------------------------------------------------------------------ one metric
+
+
+@dataclass(frozen=True)
+class _Interval:
+    low: float
+    high: float
+    how: str  # how it was obtained, for the detail
+
+
+def _ratio_interval(baseline: Sequence[float], current: Sequence[float], ratio: float, confidence: float) -> _Interval:
+    if min(*baseline, *current) <= 0:
+        return _Interval(ratio, ratio, "samples include zero, so no log-scale interval: decided on the ratio alone")
+    n_b, n_c = len(baseline), len(current)
+    if n_b == 1 and n_c == 1:
+        return _Interval(ratio, ratio, "one sample on each side, no spread to test: decided on the tolerance alone")
+    log_b = [math.log(s) for s in baseline]
+    log_c = [math.log(s) for s in current]
+    var_b = statistics.variance(log_b) if n_b > 1 else None
+    var_c = statistics.variance(log_c) if n_c > 1 else None
+    if var_b is None or var_c is None:
+        spread, df = (var_c, n_c - 1) if var_b is None else (var_b, n_b - 1)
+        se = math.sqrt(spread * (1 / n_b + 1 / n_c))  # type: ignore[operator]
+        lonely = "baseline" if var_b is None else "current run"
+        how = f"the {lonely} has one sample; its spread is taken from the other side's"
+    else:
+        v_b, v_c = var_b / n_b, var_c / n_c
+        se = math.sqrt(v_b + v_c)
+        df = (v_b + v_c) ** 2 / (v_b**2 / (n_b - 1) + v_c**2 / (n_c - 1)) if se > 0 else 0
+        how = f"Welch on log values, {n_b} vs {n_c} samples"
+    if se == 0:
+        return _Interval(ratio, ratio, f"{n_b} vs {n_c} samples without spread: decided on the ratio alone")
+    half = t_quantile(1 - (1 - confidence) / 2, df) * se
+    low, high = _exp(math.log(ratio) - half), _exp(math.log(ratio) + half)
+    return _Interval(low, high, f"{confidence:.0%} interval {_ratio_text(low)}–{_ratio_text(high)} ({how}, {df:.1f} df)")
+
+
+def _exp(x: float) -> float:
+    """exp without overflow: a spread of hundreds of e-folds decides nothing either way."""
+    return math.exp(max(-700.0, min(700.0, x)))
+
+
+def _ratio_text(x: float) -> str:
+    return f"{x:.3f}" if 1e-3 <= x < 1e3 else f"{x:.3g}"
+
+
+def _check(metric: str, samples: Sequence[float], side: str) -> None:
+    if not samples:
+        raise ValueError(f"{metric}: no {side} samples")
+    if not all(math.isfinite(s) and s >= 0 for s in samples):
+        raise ValueError(f"{metric}: {side} samples must be finite and non-negative, got {list(samples)}")
+
+
+def judge(
+    metric: str,
+    baseline_samples: Sequence[float],
+    current_samples: Sequence[float],
+    *,
+    direction: Direction,
+    tolerance: float,
+    unit: str = "",
+    confidence: float = DEFAULT_CONFIDENCE,
+) -> Judgement:
+    """The verdict on one metric (the rule is in the module docstring)."""
+    _check(metric, baseline_samples, "baseline")
+    _check(metric, current_samples, "current")
+    if not 0 <= tolerance < 1:
+        raise ValueError(f"{metric}: tolerance must be a fraction in [0, 1), got {tolerance}")
+    if not 0 < confidence < 1:
+        raise ValueError(f"{metric}: confidence must be in (0, 1), got {confidence}")
+    base, now = centre(baseline_samples), centre(current_samples)
+
+    def verdict(result: Verdict, detail: str, ratio: float | None) -> Judgement:
+        return Judgement(metric, unit, direction, base, now, ratio, tolerance, result, detail)
+
+    if base == 0:
+        if now == 0:
+            return verdict("pass", "zero before and now", None)
+        return verdict("not-comparable", "the baseline is zero: no ratio to judge", None)
+    ratio = now / base
+    if direction == "none":
+        return verdict("pass", "not gated: neither direction is better", ratio)
+    interval = _ratio_interval(baseline_samples, current_samples, ratio, confidence)
+    worse_bound = 1 - tolerance if direction == "higher" else 1 + tolerance
+    better_bound = 1 + tolerance if direction == "higher" else 1 - tolerance
+
+    def worse(x: float) -> bool:
+        return x < worse_bound if direction == "higher" else x > worse_bound
+
+    def better(x: float) -> bool:
+        return x > better_bound if direction == "higher" else x < better_bound
+
+    change = f"{ratio - 1:+.1%} ({direction} is better, tolerance {tolerance:.0%}); {interval.how}"
+    if worse(interval.low) and worse(interval.high):
+        return verdict("regression", f"worse than the tolerance: {change}", ratio)
+    if better(interval.low) and better(interval.high):
+        return verdict("improvement", f"better than the tolerance: {change}", ratio)
+    if worse(interval.low) or worse(interval.high):
+        return verdict("noisy", f"the interval straddles the tolerance bound {worse_bound:.3f}: {change}", ratio)
+    return verdict("pass", f"within tolerance: {change}", ratio)
+
+
+# ------------------------------------------------------------------ a run
+
+
+def _unjudged(
+    name: str, stored: StoredMetric | None, current: Sequence[float], verdict: Verdict, detail: str, *, ratio: bool
+) -> Judgement:
+    """A judgement that is not a comparison; unit, direction and tolerance as stored, else the defaults."""
+    spec = stored or gate(name)
+    assert spec is not None  # runs only carry gated metrics
+    base = stored.value if stored else None
+    now = centre(current)
+    return Judgement(
+        name, spec.unit, spec.direction, base, now, now / base if ratio and base else None, spec.tolerance, verdict, detail
+    )
+
+
+def judge_run(baseline: Baseline | None, run: Mapping[str, Any], *, confidence: float = DEFAULT_CONFIDENCE) -> tuple[Judgement, ...]:
+    """Every gated metric of ``run`` (a run's JSON) against ``baseline``.
+
+    The stored direction and tolerance of each metric are used. Metrics only the
+    baseline has (multi-node scaling figures, say) are not judged: the run did not
+    measure them. :class:`~pytest_qwenperf.baseline.RunJsonError` for a malformed run.
+    """
+    measured = parse_run(run)
+    if baseline is None:
+        return tuple(
+            _unjudged(name, None, samples, "no-baseline", "no stored baseline for this run", ratio=False)
+            for name, samples in measured.samples.items()
+        )
+    differences = baseline.identity.differences(measured.identity)
+    judgements = []
+    for name in gate_order(measured.samples):
+        samples = measured.samples[name]
+        stored = baseline.metrics.get(name)
+        if differences:
+            detail = "not comparable (baseline vs run): " + "; ".join(differences)
+            judgements.append(_unjudged(name, stored, samples, "not-comparable", detail, ratio=False))
+        elif stored is None:
+            judgements.append(_unjudged(name, None, samples, "no-baseline", "the baseline has no value for it", ratio=False))
+        elif measured.client_bound is not None:
+            detail = f"the client could not keep up, not a verdict on vLLM: {measured.client_bound}"
+            judgements.append(_unjudged(name, stored, samples, "client-bound", detail, ratio=True))
+        else:
+            judgements.append(
+                judge(
+                    name,
+                    stored.samples,
+                    samples,
+                    direction=stored.direction,
+                    tolerance=stored.tolerance,
+                    unit=stored.unit,
+                    confidence=confidence,
+                )
+            )
+    return tuple(judgements)
+
+
+# ------------------------------------------------------------------ tables
+
+
+def _numeric(cell: str) -> bool:
+    return bool(re.fullmatch(r"[-+]?[\d,.]+%?|—|", cell))
+
+
+def format_table(header: Sequence[str], rows: Sequence[Sequence[str]], *, markdown: bool = False) -> list[str]:
+    """Lines of a table: aligned text or GitHub markdown; columns of numbers align right, others left."""
+    right = [bool(rows) and all(_numeric(row[i]) for row in rows) for i in range(len(header))]
+    if markdown:
+        escaped = [[cell.replace("|", "\\|") for cell in row] for row in (header, *rows)]
+        rule = "|" + "|".join("---:" if r else ":---" for r in right) + "|"
+        return ["| " + " | ".join(escaped[0]) + " |", rule] + ["| " + " | ".join(row) + " |" for row in escaped[1:]]
+    widths = [max(len(row[i]) for row in (header, *rows)) for i in range(len(header))]
+
+    def line(row: Sequence[str]) -> str:
+        cells = [cell.rjust(w) if r else cell.ljust(w) for cell, w, r in zip(row, widths, right, strict=True)]
+        return "  ".join(cells).rstrip()
+
+    return [line(header), "-" * (sum(widths) + 2 * (len(widths) - 1)), *(line(row) for row in rows)]
+
+
+def render_judgements(judgements: Sequence[Judgement], *, markdown: bool = False) -> str:
+    """The table of :attr:`Judgement.HEADER`, then the detail of every verdict that is not a pass."""
+    lines = format_table(Judgement.HEADER, [j.row() for j in judgements], markdown=markdown)
+    notes = [f"{j.metric}: {j.verdict}: {j.detail}" for j in judgements if j.verdict != "pass"]
+    if notes:
+        lines.append("")
+        lines += [f"- {note}" for note in notes] if markdown else notes
+    return "\n".join(lines)

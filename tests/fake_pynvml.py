@@ -1,0 +1,228 @@
+"""A stand-in for the ``pynvml`` module (nvidia-ml-py) on machines without an NVIDIA GPU.
+
+:func:`module` builds a fresh module object with the names the NVML sampler calls, the
+same constants and the same exception hierarchy as nvidia-ml-py 13.x (``NVMLError(code)``
+returns the subclass for that code, e.g. ``NVMLError_NotSupported``). Each GPU is a
+:class:`FakeGpu` whose readings are scripted; tests put the module into ``sys.modules``
+under the name ``pynvml`` so the real sampler code runs unchanged.
+"""
+
+from __future__ import annotations
+
+import time
+from collections import Counter
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+from types import ModuleType, SimpleNamespace
+
+NVML_SUCCESS = 0
+ERROR_CODES = {  # code → (constant suffix, class suffix, message) as in nvidia-ml-py
+    1: ("UNINITIALIZED", "Uninitialized", "Uninitialized"),
+    3: ("NOT_SUPPORTED", "NotSupported", "Not Supported"),
+    13: ("FUNCTION_NOT_FOUND", "FunctionNotFound", "Function Not Found"),
+    15: ("GPU_IS_LOST", "GpuIsLost", "GPU is lost"),
+    21: ("NO_DATA", "NoData", "No data"),
+    999: ("UNKNOWN", "Unknown", "Unknown Error"),
+}
+GPM_METRIC_IDS = {"SM_UTIL": 2, "SM_OCCUPANCY": 3, "ANY_TENSOR_UTIL": 5}
+GPM_METRIC_MAX = 477
+
+
+@dataclass
+class FakeGpu:
+    """One scripted GPU. A reading given as a sequence is indexed by the poll number (last value repeats)."""
+
+    uuid: str
+    name: str = "NVIDIA H200"
+    utilization: int | Sequence[int] = 90  # percent, as NVML reports it
+    memory_utilization: int = 40
+    memory_used: int | Sequence[int] = 70 * 2**30
+    power_mw: int = 500_000  # the energy counter grows at this rate in real time
+    sm_clock_mhz: int = 1980
+    clock_events: int = 0
+    gpm: dict[int, float] | None = field(default_factory=lambda: {2: 60.0, 3: 30.0, 5: 45.0})  # None: no GPM
+    not_supported: frozenset[str] = frozenset()  # functions that raise NVMLError_NotSupported
+    unknown_errors: dict[str, int] = field(default_factory=dict)  # function → first n calls raise NVMLError_Unknown
+    lost_from_poll: int | None = None  # from this poll on (0-based; polls start with utilization) calls raise GpuIsLost
+    calls: Counter[str] = field(default_factory=Counter)
+
+    @property
+    def polls(self) -> int:
+        return self.calls["nvmlDeviceGetUtilizationRates"]
+
+    def _enter(self, function: str, module: ModuleType) -> int:
+        """Count the call and raise what the script says; returns the poll index."""
+        self.calls[function] += 1
+        if self.lost_from_poll is not None and self.polls > self.lost_from_poll:
+            raise module.NVMLError_GpuIsLost()
+        if function in self.not_supported:
+            raise module.NVMLError_NotSupported()
+        if self.calls[function] <= self.unknown_errors.get(function, 0):
+            raise module.NVMLError_Unknown()
+        return max(self.polls - 1, 0)
+
+
+def _at(value: int | Sequence[int], poll: int) -> int:
+    if isinstance(value, int):
+        return value
+    return value[min(poll, len(value) - 1)]
+
+
+def module(gpus: Sequence[FakeGpu], *, event_reasons_api: bool = True) -> ModuleType:
+    """A fresh fake ``pynvml``; ``event_reasons_api=False`` mimics releases before ``…ClocksEventReasons``."""
+    nv = ModuleType("pynvml")
+    nv.NVML_SUCCESS = NVML_SUCCESS
+    nv.NVML_CLOCK_SM = 1
+    nv.NVML_GPM_METRICS_GET_VERSION = 1
+    for name, metric_id in GPM_METRIC_IDS.items():
+        setattr(nv, f"NVML_GPM_METRIC_{name}", metric_id)
+    _add_errors(nv)
+    state = SimpleNamespace(initialized=0, inits=0, shutdowns=0, allocated=0, freed=0, started=time.perf_counter())
+    nv.state = state
+
+    def nvmlInit() -> None:
+        state.initialized += 1
+        state.inits += 1
+
+    def nvmlShutdown() -> None:
+        if not state.initialized:
+            raise nv.NVMLError(1)
+        state.initialized -= 1
+        state.shutdowns += 1
+
+    def checked(gpu: FakeGpu, function: str) -> int:
+        if not state.initialized:
+            raise nv.NVMLError(1)
+        return gpu._enter(function, nv)
+
+    def nvmlDeviceGetCount() -> int:
+        return len(gpus)
+
+    def nvmlDeviceGetHandleByIndex(index: int) -> FakeGpu:
+        return gpus[index]
+
+    def nvmlDeviceGetUUID(gpu: FakeGpu) -> str:
+        checked(gpu, "nvmlDeviceGetUUID")
+        return gpu.uuid
+
+    def nvmlDeviceGetName(gpu: FakeGpu) -> bytes:
+        checked(gpu, "nvmlDeviceGetName")
+        return gpu.name.encode()  # releases before 11.515 returned bytes
+
+    def nvmlDeviceGetUtilizationRates(gpu: FakeGpu) -> SimpleNamespace:
+        poll = checked(gpu, "nvmlDeviceGetUtilizationRates")
+        return SimpleNamespace(gpu=_at(gpu.utilization, poll), memory=gpu.memory_utilization)
+
+    def nvmlDeviceGetMemoryInfo(gpu: FakeGpu) -> SimpleNamespace:
+        poll = checked(gpu, "nvmlDeviceGetMemoryInfo")
+        used = _at(gpu.memory_used, poll)
+        return SimpleNamespace(total=141 * 2**30, used=used, free=141 * 2**30 - used)
+
+    def nvmlDeviceGetPowerUsage(gpu: FakeGpu) -> int:
+        checked(gpu, "nvmlDeviceGetPowerUsage")
+        return gpu.power_mw
+
+    def nvmlDeviceGetTotalEnergyConsumption(gpu: FakeGpu) -> int:
+        checked(gpu, "nvmlDeviceGetTotalEnergyConsumption")
+        return 10**9 + int(gpu.power_mw * (time.perf_counter() - state.started))  # mW × s = mJ
+
+    def nvmlDeviceGetClockInfo(gpu: FakeGpu, clock: int) -> int:
+        checked(gpu, "nvmlDeviceGetClockInfo")
+        assert clock == nv.NVML_CLOCK_SM
+        return gpu.sm_clock_mhz
+
+    def nvmlDeviceGetCurrentClocksEventReasons(gpu: FakeGpu) -> int:
+        checked(gpu, "nvmlDeviceGetCurrentClocksEventReasons")
+        return gpu.clock_events
+
+    def nvmlDeviceGetCurrentClocksThrottleReasons(gpu: FakeGpu) -> int:
+        checked(gpu, "nvmlDeviceGetCurrentClocksThrottleReasons")
+        return gpu.clock_events
+
+    def nvmlGpmQueryDeviceSupport(gpu: FakeGpu) -> SimpleNamespace:
+        checked(gpu, "nvmlGpmQueryDeviceSupport")
+        return SimpleNamespace(version=1, isSupportedDevice=int(gpu.gpm is not None))
+
+    def nvmlGpmSampleAlloc() -> SimpleNamespace:
+        state.allocated += 1
+        return SimpleNamespace(gpu=None, taken=0)
+
+    def nvmlGpmSampleFree(sample: SimpleNamespace) -> None:
+        state.freed += 1
+
+    def nvmlGpmSampleGet(gpu: FakeGpu, sample: SimpleNamespace) -> SimpleNamespace:
+        checked(gpu, "nvmlGpmSampleGet")
+        sample.gpu, sample.taken = gpu, time.perf_counter()
+        return sample
+
+    def nvmlGpmMetricsGet(request: _MetricsGet) -> _MetricsGet:
+        assert request.version == nv.NVML_GPM_METRICS_GET_VERSION
+        first, second = request.sample1, request.sample2
+        assert first is not second and first.gpu is second.gpu and first.taken < second.taken, "two samples, in order"
+        gpu = second.gpu
+        checked(gpu, "nvmlGpmMetricsGet")
+        for metric in request.metrics[: request.numMetrics]:
+            if metric.metricId in gpu.gpm:
+                metric.nvmlReturn, metric.value = NVML_SUCCESS, gpu.gpm[metric.metricId]
+            else:
+                metric.nvmlReturn, metric.value = 3, 0.0
+        return request
+
+    functions = dict(locals())
+    for name, function in functions.items():
+        if name.startswith("nvml"):
+            setattr(nv, name, function)
+    if not event_reasons_api:
+        del nv.nvmlDeviceGetCurrentClocksEventReasons
+    nv.c_nvmlGpmMetricsGet_t = _MetricsGet
+    return nv
+
+
+class _Metric:
+    def __init__(self) -> None:
+        self.metricId = 0
+        self.nvmlReturn = NVML_SUCCESS
+        self.value = 0.0
+
+
+class _MetricsGet:
+    """Shaped like ``c_nvmlGpmMetricsGet_t``: version, numMetrics, sample1/2 and a fixed metrics array."""
+
+    def __init__(self) -> None:
+        self.version = 0
+        self.numMetrics = 0
+        self.sample1: SimpleNamespace | None = None
+        self.sample2: SimpleNamespace | None = None
+        self.metrics = [_Metric() for _ in range(GPM_METRIC_MAX)]
+
+
+def _add_errors(nv: ModuleType) -> None:
+    """``NVMLError`` and one subclass per code, built the way nvidia-ml-py builds them."""
+    messages = {code: message for code, (_, _, message) in ERROR_CODES.items()}
+
+    class NVMLError(Exception):
+        _valClassMapping: dict[int, type[NVMLError]] = {}
+
+        def __new__(cls, value: int) -> NVMLError:
+            if cls is NVMLError:
+                cls = NVMLError._valClassMapping.get(value, cls)
+            obj = Exception.__new__(cls)
+            obj.value = value
+            return obj
+
+        def __init__(self, *args: object) -> None:
+            super().__init__()
+
+        def __str__(self) -> str:
+            return messages.get(self.value, f"NVML Error with code {self.value}")
+
+    nv.NVMLError = NVMLError
+    for code, (constant, suffix, _) in ERROR_CODES.items():
+        setattr(nv, f"NVML_ERROR_{constant}", code)
+
+        def new(cls: type[NVMLError], *args: object, _code: int = code) -> NVMLError:
+            return NVMLError.__new__(cls, _code)
+
+        subclass = type(f"NVMLError_{suffix}", (NVMLError,), {"__new__": new})
+        setattr(nv, subclass.__name__, subclass)
+        NVMLError._valClassMapping[code] = subclass

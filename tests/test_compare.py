@@ -1,0 +1,160 @@
+"""``qwenperf compare`` on small session and pytest-benchmark JSON files."""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Sequence
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from pytest_qwenperf.cli import main
+from tests.test_baseline import make_run
+
+
+def session_file(path: Path, runs: Sequence[dict[str, Any]]) -> Path:
+    path.write_text(json.dumps({"schema": "qwenperf-session/1", "hardware": {}, "boots": {}, "runs": list(runs)}))
+    return path
+
+
+def benchmark_file(path: Path, runs: Sequence[dict[str, Any]]) -> Path:
+    benchmarks = [{"name": "test_other", "extra_info": {}, "stats": {}}] + [
+        {"name": f"test_{i}", "extra_info": {"qwenperf": run, "unit": "s"}, "stats": {}} for i, run in enumerate(runs)
+    ]
+    path.write_text(json.dumps({"machine_info": {"gpu_name": None}, "commit_info": {}, "benchmarks": benchmarks}))
+    return path
+
+
+def compare(capsys: pytest.CaptureFixture[str], *args: str | Path) -> tuple[int, str, str]:
+    status = main(["compare", *(str(a) for a in args)])
+    out, err = capsys.readouterr()
+    return status, out, err
+
+
+def _rows(out: str) -> dict[str, list[str]]:
+    return {line.split()[0]: line.split() for line in out.splitlines() if line.strip()}
+
+
+def test_same_numbers_on_a_new_version_pass(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    old = session_file(tmp_path / "old.json", [make_run("base"), make_run("ctx-short")])
+    new = benchmark_file(tmp_path / "new.json", [make_run("base", version="0.33.0"), make_run("ctx-short", version="0.33.0")])
+    status, out, _ = compare(capsys, old, new, "--fail-on", "regression")
+    assert status == 0
+    assert "cpu/base · isl128-osl128 (cpu)" in out and "cpu/ctx-short · isl128-osl128 (cpu)" in out
+    header = out.splitlines()[1].split()
+    assert header == ["metric", "0.32.0", "0.33.0", "Δ", "verdict"]
+    rows = _rows(out)
+    assert rows["total_token_throughput"] == ["total_token_throughput", "(tok/s)", "10,000", "10,000", "+0.0%", "pass"]
+    assert rows["p99_tpot_ms"][-1] == "pass"
+    assert out.rstrip().endswith("verdicts against 0.32.0: 8 pass")
+
+
+def test_a_regression_fails_only_when_asked_to(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    old = session_file(tmp_path / "old.json", [make_run()])
+    new = session_file(tmp_path / "new.json", [make_run(version="0.33.0", total=8_000.0, output=4_000.0)])
+    status, out, err = compare(capsys, old, new, "--fail-on", "regression")
+    assert status == 1
+    assert _rows(out)["total_token_throughput"][-2:] == ["-20.0%", "regression"]
+    assert "0.33.0: total_token_throughput: regression: worse than the tolerance: -20.0%" in out
+    assert "failing on 2 regression" in err
+    assert compare(capsys, old, new)[0] == 0
+
+
+def test_markdown_for_a_job_summary(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    old = session_file(tmp_path / "old.json", [make_run()])
+    new = session_file(tmp_path / "new.json", [make_run(version="0.33.0", ttft=400.0)])
+    status, out, _ = compare(capsys, old, new, "--markdown")
+    assert status == 0
+    lines = out.splitlines()
+    assert lines[0] == "### cpu/base · isl128-osl128 (cpu)"
+    assert lines[2] == "| metric | 0.32.0 | 0.33.0 | Δ | verdict |"
+    assert lines[3] == "|:---|---:|---:|---:|:---|"
+    assert "| p99_ttft_ms (ms) | 200.0 | 400.0 | +100.0% | **regression** |" in lines
+    assert any(line.startswith("- 0.33.0: p99_ttft_ms: regression:") for line in lines)
+
+
+def test_plot_writes_a_png(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    old = session_file(tmp_path / "old.json", [make_run("base"), make_run("ctx-short"), make_run("ctx-short", "shared-prefix-p4x24")])
+    new = session_file(tmp_path / "new.json", [make_run("base", version="0.33.0", total=11_000.0)])
+    status, _, _ = compare(capsys, old, new, "--plot", tmp_path / "throughput.png")
+    assert status == 0
+    assert (tmp_path / "throughput.png").read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+
+
+def test_repeats_in_one_file_are_pooled_and_judged_with_their_spread(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    old = benchmark_file(tmp_path / "old.json", [make_run(total=t) for t in (10_000.0, 10_100.0, 9_900.0)])
+    new = benchmark_file(tmp_path / "new.json", [make_run(version="0.33.0", total=t) for t in (9_000.0, 9_050.0, 8_950.0)])
+    status, out, _ = compare(capsys, old, new, "--metric", "total_token_throughput", "--fail-on", "regression")
+    assert status == 1
+    assert [line.split()[0] for line in out.splitlines()[3:4]] == ["total_token_throughput"]
+    assert "Welch on log values, 3 vs 3 samples" in out
+
+
+def test_different_argv_is_not_comparable_and_never_a_regression(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    changed = make_run(version="0.33.0", total=1_000.0)
+    changed["identity"]["argv"] = [*changed["identity"]["argv"], "--enforce-eager"]
+    old = session_file(tmp_path / "old.json", [make_run()])
+    new = session_file(tmp_path / "new.json", [changed])
+    status, out, _ = compare(capsys, old, new, "--fail-on", "regression")
+    assert status == 0
+    assert _rows(out)["total_token_throughput"][-2:] == ["—", "not-comparable"]
+    assert "argv_sha256" in out
+    assert compare(capsys, old, new, "--fail-on", "not-comparable")[0] == 1
+
+
+def test_client_bound_runs_and_rows_only_some_files_have(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    telemetry = {"telemetry": {"gpu": {"utilization_mean": 0.93}, "cpu": None}}
+    old = session_file(tmp_path / "old.json", [make_run(extra=telemetry)])
+    new = session_file(
+        tmp_path / "new.json",
+        [make_run(version="0.33.0", total=5_000.0, bound="client busy 99% of the run (limit 95%)", extra=telemetry),
+         make_run("seqs-32", version="0.33.0")],
+    )
+    status, out, _ = compare(capsys, old, new, "--fail-on", "regression")
+    assert status == 0
+    base, seqs = out[: out.index("cpu/seqs-32")], out[out.index("cpu/seqs-32") :]
+    assert _rows(base)["total_token_throughput"][-1] == "client-bound"
+    assert _rows(base)["gpu_utilization"] == ["gpu_utilization", "(fraction)", "0.93", "0.93", "+0.0%"]
+    assert _rows(seqs)["total_token_throughput"] == ["total_token_throughput", "(tok/s)", "—", "10,000", "—", "no-baseline"]
+
+
+def test_unknown_metric_is_a_usage_error(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    old = session_file(tmp_path / "old.json", [make_run()])
+    status, _, err = compare(capsys, old, old, "--metric", "p42_ttft_ms")
+    assert status == 2
+    assert "--metric p42_ttft_ms: no input has it; metrics present: " in err and "p99_ttft_ms" in err
+
+
+@pytest.mark.parametrize(
+    ("content", "message"),
+    [
+        ('{"schema": "qwenperf-session/1", "runs": [', "not valid JSON"),
+        ('{"schema": "qwenperf-session/9", "runs": []}', "schema: expected 'qwenperf-session/1', got 'qwenperf-session/9'"),
+        ('{"benchmarks": [{"name": "t", "extra_info": {}}]}', "benchmarks[*].extra_info.qwenperf: expected at least one"),
+        ('[1, 2]', "(top level): expected a qwenperf session JSON"),
+        ('{"schema": "qwenperf-session/1", "runs": [{"identity": {}}]}', "runs[0]: identity.argv: expected a list of strings"),
+    ],
+    ids=["truncated", "schema", "no-runs", "not-an-object", "bad-run"],
+)
+def test_an_unreadable_input_exits_2_naming_file_and_expectation(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str], content: str, message: str
+) -> None:
+    good = session_file(tmp_path / "good.json", [make_run()])
+    bad = tmp_path / "bad.json"
+    bad.write_text(content)
+    status, out, err = compare(capsys, good, bad)
+    assert status == 2 and out == ""
+    assert err.startswith(f"qwenperf: {bad}") and message in err
+
+
+def test_a_missing_file_exits_2(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    good = session_file(tmp_path / "good.json", [make_run()])
+    status, _, err = compare(capsys, good, tmp_path / "absent.json")
+    assert status == 2 and f"{tmp_path / 'absent.json'}: cannot read" in err
+
+
+def test_compare_needs_two_files(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    with pytest.raises(SystemExit) as exited:
+        main(["compare", str(session_file(tmp_path / "one.json", [make_run()]))])
+    assert exited.value.code == 2

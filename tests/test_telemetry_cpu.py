@@ -1,0 +1,100 @@
+"""The CPU sampler on real processes: busy and idle children, descendants that appear later."""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+import time
+from collections.abc import Iterator
+
+import psutil
+import pytest
+
+from pytest_qwenperf.telemetry.cpu import CpuSampler
+
+BURN = "while True: pass"
+IDLE = "import time; time.sleep(120)"
+# An idle parent that starts a burning child after a while (as vLLM's API server starts its engine core).
+LATE_CHILD = (
+    "import subprocess, sys, time; time.sleep(0.6); "
+    f"child = subprocess.Popen([sys.executable, '-c', {BURN!r}]); time.sleep(120)"
+)
+
+
+@pytest.fixture
+def spawn() -> Iterator:
+    started: list[subprocess.Popen[bytes]] = []
+
+    def start(code: str) -> subprocess.Popen[bytes]:
+        """Start ``code`` once the interpreter is up (its start-up CPU time is not what a test measures)."""
+        proc = subprocess.Popen([sys.executable, "-c", f"print('up', flush=True)\n{code}"], stdout=subprocess.PIPE)
+        started.append(proc)
+        assert proc.stdout is not None and proc.stdout.readline() == b"up\n"
+        return proc
+
+    yield start
+    for proc in started:
+        for child in psutil.Process(proc.pid).children(recursive=True) if proc.poll() is None else []:
+            child.kill()
+        proc.kill()
+        proc.wait()
+
+
+def cpu_seconds(pid: int) -> float:
+    times = psutil.Process(pid).cpu_times()
+    return times.user + times.system
+
+
+def test_a_busy_process_is_one_core_and_an_idle_one_none(spawn) -> None:
+    burner, sleeper = spawn(BURN), spawn(IDLE)
+    before = cpu_seconds(burner.pid)
+    with CpuSampler({"busy": [burner.pid], "idle": [sleeper.pid]}, interval_s=0.1) as sampler:
+        time.sleep(1.5)
+    used = cpu_seconds(burner.pid) - before
+    summary = sampler.summary()
+    busy, idle = summary.groups["busy"], summary.groups["idle"]
+
+    # Near one core (less when other work shares this machine's cores) ...
+    assert 0.4 < busy.cores_busy.mean <= 1.1
+    # ... and exactly the CPU time the process used, which the OS reports independently.
+    assert busy.cpu_seconds == pytest.approx(used, rel=0.15)
+    assert idle.cores_busy.max < 0.05
+    assert busy.max_processes == idle.max_processes == 1
+    assert summary.health.polls >= 10 and summary.health.failed_polls == 0
+
+
+def test_descendants_that_appear_later_are_counted(spawn) -> None:
+    parent = spawn(LATE_CHILD)
+    with CpuSampler({"server": [parent.pid]}, interval_s=0.1, discover_every_s=0.1) as sampler:
+        time.sleep(2.0)
+    early = [s for s in sampler.samples if s.processes[0] == 1]
+    late = [s for s in sampler.samples if s.processes[0] == 2]
+    assert early and late, "the child should appear while sampling"
+    assert max(s.busy[0] for s in early) < 0.3  # the parent only sleeps (after starting up)
+    assert sum(s.busy[0] for s in late) / len(late) > 0.4
+    assert sampler.summary().groups["server"].max_processes == 2
+
+
+def test_servers_started_by_the_client_count_as_server_not_client(spawn) -> None:
+    server = spawn(BURN)  # a child of this (client) process
+    with CpuSampler({"server": [server.pid], "client": [os.getpid()]}, interval_s=0.1) as sampler:
+        time.sleep(1.0)
+    groups = sampler.summary().groups
+    assert groups["server"].cores_busy.mean > 0.4
+    assert groups["client"].cores_busy.mean < 0.3  # this process sleeps; the burner is not its CPU time
+    assert groups["server"].max_processes == 1  # counted once, in the first group that claims it
+
+
+def test_a_window_selects_polls_and_a_process_that_exits_is_dropped(spawn) -> None:
+    burner = spawn(BURN)
+    with CpuSampler({"server": [burner.pid]}, interval_s=0.1) as sampler:
+        time.sleep(0.8)
+        burner.kill()
+        burner.wait()
+        time.sleep(0.5)
+    last = sampler.samples[-1]
+    assert last.busy == (0.0,) and last.processes == (0,)
+    window = (sampler.samples[0].at, sampler.samples[3].at)
+    assert sampler.summary(window).groups["server"].cores_busy.count == 4
+    assert sampler.health().failed_polls == 0

@@ -1,0 +1,193 @@
+"""Verdicts: properties of the rule (hypothesis) and plain examples, for one metric and for whole runs."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import pytest
+from hypothesis import assume, given
+from hypothesis import strategies as st
+
+from pytest_qwenperf.baseline import baseline_from_run, centre
+from pytest_qwenperf.metrics import Direction
+from pytest_qwenperf.verdict import Judgement, judge, judge_run, render_judgements, t_quantile
+from tests.test_baseline import make_run
+
+directions = st.sampled_from(["higher", "lower"])
+tolerances = st.floats(min_value=0.0, max_value=0.3)
+values = st.floats(min_value=1e-3, max_value=1e6)
+# Run-to-run noise: every sample within ±2 % of its side's true value.
+noise = st.floats(min_value=0.98, max_value=1.02)
+# One sample (a published figure) or enough repeats to estimate a spread; two repeats
+# give a 95 % t factor of 12.7, which is honestly too few to call anything.
+sizes = st.one_of(st.just(1), st.integers(min_value=3, max_value=8))
+
+
+def _samples(value: float, factors: list[float]) -> list[float]:
+    return [value * f for f in factors]
+
+
+@given(samples=st.lists(st.floats(min_value=0.0, max_value=1e9), min_size=1, max_size=10), direction=directions, tolerance=tolerances)
+def test_identical_samples_never_regress(samples: list[float], direction: Direction, tolerance: float) -> None:
+    verdict = judge("m", samples, list(samples), direction=direction, tolerance=tolerance).verdict
+    assert verdict not in ("regression", "improvement")
+
+
+@given(
+    value=values,
+    data=st.data(),
+    direction=directions,
+    tolerance=tolerances,
+    n_base=sizes,
+    n_now=sizes,
+    margin=st.floats(min_value=0.0, max_value=0.9),
+)
+def test_a_uniform_change_beyond_tolerance_and_noise_always_regresses(
+    value: float, data: st.DataObject, direction: Direction, tolerance: float, n_base: int, n_now: int, margin: float
+) -> None:
+    """Throughput down (or latency up) by more than the tolerance, with a 20 % margin for ±2 % noise."""
+    before = _samples(value, data.draw(st.lists(noise, min_size=n_base, max_size=n_base)))
+    factor = (1 - tolerance) * 0.8 * (1 - margin) if direction == "higher" else (1 + tolerance) / 0.8 / (1 - margin)
+    after = _samples(value * factor, data.draw(st.lists(noise, min_size=n_now, max_size=n_now)))
+    judgement = judge("m", before, after, direction=direction, tolerance=tolerance)
+    assert judgement.verdict == "regression", judgement.detail
+    better = judge("m", after, before, direction=direction, tolerance=tolerance)
+    assert better.verdict == "improvement", better.detail
+
+
+@given(
+    before=st.lists(values, min_size=1, max_size=8),
+    after=st.lists(values, min_size=1, max_size=8),
+    tolerance=tolerances,
+)
+def test_direction_is_respected(before: list[float], after: list[float], tolerance: float) -> None:
+    """A latency decrease or a throughput increase is never a regression, whatever the spread."""
+    assume(centre(after) < centre(before))
+    assert judge("p99_ttft_ms", before, after, direction="lower", tolerance=tolerance).verdict != "regression"
+    assert judge("total_token_throughput", after, before, direction="higher", tolerance=tolerance).verdict != "regression"
+
+
+@given(before=st.lists(values, min_size=1, max_size=5), after=st.lists(values, min_size=1, max_size=5), tolerance=tolerances)
+def test_metrics_without_a_better_direction_always_pass(before: list[float], after: list[float], tolerance: float) -> None:
+    assert judge("duration", before, after, direction="none", tolerance=tolerance).verdict == "pass"
+
+
+def _changed(run: dict[str, Any], field: str) -> dict[str, Any]:
+    identity = dict(run["identity"])
+    if field == "argv":
+        identity["argv"] = [*identity["argv"], "--enforce-eager"]
+    else:
+        identity[field] = identity[field] + "-other"
+    return {**run, "identity": identity}
+
+
+@given(
+    field=st.sampled_from(["argv", "config", "model", "suite", "workload", "workload_fingerprint", "hardware"]),
+    factor=st.floats(min_value=0.01, max_value=100.0),
+    bound=st.sampled_from([None, "client busy 99% of the run (limit 95%)"]),
+)
+def test_a_run_that_is_not_comparable_never_regresses(field: str, factor: float, bound: str | None) -> None:
+    baseline = baseline_from_run(make_run(), source="test")
+    run = _changed(make_run(total=10_000 * factor, ttft=200 / factor, tpot=20 / factor, bound=bound), field)
+    judgements = judge_run(baseline, run)
+    assert judgements and {j.verdict for j in judgements} == {"not-comparable"}
+    assert all(j.ratio is None and field.split("_")[0] in j.detail for j in judgements)
+
+
+# ------------------------------------------------------------------ examples
+
+
+def test_t_quantiles_match_the_tables() -> None:
+    assert t_quantile(0.975, 1) == pytest.approx(12.7062, abs=1e-4)
+    assert t_quantile(0.975, 4) == pytest.approx(2.7764, abs=1e-4)
+    assert t_quantile(0.95, 10) == pytest.approx(1.8125, abs=1e-4)
+    assert t_quantile(0.975, 1e9) == pytest.approx(1.95996, abs=1e-4)
+
+
+def test_a_clear_slowdown_over_repeats_is_a_regression_with_its_interval() -> None:
+    j = judge("total_token_throughput", [100, 101, 99, 100.5], [90, 91, 89.5, 90.2], direction="higher", tolerance=0.05, unit="tok/s")
+    assert j.verdict == "regression"
+    assert j.ratio == pytest.approx(0.901, abs=1e-3)
+    assert "95% interval 0.888–0.913" in j.detail and "Welch" in j.detail
+
+
+def test_a_small_change_with_a_wide_spread_is_noisy() -> None:
+    j = judge("total_token_throughput", [100, 110, 90], [94, 104, 86], direction="higher", tolerance=0.05)
+    assert j.verdict == "noisy"
+    assert "straddles the tolerance bound 0.950" in j.detail
+
+
+def test_one_sample_each_side_is_decided_on_the_tolerance_alone_and_says_so() -> None:
+    worse = judge("p99_ttft_ms", [100.0], [126.0], direction="lower", tolerance=0.25)
+    within = judge("p99_ttft_ms", [100.0], [124.0], direction="lower", tolerance=0.25)
+    assert (worse.verdict, within.verdict) == ("regression", "pass")
+    assert "one sample on each side" in worse.detail and "tolerance alone" in worse.detail
+
+
+def test_a_published_single_figure_borrows_the_runs_spread() -> None:
+    j = judge("total_token_throughput", [95_317.0], [80_000.0, 80_500.0, 79_700.0], direction="higher", tolerance=0.05)
+    assert j.verdict == "regression"
+    assert "the baseline has one sample; its spread is taken from the other side's" in j.detail and "2.0 df" in j.detail
+
+
+def test_a_hit_rate_that_drops_to_zero_is_a_regression() -> None:
+    j = judge("prefix_cache_hit_rate", [0.88, 0.87, 0.88], [0.0, 0.0, 0.0], direction="higher", tolerance=0.05)
+    assert j.verdict == "regression" and j.ratio == 0.0 and "ratio alone" in j.detail
+    assert judge("prefix_cache_hit_rate", [0.0], [0.0], direction="higher", tolerance=0.05).verdict == "pass"
+
+
+def test_a_zero_baseline_gives_no_ratio() -> None:
+    j = judge("spec_decode_acceptance_rate", [0.0], [0.5], direction="higher", tolerance=0.1)
+    assert (j.verdict, j.ratio) == ("not-comparable", None)
+
+
+@pytest.mark.parametrize(
+    "bad",
+    [dict(tolerance=1.0), dict(tolerance=-0.1), dict(confidence=1.0), dict(baseline_samples=[]), dict(current_samples=[-1.0])],
+)
+def test_invalid_parameters_are_rejected(bad: dict[str, Any]) -> None:
+    arguments: dict[str, Any] = {"baseline_samples": [1.0], "current_samples": [1.0], "tolerance": 0.05, **bad}
+    with pytest.raises(ValueError):
+        judge("m", direction="higher", **arguments)
+
+
+def test_judge_run_against_a_baseline_uses_the_stored_tolerance() -> None:
+    baseline = baseline_from_run(make_run(ttft=200.0), source="test")
+    judgements = {j.metric: j for j in judge_run(baseline, make_run(total=9_000.0, ttft=240.0, tpot=15.0))}
+    assert judgements["total_token_throughput"].verdict == "regression"
+    assert judgements["p99_ttft_ms"].verdict == "pass"  # +20 %, within the 25 % for tail TTFT
+    assert judgements["p99_tpot_ms"].verdict == "improvement"
+    assert list(judgements)[:2] == ["total_token_throughput", "output_throughput"]
+
+
+def test_judge_run_without_a_baseline_or_with_a_client_bound_run() -> None:
+    assert {j.verdict for j in judge_run(None, make_run())} == {"no-baseline"}
+    baseline = baseline_from_run(make_run(), source="test")
+    bound = judge_run(baseline, make_run(total=1_000.0, bound="sent 3 req/s, below 95% of the requested 10 req/s"))
+    assert {j.verdict for j in bound} == {"client-bound"}
+    assert all("sent 3 req/s" in j.detail for j in bound)
+    assert next(j for j in bound if j.metric == "total_token_throughput").ratio == pytest.approx(0.1)
+
+
+def test_a_metric_the_baseline_lacks_has_no_baseline_and_one_only_the_baseline_has_is_skipped() -> None:
+    baseline = baseline_from_run(make_run(samples={"scaling_efficiency_n2": [0.99]}), source="test")
+    judgements = {j.metric: j.verdict for j in judge_run(baseline, make_run(hit_rate=0.5))}
+    assert judgements["prefix_cache_hit_rate"] == "no-baseline"
+    assert "scaling_efficiency_n2" not in judgements
+
+
+def test_the_table_shows_each_judgement_and_the_detail_of_what_did_not_pass() -> None:
+    judgements = [
+        judge("total_token_throughput", [95_317.0], [80_000.0], direction="higher", tolerance=0.05, unit="tok/s"),
+        judge("p99_tpot_ms", [46.0], [46.5], direction="lower", tolerance=0.1, unit="ms"),
+    ]
+    text = render_judgements(judgements)
+    lines = text.splitlines()
+    assert lines[0].split() == list(Judgement.HEADER)
+    assert lines[2].split() == ["total_token_throughput", "(tok/s)", "95,317", "80,000", "0.839", "5%", "regression"]
+    assert lines[3].split() == ["p99_tpot_ms", "(ms)", "46.0", "46.5", "1.011", "10%", "pass"]
+    assert "total_token_throughput: regression: worse than the tolerance: -16.1%" in text
+    assert "p99_tpot_ms: pass" not in text
+    markdown = render_judgements(judgements, markdown=True).splitlines()
+    assert markdown[1] == "|:---|---:|---:|---:|---:|:---|"
+    assert markdown[2] == "| total_token_throughput (tok/s) | 95,317 | 80,000 | 0.839 | 5% | regression |"
