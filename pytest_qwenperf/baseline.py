@@ -310,11 +310,13 @@ class StoredMetric:
     samples: tuple[float, ...]
 
     @classmethod
-    def of(cls, name: str, samples: Sequence[float]) -> StoredMetric:
+    def of(cls, name: str, samples: Sequence[float], tolerance: float | None = None) -> StoredMetric:
+        """``tolerance`` overrides the metric's default (a suite's ``tolerances`` table)."""
         spec = gate(name)
         if spec is None:
             raise ValueError(f"{name!r} is not a gated metric")
-        return cls(centre(samples), spec.unit, spec.direction, spec.tolerance, tuple(float(s) for s in samples))
+        tolerance = spec.tolerance if tolerance is None else tolerance
+        return cls(centre(samples), spec.unit, spec.direction, tolerance, tuple(float(s) for s in samples))
 
     def as_json(self) -> dict[str, object]:
         return {
@@ -566,13 +568,15 @@ def project_commit() -> str | None:
     return commit if Path(top).resolve() == package.parent else None
 
 
-def baseline_from_run(run: Mapping[str, Any], *, source: str, git_commit: str | None = None) -> Baseline:
+def baseline_from_run(
+    run: Mapping[str, Any], *, source: str, git_commit: str | None = None, tolerances: Mapping[str, float] = MappingProxyType({})
+) -> Baseline:
     """A measured baseline holding ``run``'s gated metrics (no checks: see :func:`write_baseline`)."""
     measured = parse_run(run)
     if not measured.samples:
         raise RunJsonError("run: metrics: expected at least one gated metric (" + ", ".join(GATE_TOLERANCES) + ")")
     context = Context(**{**measured.context.as_json(), "git_commit": git_commit})
-    metrics = {name: StoredMetric.of(name, samples) for name, samples in measured.samples.items()}
+    metrics = {name: StoredMetric.of(name, samples, tolerances.get(name)) for name, samples in measured.samples.items()}
     return Baseline(measured.identity, context, MappingProxyType(metrics), Provenance("measured", source))
 
 
@@ -587,7 +591,14 @@ def refusal(run: MeasuredRun) -> str | None:
     return None
 
 
-def write_baseline(root: Path, run: Mapping[str, Any], *, source: str = "qwenperf run", git_commit: str | None = None) -> Path:
+def write_baseline(
+    root: Path,
+    run: Mapping[str, Any],
+    *,
+    source: str = "qwenperf run",
+    git_commit: str | None = None,
+    tolerances: Mapping[str, float] = MappingProxyType({}),
+) -> Path:
     """Make ``run`` (a run's JSON) the baseline for its identity under ``root``; returns the file.
 
     The previous metrics move to ``history``. Raises :class:`BaselineRefused` (the file is
@@ -600,7 +611,7 @@ def write_baseline(root: Path, run: Mapping[str, Any], *, source: str = "qwenper
     reason = refusal(measured)
     if reason:
         raise BaselineRefused(f"{path}: not updated: {reason}")
-    new = baseline_from_run(run, source=source, git_commit=git_commit or project_commit())
+    new = baseline_from_run(run, source=source, git_commit=git_commit or project_commit(), tolerances=tolerances)
     previous = load_baseline(path) if path.exists() else None
     history: tuple[HistoryEntry, ...] = ()
     if previous is not None:

@@ -274,6 +274,7 @@ def result_json(plan: BenchPlan, seen: Observation, *, detailed: bool) -> dict[s
         "server": {"deltas": dict(seen.server_deltas)},
         "token_check": {"matches": seen.tokens.matches, "detail": seen.tokens.describe()},
         "client": {"bound": seen.client_bound, "cpu_busy": seen.client_cpu_busy},
+        "telemetry": seen.telemetry.as_json(),
     }
     if detailed:
         result["requests"] = [_request_json(r, seen.load.started_at) for r in seen.load.records if not r.warmup]

@@ -11,7 +11,8 @@ from __future__ import annotations
 import json
 import tomllib
 from collections.abc import Mapping
-from dataclasses import dataclass
+from types import MappingProxyType
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
@@ -141,6 +142,8 @@ class Suite:
     description: str = ""
     gpus: int = 0  # GPUs one node must have (0: a CPU suite)
     ladder_tolerance: float = 0.10  # an improving rung may be this much slower before the ladder test fails
+    repeats: int = 3  # load runs per (config, workload): the spread a verdict weighs changes against
+    tolerances: Mapping[str, float] = field(default_factory=lambda: MappingProxyType({}))  # per gated metric, for baselines recorded from this suite
 
     def config(self, config_id: str) -> ServingConfig:
         for cfg in self.configs:
@@ -164,7 +167,19 @@ def load_suite(path: Path | str) -> Suite:
     reader.only_keys(
         suite,
         "suite",
-        {"name", "hardware", "gpus", "model", "served_model_name", "description", "env", "vllm", "ladder_tolerance"},
+        {
+            "name",
+            "hardware",
+            "gpus",
+            "model",
+            "served_model_name",
+            "description",
+            "env",
+            "vllm",
+            "ladder_tolerance",
+            "repeats",
+            "tolerances",
+        },
     )
     suite_name = reader.string(suite, "suite.name")
     model = reader.string(suite, "suite.model")
@@ -227,7 +242,26 @@ def load_suite(path: Path | str) -> Suite:
         description=reader.optional_string(suite, "suite.description") or "",
         gpus=gpus,
         ladder_tolerance=_fraction(reader, suite.get("ladder_tolerance", 0.10), "suite.ladder_tolerance"),
+        repeats=_repeats(reader, suite.get("repeats", 3)),
+        tolerances=_tolerances(reader, suite.get("tolerances", {})),
     )
+
+
+def _tolerances(reader: _Reader, value: object) -> Mapping[str, float]:
+    from pytest_qwenperf.baseline import gate  # the gated metrics; baseline imports this module
+
+    if not isinstance(value, dict):
+        raise reader.fail("suite.tolerances", "a table of gated metric = fraction", value)
+    for name in value:
+        if gate(name) is None:
+            raise reader.fail(f"suite.tolerances.{name}", "a gated metric (see pytest_qwenperf.baseline.GATE_TOLERANCES)", name)
+    return MappingProxyType({name: _fraction(reader, v, f"suite.tolerances.{name}") for name, v in value.items()})
+
+
+def _repeats(reader: _Reader, value: object) -> int:
+    if isinstance(value, bool) or not isinstance(value, int) or value < 1:
+        raise reader.fail("suite.repeats", "a whole number of load runs >= 1", value)
+    return value
 
 
 def _fraction(reader: _Reader, value: object, key: str) -> float:

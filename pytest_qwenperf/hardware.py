@@ -40,6 +40,15 @@ class Hardware:
     def cpu_count(self) -> int:
         return len(self.cpu_ids)
 
+    @property
+    def id(self) -> str:
+        """What a baseline is tied to: the GPU family, or on CPU builds the CPU model and core
+        count (a CPU figure says nothing about another CPU)."""
+        if self.kind != "cpu":
+            return self.kind
+        model = re.sub(r"[^a-z0-9]+", "-", self.cpu_model.lower()).strip("-") or "unknown"
+        return f"cpu-{model}-{self.cpu_count}c"
+
     def describe(self) -> str:
         if self.gpu_count:
             return f"{self.gpu_count}x {self.gpu_name} (driver {self.driver_version})"
@@ -48,6 +57,7 @@ class Hardware:
     def as_dict(self) -> dict[str, object]:
         return {
             "kind": self.kind,
+            "id": self.id,
             "gpu_name": self.gpu_name,
             "gpu_count": self.gpu_count,
             "driver_version": self.driver_version,

@@ -24,11 +24,13 @@ from pytest_qwenperf import proctree
 from pytest_qwenperf.config import ServingConfig, Suite, SuiteError, SuiteWorkload, load_suite
 from pytest_qwenperf.hardware import Hardware, detect
 from pytest_qwenperf.loadgen.workloads import SharedPrefixWorkload
-from pytest_qwenperf.options import cpu_list, endpoint_url, launcher_argv, positive_seconds
+from pytest_qwenperf.baseline import BaselineError, BaselineRefused, find_baseline, parse_run, write_baseline
+from pytest_qwenperf.options import cpu_list, endpoint_url, launcher_argv, positive_seconds, whole_number
 from pytest_qwenperf.pool import PoolSettings, ServerPool
 from pytest_qwenperf.report import SessionReport
 from pytest_qwenperf.run import RunResult, measure
 from pytest_qwenperf.server import DEFAULT_BOOT_TIMEOUT_S, DEFAULT_LAUNCHER, Server
+from pytest_qwenperf.verdict import Judgement, judge_run
 
 pytest_plugins = ["pytest_qwenperf.benchmark_glue"]  # pytest-benchmark machine_info and compare hooks
 
@@ -39,7 +41,7 @@ MARKERS = {
     "h200": "sized for one node of 8x NVIDIA H200",
     "h100": "sized for one node of 8x NVIDIA H100",
     "scaling": "multi-replica scaling-efficiency tests",
-    "qwenperf_select(name)": "only (config, workload) pairs of this kind: ladder, speculative, prefix-cache",
+    "qwenperf_select(name)": "only (config, workload) pairs of this kind: ladder, slo, speculative, prefix-cache, utilization",
 }
 
 SELECTORS: dict[str, Callable[[Suite, ServingConfig, SuiteWorkload], bool]] = {
@@ -47,6 +49,7 @@ SELECTORS: dict[str, Callable[[Suite, ServingConfig, SuiteWorkload], bool]] = {
     "ladder": lambda suite, cfg, wl: cfg.improves and cfg.inherits is not None and wl.runs_on(cfg.inherits),
     "slo": lambda suite, cfg, wl: wl.slo is not None,
     "speculative": lambda suite, cfg, wl: cfg.speculative,
+    "utilization": lambda suite, cfg, wl: any(wl.floor(name, cfg.id) is not None for name in ("gpu_utilization", "server_cpu_busy")),
     "prefix-cache": lambda suite, cfg, wl: (
         isinstance(wl.workload, SharedPrefixWorkload)
         and "--enable-prefix-caching" in cfg.vllm_args
@@ -56,7 +59,7 @@ SELECTORS: dict[str, Callable[[Suite, ServingConfig, SuiteWorkload], bool]] = {
 }
 """Which (config, workload) pairs a test marked ``qwenperf_select(name)`` runs on: ``ladder``
 compares a rung with the one it inherits from, ``prefix-cache`` a cached rung with its
-uncached parent on a shared-prefix workload."""
+uncached parent on a shared-prefix workload, ``utilization`` pairs with a utilization floor."""
 
 
 @dataclass(frozen=True)
@@ -69,6 +72,9 @@ class QwenperfSettings:
     json_path: Path | None
     server_cpus: frozenset[int] | None  # None: the default placement for the suite's hardware
     client_cpus: frozenset[int] | None
+    repeats: int | None  # None: each suite's own
+    baselines: Path
+    update_baselines: bool
 
 
 SETTINGS_KEY = pytest.StashKey[QwenperfSettings]()
@@ -103,11 +109,20 @@ def pytest_addoption(parser: pytest.Parser) -> None:
     group.addoption("--qwenperf-json", type=Path, help="write the session's results (every run, boots per config) to this file")
     group.addoption("--qwenperf-server-cpus", type=cpu_list, help="CPUs for the servers, e.g. 0-6 (CPU suites default: all but the last)")
     group.addoption("--qwenperf-client-cpus", type=cpu_list, help="CPUs for the load generator (CPU suites default: the last one)")
+    group.addoption("--qwenperf-repeats", type=whole_number(1), help="load runs per (config, workload) (default: the suite's repeats)")
+    group.addoption("--qwenperf-baselines", type=Path, help="baseline folder (default: baselines/ under the rootdir)")
+    group.addoption(
+        "--qwenperf-update-baselines",
+        action="store_true",
+        help="after a session without failures, record its runs as the baselines (the previous values move to history)",
+    )
     parser.addini("qwenperf_launcher", "default for --qwenperf-launcher")
     parser.addini("qwenperf_boot_timeout", "default for --qwenperf-boot-timeout")
     parser.addini("qwenperf_log_dir", "default for --qwenperf-log-dir")
     parser.addini("qwenperf_endpoints", "default for --qwenperf-endpoint", type="linelist")
     parser.addini("qwenperf_suites", "suite files or globs, relative to the rootdir", type="linelist")
+    parser.addini("qwenperf_repeats", "default for --qwenperf-repeats")
+    parser.addini("qwenperf_baselines", "default for --qwenperf-baselines, relative to the rootdir")
 
 
 def pytest_configure(config: pytest.Config) -> None:
@@ -125,6 +140,9 @@ def pytest_configure(config: pytest.Config) -> None:
         json_path=config.getoption("qwenperf_json"),
         server_cpus=config.getoption("qwenperf_server_cpus"),
         client_cpus=config.getoption("qwenperf_client_cpus"),
+        repeats=_resolve(config, "qwenperf_repeats", whole_number(1), None),
+        baselines=config.rootpath / _resolve(config, "qwenperf_baselines", Path, Path("baselines")),
+        update_baselines=config.getoption("qwenperf_update_baselines"),
     )
     config.stash[_REPORT_KEY] = SessionReport()
     try:
@@ -310,7 +328,8 @@ def qwenperf_measure(pytestconfig: pytest.Config, qwenperf_pool: ServerPool, qwe
         if result is None:
             server_cpus, client_cpus = _placement(cfg, qwenperf_settings)
             server = qwenperf_pool.get(cfg, server_cpus)
-            result = measure(server, cfg, workload, suite=cfg.suite, client_cpus=client_cpus)
+            repeats = qwenperf_settings.repeats or _suite_of(pytestconfig, cfg).repeats
+            result = measure(server, cfg, workload, suite=cfg.suite, client_cpus=client_cpus, repeats=repeats)
             report.add(result)
         return result
 
@@ -326,7 +345,21 @@ def qwenperf_run(serving_config: ServingConfig, suite_workload: SuiteWorkload, v
 @pytest.fixture
 def qwenperf_suite(pytestconfig: pytest.Config, serving_config: ServingConfig) -> Suite:
     """The suite that defines ``serving_config``."""
-    return next(s for s in _suites(pytestconfig) if s.name == serving_config.suite)
+    return _suite_of(pytestconfig, serving_config)
+
+
+def _suite_of(config: pytest.Config, cfg: ServingConfig) -> Suite:
+    found = next((s for s in _suites(config) if s.name == cfg.suite), None)
+    if found is None:
+        raise pytest.UsageError(f"config {cfg.key} belongs to no loaded suite; suites are {[s.name for s in _suites(config)]}")
+    return found
+
+
+@pytest.fixture
+def qwenperf_judgements(qwenperf_run: RunResult, qwenperf_settings: QwenperfSettings) -> tuple[Judgement, ...]:
+    """Every gated metric of the run against its stored baseline (see :func:`~pytest_qwenperf.verdict.judge_run`)."""
+    run = qwenperf_run.as_json()
+    return judge_run(find_baseline(qwenperf_settings.baselines, parse_run(run).identity), run)
 
 
 # -------------------------------------------------------------- session end
@@ -353,7 +386,26 @@ def pytest_sessionfinish(session: pytest.Session) -> None:
         if reporter is not None:
             note = f" (previous file kept as {kept})" if kept else ""
             reporter.write_line(f"qwenperf: results written to {settings.json_path}{note}")
+    if settings is not None and settings.update_baselines and report is not None:
+        _update_baselines(session, settings, report)
     _fail_on_leftovers(session)
+
+
+def _update_baselines(session: pytest.Session, settings: QwenperfSettings, report: SessionReport) -> None:
+    """Record the session's runs as baselines, only when no test failed; say what was written and refused."""
+    reporter = session.config.pluginmanager.get_plugin("terminalreporter")
+    say = reporter.write_line if reporter is not None else print
+    if session.testsfailed:
+        say(f"qwenperf: baselines not updated: {session.testsfailed} test(s) failed", red=True)
+        return
+    for run in report.runs:
+        tolerances = _suite_of(session.config, run.config).tolerances
+        try:
+            path = write_baseline(settings.baselines, run.as_json(), source="pytest --qwenperf-update-baselines", tolerances=tolerances)
+        except (BaselineRefused, BaselineError) as exc:
+            say(f"qwenperf: {exc}", red=True)
+        else:
+            say(f"qwenperf: baseline written: {path}")
 
 
 def _fail_on_leftovers(session: pytest.Session) -> None:

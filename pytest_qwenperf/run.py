@@ -7,7 +7,9 @@ pytest-benchmark get.
 
 from __future__ import annotations
 
+import dataclasses
 import datetime
+import os
 import resource
 import time
 from collections.abc import Mapping, Sequence
@@ -33,6 +35,7 @@ from pytest_qwenperf.metrics import (
     summarize_window,
 )
 from pytest_qwenperf.server import Server, ServerInfo
+from pytest_qwenperf.telemetry import Telemetry, TelemetrySummary
 from pytest_qwenperf.telemetry.server_metrics import counter_deltas, scrape
 
 
@@ -53,6 +56,12 @@ class RunResult:
     client_cpu_busy: float  # fraction of the run the client process spent on a CPU
     client_cpus: tuple[int, ...]
     started: str  # ISO 8601, UTC
+    telemetry: TelemetrySummary
+    samples: Mapping[str, tuple[float, ...]] = dataclasses.field(default_factory=lambda: MappingProxyType({}))  # metric -> one value per repeat
+
+    @property
+    def repeats(self) -> int:
+        return len(next(iter(self.samples.values()), ())) or 1
 
     @property
     def vllm_version(self) -> str | None:
@@ -87,7 +96,7 @@ class RunResult:
                 "model": self.config.model,
                 "workload": self.workload.id,
                 "workload_fingerprint": self.workload.workload.fingerprint(),
-                "hardware": self.hardware.kind,
+                "hardware": self.hardware.id,
             },
             "context": {
                 "vllm_version": self.vllm_version,
@@ -106,7 +115,19 @@ class RunResult:
             },
             "token_check": {"matches": self.tokens.matches, "detail": self.tokens.describe()},
             "client": {"bound": self.client_bound, "cpu_busy": self.client_cpu_busy},
+            "telemetry": self.telemetry.as_json(),
+            "samples": {name: list(values) for name, values in self.samples.items()},
         }
+
+    def scalar_metrics(self) -> dict[str, float]:
+        """Client metrics plus the server-side rates: every figure a repeat contributes a sample of."""
+        values = {name: float(value) for name, value in self.summary.values().items()}
+        rates = {
+            "prefix_cache_hit_rate": self.prefix_cache_hit_rate,
+            "spec_decode_acceptance_rate": self.spec_decode_acceptance_rate,
+            "spec_decode_mean_acceptance_length": self.spec_decode_mean_acceptance_length,
+        }
+        return values | {name: value for name, value in rates.items() if value is not None}
 
 
 def _ratio(part: float | None, whole: float | None) -> float | None:
@@ -125,6 +146,7 @@ class Observation:
     client_bound: str | None
     client_cpu_busy: float
     started: str
+    telemetry: TelemetrySummary
 
 
 def observe(
@@ -138,16 +160,23 @@ def observe(
     client_cpus: frozenset[int] = frozenset(),
     workers: int = 1,
     progress: Progress | None = None,
+    server_pids: Sequence[int] = (),
+    gpu_visible_devices: Sequence[str | None] = (),
 ) -> Observation:
-    """Drive ``requests`` against ``base_urls`` and measure: client records plus the servers' /metrics deltas.
+    """Drive ``requests`` against ``base_urls`` and measure: client records, the servers'
+    /metrics deltas, and telemetry sampled meanwhile (see :class:`Telemetry`).
 
     ``client_cpus`` pins the client (and its workers) while the load runs, so the
     instrument does not share cores with the server; the previous affinity is restored.
     ``client_cpu_busy`` is the CPU the client used per second per client process.
+    ``server_pids`` / ``gpu_visible_devices``: whose CPU and which GPUs to sample.
     """
     started = datetime.datetime.now(datetime.UTC).isoformat(timespec="seconds")
     before = scrape(base_urls)
     previous_cpus = pin_current_process(client_cpus) if client_cpus else None
+    telemetry = Telemetry.start(
+        gpu_visible_devices=gpu_visible_devices, server_pids=server_pids, client_pid=os.getpid(), metrics_urls=base_urls
+    )
     try:
         cpu_start, wall_start = _client_cpu_s(), time.perf_counter()
         if workers > 1:
@@ -156,19 +185,23 @@ def observe(
             load = run_load_sync(base_urls, model, requests, arrival, options, progress=progress)
         busy = (_client_cpu_s() - cpu_start) / max(time.perf_counter() - wall_start, 1e-9) / workers
     finally:
+        telemetry.stop()
         if previous_cpus is not None:
             pin_current_process(previous_cpus)
     deltas = counter_deltas(before, scrape(base_urls))
     window = steady_window(load.records)
+    summary = summarize(load.records, goodput_slo=slo, requested_rate=load.requested_rate)
+    steady = summarize_window(load.records, window) if window else None
     return Observation(
         load=load,
-        summary=summarize(load.records, goodput_slo=slo, requested_rate=load.requested_rate),
-        steady=summarize_window(load.records, window) if window else None,
+        summary=summary,
+        steady=steady,
         server_deltas=MappingProxyType(deltas),
         tokens=cross_check(load.records, deltas["prompt_tokens"], deltas["generation_tokens"]),
         client_bound=client_bound_reason(load.records, requested_rate=load.requested_rate, client_cpu_busy_fraction=busy),
         client_cpu_busy=busy,
         started=started,
+        telemetry=telemetry.summary(window, tokens=int((steady or summary)["total_output_tokens"].value)),
     )
 
 
@@ -185,8 +218,30 @@ def measure(
     *,
     suite: str = "",
     client_cpus: frozenset[int] = frozenset(),
+    repeats: int = 1,
 ) -> RunResult:
-    """Drive ``workload`` against ``server`` (running ``config``) and collect the result."""
+    """Drive ``workload`` against ``server`` (running ``config``) ``repeats`` times.
+
+    The result is the repeat with the median total token throughput, carrying every
+    repeat's figures in ``samples`` (what verdicts weigh the noise with). A repeat that
+    was client-bound or whose token totals disagree with the server makes the result so.
+    """
+    if repeats < 1:
+        raise ValueError(f"repeats must be at least 1, got {repeats}")
+    runs = [_measure_once(server, config, workload, suite=suite, client_cpus=client_cpus) for _ in range(repeats)]
+    ranked = sorted(runs, key=lambda run: run.summary.values()["total_token_throughput"])
+    chosen = ranked[(len(ranked) - 1) // 2]
+    per_run = [run.scalar_metrics() for run in runs]
+    samples = {name: tuple(values[name] for values in per_run) for name in per_run[0] if all(name in v for v in per_run)}
+    bound = next((run.client_bound for run in runs if run.client_bound), None)
+    tokens = next((run.tokens for run in runs if run.tokens.matches is False), chosen.tokens)
+    return dataclasses.replace(chosen, client_bound=bound, tokens=tokens, samples=MappingProxyType(samples))
+
+
+def _measure_once(
+    server: Server, config: ServingConfig, workload: SuiteWorkload, *, suite: str, client_cpus: frozenset[int]
+) -> RunResult:
+    hardware = detect()
     tokenizer = PromptTokenizer.load(embedded.resolve_model(config.model))
     requests = workload.workload.build(tokenizer)
     seen = observe(
@@ -199,13 +254,15 @@ def measure(
         LoadOptions(warmup=workload.warmup, continuous_usage=config.speculative),
         slo=workload.slo,
         client_cpus=client_cpus,
+        server_pids=server.pids,
+        gpu_visible_devices=_gpu_devices(config, hardware),
     )
     return RunResult(
         suite=suite,
         config=config,
         workload=workload,
         servers=server.info,
-        hardware=detect(),
+        hardware=hardware,
         summary=seen.summary,
         steady=seen.steady,
         server_deltas=seen.server_deltas,
@@ -214,4 +271,12 @@ def measure(
         client_cpu_busy=seen.client_cpu_busy,
         client_cpus=seen.load.client_cpus[0],
         started=seen.started,
+        telemetry=seen.telemetry,
     )
+
+
+def _gpu_devices(config: ServingConfig, hardware: Hardware) -> tuple[str | None, ...]:
+    """The GPUs the config's server sees (its CUDA_VISIBLE_DEVICES, else all); none on CPU hosts."""
+    if hardware.kind == "cpu":
+        return ()
+    return (dict(config.env).get("CUDA_VISIBLE_DEVICES"),)

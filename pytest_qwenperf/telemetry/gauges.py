@@ -14,7 +14,7 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from types import MappingProxyType
 
-from pytest_qwenperf.server import http_get
+from pytest_qwenperf.http import http_get
 from pytest_qwenperf.telemetry.sampling import (
     CLOCK,
     PeriodicSampler,

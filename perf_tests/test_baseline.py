@@ -1,0 +1,26 @@
+"""Against the stored baseline: no metric may regress beyond its tolerance *and* the measured noise.
+
+Baselines live in ``baselines/<hardware>/<model>/<config>/<workload>.json`` and are
+recorded with ``--qwenperf-update-baselines`` from a passing session. A run with no
+baseline, or one measured on other hardware or with other flags or workload, cannot be
+judged: the test is skipped and says which (that is never reported as a regression).
+"""
+
+from __future__ import annotations
+
+import warnings
+
+import pytest
+
+from pytest_qwenperf.verdict import Judgement, render_judgements
+
+
+def test_no_regression_against_baseline(qwenperf_judgements: tuple[Judgement, ...]) -> None:
+    verdicts = {j.verdict for j in qwenperf_judgements}
+    table = render_judgements(qwenperf_judgements)
+    if verdicts <= {"no-baseline", "not-comparable"}:
+        pytest.skip(f"nothing to judge against: {qwenperf_judgements[0].detail}" if qwenperf_judgements else "no gated metric measured")
+    assert "client-bound" not in verdicts, f"the client could not keep up; no verdict on vLLM\n{table}"
+    assert "regression" not in verdicts, f"slower than the baseline beyond tolerance and noise\n{table}"
+    if "noisy" in verdicts:
+        warnings.warn(f"some metrics were too noisy to decide\n{table}", stacklevel=1)

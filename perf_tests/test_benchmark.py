@@ -1,0 +1,11 @@
+"""Every load run as a pytest-benchmark entry, so ``--benchmark-autosave``, ``--benchmark-compare``
+and ``pytest-benchmark compare`` track it across vLLM versions (seconds per million tokens)."""
+
+from __future__ import annotations
+
+from pytest_qwenperf.benchmark_glue import record_run
+from pytest_qwenperf.run import RunResult
+
+
+def test_recorded_for_pytest_benchmark(qwenperf_run: RunResult, benchmark) -> None:
+    record_run(benchmark, qwenperf_run.as_json())

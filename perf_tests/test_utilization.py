@@ -1,0 +1,35 @@
+"""Is the device busy? The write-up's finding: without MTP the GPUs sat idle while loaded.
+
+Mean utilization over the run's steady-state window must reach the suite's floor:
+``gpu_utilization`` (mean over the config's GPUs, NVML) on GPU suites, ``server_cpu_busy``
+(cores the server's process tree kept busy, psutil) on the CPU build, where the CPU is
+the device. Tokens per joule is gated against the baseline by test_baseline.py.
+"""
+
+from __future__ import annotations
+
+import pytest
+
+from pytest_qwenperf.config import ServingConfig, Suite, SuiteWorkload
+from pytest_qwenperf.run import RunResult
+
+
+@pytest.mark.qwenperf_select("utilization")
+def test_device_busy_in_steady_state(
+    qwenperf_run: RunResult, qwenperf_suite: Suite, serving_config: ServingConfig, suite_workload: SuiteWorkload
+) -> None:
+    telemetry = qwenperf_run.telemetry
+    if qwenperf_suite.gpus:
+        name = "gpu_utilization"
+        gpu = telemetry.gpu
+        assert gpu is not None and gpu.utilization_mean is not None, f"no GPU utilization sampled: {telemetry.as_json()['gpu']}"
+        observed = gpu.utilization_mean
+    else:
+        name = "server_cpu_busy"
+        cpu = telemetry.cpu
+        server = cpu.groups.get("server") if cpu is not None else None
+        assert server is not None and server.cores_busy is not None, f"no server CPU sampled: {telemetry.as_json()['cpu']}"
+        observed = server.cores_busy.mean
+    floor = suite_workload.floor(name, serving_config.id)
+    assert floor is not None, f"no {name} floor for {serving_config.key} on {suite_workload.id} in {qwenperf_suite.path}"
+    assert observed >= floor, f"{name} {observed:.2f} is below the floor {floor} for {serving_config.key}: the device sat idle"
