@@ -226,14 +226,18 @@ class Identity:
     workload_fingerprint: str
 
     @classmethod
-    def of(cls, suite: Suite, config_id: str, workload_id: str) -> Identity:
-        """The identity a run of ``config_id`` × ``workload_id`` from ``suite`` has today."""
+    def of(cls, suite: Suite, config_id: str, workload_id: str, *, hardware: str | None = None) -> Identity:
+        """The identity a run of ``config_id`` × ``workload_id`` from ``suite`` has today.
+
+        ``hardware``: the hardware id (:attr:`Hardware.id`); default the suite's hardware,
+        which is the id of GPU hardware (a CPU id also names the CPU model and cores).
+        """
         config = suite.config(config_id)
         workload = next((w for w in suite.workloads if w.id == workload_id), None)
         if workload is None or not workload.runs_on(config_id):
             raise SuiteError(f"{suite.path}: workload {workload_id!r} does not run on config {config_id!r}")
         return cls(
-            hardware=suite.hardware,
+            hardware=hardware or suite.hardware,
             model=config.model,
             suite=suite.name,
             config=config.id,

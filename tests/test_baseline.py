@@ -26,6 +26,7 @@ from pytest_qwenperf.baseline import (
 )
 from pytest_qwenperf.config import Suite, load_suite
 from pytest_qwenperf.hardware import Hardware
+from pytest_qwenperf.telemetry import TelemetrySummary
 from pytest_qwenperf.metrics import RunSummary, TokenCrossCheck
 from pytest_qwenperf.report import json_safe
 from pytest_qwenperf.run import RunResult
@@ -88,6 +89,7 @@ def make_run(
         client_cpu_busy=0.4,
         client_cpus=(1,),
         started="2026-04-01T02:00:00+00:00",
+        telemetry=TelemetrySummary(window=None, gpu=None, cpu=None, server=None),
     )
     run = json.loads(json.dumps(json_safe(result.as_json())))
     if samples is not None:
@@ -98,9 +100,9 @@ def make_run(
 def test_round_trip_keeps_identity_context_metrics_and_provenance(tmp_path: Path) -> None:
     run = make_run(hit_rate=0.5, samples={"total_token_throughput": [9_900.0, 10_000.0, 10_100.0]})
     path = write_baseline(tmp_path, run, source="nightly", git_commit="abc123")
-    assert path == tmp_path / "cpu" / "embedded-tiny" / "base" / "isl128-osl128.json"
+    assert path == tmp_path / "cpu-test-cpu-2c" / "embedded-tiny" / "base" / "isl128-osl128.json"  # CPU model and cores
     stored = load_baseline(path)
-    assert stored.identity == Identity.of(suite("cpu"), "base", "isl128-osl128")
+    assert stored.identity == Identity.of(suite("cpu"), "base", "isl128-osl128", hardware="cpu-test-cpu-2c")
     assert stored.context == Context(
         vllm_version="0.32.0", gpu_count=0, cpu_model="Test CPU", cpu_count=2, date="2026-04-01T02:00:00+00:00", git_commit="abc123"
     )
@@ -134,7 +136,7 @@ def test_each_write_moves_the_previous_metrics_to_history_newest_last(tmp_path: 
 
 
 def test_find_baseline_is_none_until_one_is_written(tmp_path: Path) -> None:
-    identity = Identity.of(suite("cpu"), "base", "isl128-osl128")
+    identity = Identity.of(suite("cpu"), "base", "isl128-osl128", hardware="cpu-test-cpu-2c")
     assert find_baseline(tmp_path, identity) is None
     write_baseline(tmp_path, make_run(), git_commit="c")
     found = find_baseline(tmp_path, identity)

@@ -41,7 +41,7 @@ def test_same_numbers_on_a_new_version_pass(tmp_path: Path, capsys: pytest.Captu
     new = benchmark_file(tmp_path / "new.json", [make_run("base", version="0.33.0"), make_run("ctx-short", version="0.33.0")])
     status, out, _ = compare(capsys, old, new, "--fail-on", "regression")
     assert status == 0
-    assert "cpu/base · isl128-osl128 (cpu)" in out and "cpu/ctx-short · isl128-osl128 (cpu)" in out
+    assert "cpu/base · isl128-osl128 (cpu-test-cpu-2c)" in out and "cpu/ctx-short · isl128-osl128 (cpu-test-cpu-2c)" in out
     header = out.splitlines()[1].split()
     assert header == ["metric", "0.32.0", "0.33.0", "Δ", "verdict"]
     rows = _rows(out)
@@ -67,7 +67,7 @@ def test_markdown_for_a_job_summary(tmp_path: Path, capsys: pytest.CaptureFixtur
     status, out, _ = compare(capsys, old, new, "--markdown")
     assert status == 0
     lines = out.splitlines()
-    assert lines[0] == "### cpu/base · isl128-osl128 (cpu)"
+    assert lines[0] == "### cpu/base · isl128-osl128 (cpu-test-cpu-2c)"
     assert lines[2] == "| metric | 0.32.0 | 0.33.0 | Δ | verdict |"
     assert lines[3] == "|:---|---:|---:|---:|:---|"
     assert "| p99_ttft_ms (ms) | 200.0 | 400.0 | +100.0% | **regression** |" in lines

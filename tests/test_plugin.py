@@ -233,12 +233,12 @@ def test_cpu_build_places_server_and_client_on_disjoint_cores() -> None:
     from pytest_qwenperf.hardware import detect
     from pytest_qwenperf.plugin import QwenperfSettings, _placement
 
-    settings = QwenperfSettings((), 1.0, None, (), (), None, None, None)
+    settings = QwenperfSettings((), 1.0, None, (), (), None, None, None, None, Path("baselines"), False)
     cpus = sorted(detect().cpu_ids)
     server, client = _placement(tiny_cpu_config(), settings)
     if len(cpus) >= 2:
         assert (sorted(server), sorted(client)) == (cpus[:-1], cpus[-1:])
     assert not server & client
     assert _placement(ServingConfig(id="gpu", model="Qwen/Qwen3.5-27B-FP8"), settings) == (frozenset(), frozenset())
-    chosen = QwenperfSettings((), 1.0, None, (), (), None, frozenset({0}), None)
+    chosen = QwenperfSettings((), 1.0, None, (), (), None, frozenset({0}), None, None, Path("baselines"), False)
     assert _placement(tiny_cpu_config(), chosen) == (frozenset({0}), frozenset())

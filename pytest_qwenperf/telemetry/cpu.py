@@ -86,10 +86,9 @@ class CpuSampler(PeriodicSampler):
         self._last_discovery = float("-inf")
 
     def _poll(self) -> None:
-        now = CLOCK()
-        if now - self._last_discovery >= self.discover_every_s:
+        if CLOCK() - self._last_discovery >= self.discover_every_s:
             self._discover()
-            self._last_discovery = now
+            self._last_discovery = CLOCK()
         used = [0.0] * len(self.groups)
         for pid, tracked in list(self._tracked.items()):
             try:
@@ -100,6 +99,7 @@ class CpuSampler(PeriodicSampler):
             cpu_s = times.user + times.system
             used[tracked.group] += max(cpu_s - tracked.cpu_s, 0.0)
             tracked.cpu_s = cpu_s
+        now = CLOCK()  # after reading the counters: a poll delayed before them then stays consistent
         if self._last_poll is not None:
             elapsed = now - self._last_poll
             counts = [sum(1 for t in self._tracked.values() if t.group == g) for g in range(len(self.groups))]
