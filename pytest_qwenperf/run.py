@@ -36,7 +36,7 @@ from pytest_qwenperf.metrics import (
 )
 from pytest_qwenperf.server import Server, ServerInfo
 from pytest_qwenperf.telemetry import Telemetry, TelemetrySummary
-from pytest_qwenperf.telemetry.server_metrics import counter_deltas, scrape
+from pytest_qwenperf.telemetry.server_metrics import COUNTERS, MetricsSnapshot, counter_deltas, scrape
 
 
 @dataclass(frozen=True)
@@ -172,7 +172,7 @@ def observe(
     ``server_pids`` / ``gpu_visible_devices``: whose CPU and which GPUs to sample.
     """
     started = datetime.datetime.now(datetime.UTC).isoformat(timespec="seconds")
-    before = scrape(base_urls)
+    before = _counters(base_urls)
     previous_cpus = pin_current_process(client_cpus) if client_cpus else None
     telemetry = Telemetry.start(
         gpu_visible_devices=gpu_visible_devices, server_pids=server_pids, client_pid=os.getpid(), metrics_urls=base_urls
@@ -188,7 +188,8 @@ def observe(
         telemetry.stop()
         if previous_cpus is not None:
             pin_current_process(previous_cpus)
-    deltas = counter_deltas(before, scrape(base_urls))
+    after = _counters(base_urls)
+    deltas = counter_deltas(before, after) if before and after else dict.fromkeys(COUNTERS)
     window = steady_window(load.records)
     summary = summarize(load.records, goodput_slo=slo, requested_rate=load.requested_rate)
     steady = summarize_window(load.records, window) if window else None
@@ -203,6 +204,15 @@ def observe(
         started=started,
         telemetry=telemetry.summary(window, tokens=int((steady or summary)["total_output_tokens"].value)),
     )
+
+
+def _counters(base_urls: Sequence[str]) -> MetricsSnapshot | None:
+    """The servers' counters; None where /metrics is not served (a gateway, another kind of
+    server): the run then has no server-side cross-check, which its result shows."""
+    try:
+        return scrape(base_urls)
+    except OSError:
+        return None
 
 
 def _client_cpu_s() -> float:
