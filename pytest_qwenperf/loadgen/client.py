@@ -38,6 +38,19 @@ Progress = Callable[[RequestRecord], None]
 Job = tuple[int, RequestSpec]  # (position in the workload, request)
 
 _COMPLETION_TOKENS = b'"completion_tokens":'
+_USAGE = b'"usage"'
+_TEXT_KEYS = (b'"text":"', b'"content":"')
+
+
+def _carries_text(event: bytes) -> bool:
+    """Whether a chunk has a non-empty ``text`` (completions) or ``content`` (chat) string, read
+    without decoding the JSON. A quote inside a JSON string is escaped, so ``"text":"`` can
+    only be that key; the byte after it is the closing quote exactly when the text is empty."""
+    for marker in _TEXT_KEYS:
+        at = event.find(marker)
+        if at >= 0:
+            return event[at + len(marker) : at + len(marker) + 1] not in (b'"', b"")
+    return False
 
 
 class StreamParser:
@@ -50,6 +63,9 @@ class StreamParser:
     usage chunk (no choices) only gives the totals. Chunks that carry no tokens (chat's
     role chunk, the final usage chunk) are not kept.
 
+    Fast path without continuous usage: a chunk with no usage whose ``text`` (or chat
+    ``content``) is a non-empty string carries one token (:func:`_carries_text`); anything
+    else (empty text, reasoning or tool-call deltas, errors, the usage chunk) is decoded.
     Fast path, once usage is known to be continuous: the count is read without decoding
     the JSON. ``"completion_tokens":`` can only occur in valid JSON as that key, unless
     its quote is escaped (preceded by a backslash): inside a string every quote is
@@ -86,6 +102,9 @@ class StreamParser:
                     seen += n
                     tokens.append(n)
                 self._usage = event
+            elif not key and not self._continuous and _USAGE not in event and _carries_text(event):
+                seen += 1
+                tokens.append(1)
             else:
                 self._seen = seen
                 self._slow(event)
