@@ -35,6 +35,7 @@ def ours(url: str, client_cpu: int, out: Path) -> float:
     argv = [sys.executable, "-m", "pytest_qwenperf.cli", "bench", "--endpoint", url, "--progress", "off"]
     argv += ["--input-len", str(w["input_len"]), "--output-len", str(w["output_len"]), "--num-prompts", str(w["num_prompts"])]
     argv += ["--warmup", str(w["warmup"]), "--max-concurrency", str(w["concurrency"]), "--json", str(out)]
+    argv += ["--no-continuous-usage"]  # the same requests as vllm bench serve sends
     _run(["taskset", "-c", str(client_cpu), *argv])
     return float(json.loads(out.read_text())["metrics"]["output_throughput"])
 

@@ -39,13 +39,14 @@ def chunks_per_cpu_second(url: str, model: str, client: str, chunks: int = CHUNK
     per_stream = chunks // streams
     if client == "qwenperf":
         from pytest_qwenperf.loadgen.arrivals import ClosedLoop
-        from pytest_qwenperf.loadgen.client import new_event_loop, run_load
+        from pytest_qwenperf.loadgen.client import LoadOptions, new_event_loop, run_load
         from pytest_qwenperf.loadgen.request import RequestSpec
 
         specs = [RequestSpec(i, per_stream, prompt=(1, 2, 3)) for i in range(streams)]
         with asyncio.Runner(loop_factory=new_event_loop) as runner:
             start = time.process_time()
-            load = runner.run(run_load([url], model, specs, ClosedLoop(streams)))
+            # Without per-chunk usage, as vllm bench serve asks: the same bytes for both clients.
+            load = runner.run(run_load([url], model, specs, ClosedLoop(streams), LoadOptions(continuous_usage=False)))
             cpu = time.process_time() - start
         if not all(r.ok for r in load.records):
             raise RuntimeError(f"our client failed a stream: {[r.error for r in load.records if not r.ok]}")

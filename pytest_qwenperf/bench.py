@@ -86,9 +86,11 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     load.add_argument("--duration", type=positive_seconds, help="stop sending after this many seconds")
     load.add_argument("--timeout", type=positive_seconds, default=DEFAULT_TIMEOUT_S, help="per request (default %(default)s s)")
     load.add_argument(
-        "--continuous-usage",
-        action="store_true",
-        help="ask for usage in every chunk: exact tokens per chunk (speculative decoding) at some server CPU per chunk",
+        "--no-continuous-usage",
+        dest="continuous_usage",
+        action="store_false",
+        help="do not ask for usage in every chunk: less server CPU per chunk, but chunks with empty text "
+        "(partial byte tokens) go untimed and speculative chunks count as one token",
     )
     load.add_argument("--goodput", nargs="+", metavar="KEY:MS", help="SLOs for goodput, e.g. ttft:500 tpot:50")
     load.add_argument("--workers", type=_AT_LEAST_1, default=1, help="client processes (default %(default)s)")

@@ -182,7 +182,7 @@ class LoadOptions:
     warmup: int = 0
     duration_s: float | None = None
     timeout_s: float = DEFAULT_TIMEOUT_S
-    continuous_usage: bool = False
+    continuous_usage: bool = True
 
     def __post_init__(self) -> None:
         if self.warmup < 0:
