@@ -46,8 +46,7 @@ class Hardware:
         count (a CPU figure says nothing about another CPU)."""
         if self.kind != "cpu":
             return self.kind
-        model = re.sub(r"[^a-z0-9]+", "-", self.cpu_model.lower()).strip("-") or "unknown"
-        return f"cpu-{model}-{self.cpu_count}c"
+        return f"cpu-{_slug(self.cpu_model) or 'unknown'}-{self.cpu_count}c"
 
     def describe(self) -> str:
         if self.gpu_count:
@@ -72,7 +71,12 @@ def gpu_kind(name: str) -> str:
     for pattern, kind in _GPU_KINDS:
         if pattern.search(name):
             return kind
-    return re.sub(r"[^a-z0-9]+", "-", name.lower().removeprefix("nvidia ")).strip("-")
+    return _slug(name.lower().removeprefix("nvidia "))
+
+
+def _slug(text: str) -> str:
+    """Lower-case letters and digits, runs of anything else as one ``-``."""
+    return re.sub(r"[^a-z0-9]+", "-", text.lower()).strip("-")
 
 
 @cache

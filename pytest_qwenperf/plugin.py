@@ -394,7 +394,13 @@ def pytest_sessionfinish(session: pytest.Session) -> None:
 def _update_baselines(session: pytest.Session, settings: QwenperfSettings, report: SessionReport) -> None:
     """Record the session's runs as baselines, only when no test failed; say what was written and refused."""
     reporter = session.config.pluginmanager.get_plugin("terminalreporter")
-    say = reporter.write_line if reporter is not None else print
+
+    def say(text: str, red: bool = False) -> None:
+        if reporter is not None:
+            reporter.write_line(text, red=red)
+        else:  # -p no:terminal
+            print(text)
+
     if session.testsfailed:
         say(f"qwenperf: baselines not updated: {session.testsfailed} test(s) failed", red=True)
         return
