@@ -60,10 +60,6 @@ class RunResult:
     samples: Mapping[str, tuple[float, ...]] = dataclasses.field(default_factory=lambda: MappingProxyType({}))  # metric -> one value per repeat
 
     @property
-    def repeats(self) -> int:
-        return len(next(iter(self.samples.values()), ())) or 1
-
-    @property
     def vllm_version(self) -> str | None:
         return self.servers[0].version if self.servers else None
 
