@@ -51,6 +51,8 @@ ProvenanceKind = Literal["measured", "published"]
 # saturation is queueing time in the tail of a few thousand requests: only a large move
 # means something. Prefix hit rate is decided by the workload and the cache policy, so a
 # small drop is a behaviour change; speculative acceptance follows the model's numerics.
+# Tokens per joule: NVML's energy counter over the whole window is exact to the joule, so
+# it moves with throughput and power draw, as tightly as throughput does.
 GATE_TOLERANCES: Mapping[str, float] = MappingProxyType(
     {
         "total_token_throughput": 0.05,
@@ -61,16 +63,21 @@ GATE_TOLERANCES: Mapping[str, float] = MappingProxyType(
         "p99_tpot_ms": 0.10,
         "prefix_cache_hit_rate": 0.05,
         "spec_decode_acceptance_rate": 0.10,
+        "tokens_per_joule": 0.05,
     }
 )
 # Multi-node scaling efficiency (per-node throughput at N nodes / at one node): a family,
 # ``scaling_efficiency_n<N>``. Tight, because the headroom above it is a few percent.
 SCALING_METRIC = re.compile(r"scaling_efficiency_n(\d+)")
 SCALING_TOLERANCE = 0.03
-# Gated metrics that are not client metrics (metrics.METRIC_SPECS): where they come from
-# in a run's JSON (``server.<name>``) and their unit and direction.
-_SERVER_RATES: Mapping[str, tuple[str, Direction]] = MappingProxyType(
-    {"prefix_cache_hit_rate": ("ratio", "higher"), "spec_decode_acceptance_rate": ("ratio", "higher")}
+# Gated metrics that are not client metrics (metrics.METRIC_SPECS): where they are in a
+# run's JSON when it carries no per-repeat samples, their unit and direction.
+_RUN_FIELDS: Mapping[str, tuple[tuple[str, ...], str, Direction]] = MappingProxyType(
+    {
+        "prefix_cache_hit_rate": (("server", "prefix_cache_hit_rate"), "ratio", "higher"),
+        "spec_decode_acceptance_rate": (("server", "spec_decode_acceptance_rate"), "ratio", "higher"),
+        "tokens_per_joule": (("telemetry", "gpu", "tokens_per_joule"), "tok/J", "higher"),
+    }
 )
 
 
@@ -87,7 +94,7 @@ def gate(name: str) -> Gate | None:
         return Gate("ratio", "higher", SCALING_TOLERANCE)
     if name not in GATE_TOLERANCES:
         return None
-    unit, direction = _SERVER_RATES[name] if name in _SERVER_RATES else metric_spec(name)
+    _, unit, direction = _RUN_FIELDS[name] if name in _RUN_FIELDS else ((), *metric_spec(name))
     return Gate(unit, direction, GATE_TOLERANCES[name])
 
 
@@ -478,14 +485,15 @@ class MeasuredRun:
     tokens_match: bool | None
     token_detail: str
     client_bound: str | None
+    tolerances: Mapping[str, float]  # gated metric -> fraction, where the run's suite overrides the default
 
 
 def parse_run(run: Mapping[str, Any], where: str = "run") -> MeasuredRun:
     """Check and read a run's JSON; :class:`RunJsonError` names ``where``, the field and the expectation.
 
     A gated metric's samples are ``samples.<name>`` when the run carries them (one value
-    per repeat), else its single value from ``metrics`` (or ``server`` for the server-side
-    rates). Missing, null or non-finite values mean the run did not measure that metric.
+    per repeat), else its single value from ``metrics`` (or the place :data:`_RUN_FIELDS`
+    names for the server-side rates and tokens per joule). Missing, null or non-finite values mean the run did not measure that metric.
     """
     reader = _Reader(where, RunJsonError)
     if not isinstance(run, Mapping):
@@ -499,9 +507,6 @@ def parse_run(run: Mapping[str, Any], where: str = "run") -> MeasuredRun:
     if not isinstance(hardware, dict):
         raise reader.fail("context.hardware", "a JSON object or null", hardware)
     metrics = reader.table(run, "metrics", "metrics")
-    server = run.get("server") or {}
-    if not isinstance(server, dict):
-        raise reader.fail("server", "a JSON object or null", server)
     client = reader.table(run, "client", "client")
     tokens = reader.table(run, "token_check", "token_check")
     matches = tokens.get("matches", _MISSING)
@@ -528,31 +533,51 @@ def parse_run(run: Mapping[str, Any], where: str = "run") -> MeasuredRun:
             cpu_count=reader.integer(hardware, "cpu_count", "context.hardware.cpu_count"),
             date=reader.optional_text(context, "started", "context.started"),
         ),
-        samples=MappingProxyType(_run_samples(reader, run, metrics, server)),
+        samples=MappingProxyType(_run_samples(reader, run, metrics)),
         failed=int(failed),
         tokens_match=matches,
         token_detail=str(tokens.get("detail", "")),
         client_bound=reader.optional_text(client, "bound", "client.bound"),
+        tolerances=MappingProxyType(_run_tolerances(reader, run.get("tolerances") or {})),
     )
 
 
-def _run_samples(
-    reader: _Reader, run: Mapping[str, Any], metrics: Mapping[str, Any], server: Mapping[str, Any]
-) -> dict[str, tuple[float, ...]]:
+def _run_tolerances(reader: _Reader, value: object) -> dict[str, float]:
+    if not isinstance(value, dict):
+        raise reader.fail("tolerances", "a JSON object of gated metric -> fraction, or null", value)
+    tolerances = {}
+    for name, fraction in value.items():
+        if gate(name) is None:
+            raise reader.fail(f"tolerances.{name}", "a gated metric (" + ", ".join(GATE_TOLERANCES) + ")", name)
+        if reader.number(fraction, f"tolerances.{name}") >= 1:
+            raise reader.fail(f"tolerances.{name}", "a fraction in [0, 1)", fraction)
+        tolerances[name] = float(fraction)
+    return tolerances
+
+
+def _run_samples(reader: _Reader, run: Mapping[str, Any], metrics: Mapping[str, Any]) -> dict[str, tuple[float, ...]]:
     repeats = run.get("samples") or {}
     if not isinstance(repeats, dict):
         raise reader.fail("samples", "a JSON object of metric -> list of values, or null", repeats)
     found: dict[str, tuple[float, ...]] = {}
-    for name in {*metrics, *server, *repeats}:
+    for name in {*metrics, *_RUN_FIELDS, *repeats}:
         if gate(name) is None:
             continue
         if name in repeats:
             found[name] = reader.numbers(repeats[name], f"samples.{name}")
             continue
-        value = server.get(name) if name in _SERVER_RATES else metrics.get(name)
+        value = _at(run, _RUN_FIELDS[name][0]) if name in _RUN_FIELDS else metrics.get(name)
         if isinstance(value, (int, float)) and not isinstance(value, bool) and math.isfinite(value):
             found[name] = (float(value),)
     return {name: found[name] for name in gate_order(found)}
+
+
+def _at(tree: Mapping[str, Any], path: tuple[str, ...]) -> Any:
+    """The value at ``path`` in nested JSON objects; None where any step is missing or not an object."""
+    node: Any = tree
+    for key in path:
+        node = node.get(key) if isinstance(node, Mapping) else None
+    return node
 
 
 def project_commit() -> str | None:
@@ -572,11 +597,11 @@ def project_commit() -> str | None:
     return commit if Path(top).resolve() == package.parent else None
 
 
-def baseline_from_run(
-    run: Mapping[str, Any], *, source: str, git_commit: str | None = None, tolerances: Mapping[str, float] = MappingProxyType({})
-) -> Baseline:
-    """A measured baseline holding ``run``'s gated metrics (no checks: see :func:`write_baseline`)."""
+def baseline_from_run(run: Mapping[str, Any], *, source: str, git_commit: str | None = None) -> Baseline:
+    """A measured baseline holding ``run``'s gated metrics, with the tolerances the run
+    carries (its suite's ``tolerances`` table) or the defaults (no checks: see :func:`write_baseline`)."""
     measured = parse_run(run)
+    tolerances = measured.tolerances
     if not measured.samples:
         raise RunJsonError("run: metrics: expected at least one gated metric (" + ", ".join(GATE_TOLERANCES) + ")")
     context = Context(**{**measured.context.as_json(), "git_commit": git_commit})
@@ -601,7 +626,6 @@ def write_baseline(
     *,
     source: str = "qwenperf run",
     git_commit: str | None = None,
-    tolerances: Mapping[str, float] = MappingProxyType({}),
 ) -> Path:
     """Make ``run`` (a run's JSON) the baseline for its identity under ``root``; returns the file.
 
@@ -615,7 +639,7 @@ def write_baseline(
     reason = refusal(measured)
     if reason:
         raise BaselineRefused(f"{path}: not updated: {reason}")
-    new = baseline_from_run(run, source=source, git_commit=git_commit or project_commit(), tolerances=tolerances)
+    new = baseline_from_run(run, source=source, git_commit=git_commit or project_commit())
     previous = load_baseline(path) if path.exists() else None
     history: tuple[HistoryEntry, ...] = ()
     if previous is not None:

@@ -328,8 +328,11 @@ def qwenperf_measure(pytestconfig: pytest.Config, qwenperf_pool: ServerPool, qwe
         if result is None:
             server_cpus, client_cpus = _placement(cfg, qwenperf_settings)
             server = qwenperf_pool.get(cfg, server_cpus)
-            repeats = qwenperf_settings.repeats or _suite_of(pytestconfig, cfg).repeats
-            result = measure(server, cfg, workload, suite=cfg.suite, client_cpus=client_cpus, repeats=repeats)
+            suite = _suite_of(pytestconfig, cfg)
+            repeats = qwenperf_settings.repeats or suite.repeats
+            result = measure(
+                server, cfg, workload, suite=cfg.suite, client_cpus=client_cpus, repeats=repeats, tolerances=suite.tolerances
+            )
             report.add(result)
         return result
 
@@ -405,9 +408,8 @@ def _update_baselines(session: pytest.Session, settings: QwenperfSettings, repor
         say(f"qwenperf: baselines not updated: {session.testsfailed} test(s) failed", red=True)
         return
     for run in report.runs:
-        tolerances = _suite_of(session.config, run.config).tolerances
         try:
-            path = write_baseline(settings.baselines, run.as_json(), source="pytest --qwenperf-update-baselines", tolerances=tolerances)
+            path = write_baseline(settings.baselines, run.as_json(), source="pytest --qwenperf-update-baselines")
         except (BaselineRefused, BaselineError) as exc:
             say(f"qwenperf: {exc}", red=True)
         else:

@@ -58,6 +58,7 @@ class RunResult:
     started: str  # ISO 8601, UTC
     telemetry: TelemetrySummary
     samples: Mapping[str, tuple[float, ...]] = dataclasses.field(default_factory=lambda: MappingProxyType({}))  # metric -> one value per repeat
+    tolerances: Mapping[str, float] = dataclasses.field(default_factory=lambda: MappingProxyType({}))  # the suite's, per gated metric
 
     @property
     def vllm_version(self) -> str | None:
@@ -113,15 +114,18 @@ class RunResult:
             "client": {"bound": self.client_bound, "cpu_busy": self.client_cpu_busy},
             "telemetry": self.telemetry.as_json(),
             "samples": {name: list(values) for name, values in self.samples.items()},
+            "tolerances": dict(self.tolerances),
         }
 
     def scalar_metrics(self) -> dict[str, float]:
-        """Client metrics plus the server-side rates: every figure a repeat contributes a sample of."""
+        """Client metrics, the server-side rates and tokens per joule: every figure a repeat
+        contributes a sample of."""
         values = {name: float(value) for name, value in self.summary.values().items()}
         rates = {
             "prefix_cache_hit_rate": self.prefix_cache_hit_rate,
             "spec_decode_acceptance_rate": self.spec_decode_acceptance_rate,
             "spec_decode_mean_acceptance_length": self.spec_decode_mean_acceptance_length,
+            "tokens_per_joule": self.telemetry.gpu.tokens_per_joule if self.telemetry.gpu else None,
         }
         return values | {name: value for name, value in rates.items() if value is not None}
 
@@ -158,6 +162,7 @@ def observe(
     progress: Progress | None = None,
     server_pids: Sequence[int] = (),
     gpu_visible_devices: Sequence[str | None] = (),
+    sample: bool = True,
 ) -> Observation:
     """Drive ``requests`` against ``base_urls`` and measure: client records, the servers'
     /metrics deltas, and telemetry sampled meanwhile (see :class:`Telemetry`).
@@ -165,13 +170,18 @@ def observe(
     ``client_cpus`` pins the client (and its workers) while the load runs, so the
     instrument does not share cores with the server; the previous affinity is restored.
     ``client_cpu_busy`` is the CPU the client used per second per client process.
-    ``server_pids`` / ``gpu_visible_devices``: whose CPU and which GPUs to sample.
+    ``server_pids`` / ``gpu_visible_devices``: whose CPU and which GPUs to sample;
+    ``sample=False`` runs no sampler at all (what ``benchmarks/overhead.py`` compares against).
     """
     started = datetime.datetime.now(datetime.UTC).isoformat(timespec="seconds")
     before = _counters(base_urls)
     previous_cpus = pin_current_process(client_cpus) if client_cpus else None
-    telemetry = Telemetry.start(
-        gpu_visible_devices=gpu_visible_devices, server_pids=server_pids, client_pid=os.getpid(), metrics_urls=base_urls
+    telemetry = (
+        Telemetry.start(
+            gpu_visible_devices=gpu_visible_devices, server_pids=server_pids, client_pid=os.getpid(), metrics_urls=base_urls
+        )
+        if sample
+        else Telemetry(gpu=None, cpu=None, server=None)
     )
     try:
         cpu_start, wall_start = _client_cpu_s(), time.perf_counter()
@@ -225,12 +235,15 @@ def measure(
     suite: str = "",
     client_cpus: frozenset[int] = frozenset(),
     repeats: int = 1,
+    tolerances: Mapping[str, float] = MappingProxyType({}),
 ) -> RunResult:
     """Drive ``workload`` against ``server`` (running ``config``) ``repeats`` times.
 
     The result is the repeat with the median total token throughput, carrying every
     repeat's figures in ``samples`` (what verdicts weigh the noise with). A repeat that
     was client-bound or whose token totals disagree with the server makes the result so.
+    ``tolerances`` (the suite's) travel with the result, so a baseline recorded from it
+    and ``qwenperf compare`` judge it as the suite says.
     """
     if repeats < 1:
         raise ValueError(f"repeats must be at least 1, got {repeats}")
@@ -241,7 +254,9 @@ def measure(
     samples = {name: tuple(values[name] for values in per_run) for name in per_run[0] if all(name in v for v in per_run)}
     bound = next((run.client_bound for run in runs if run.client_bound), None)
     tokens = next((run.tokens for run in runs if run.tokens.matches is False), chosen.tokens)
-    return dataclasses.replace(chosen, client_bound=bound, tokens=tokens, samples=MappingProxyType(samples))
+    return dataclasses.replace(
+        chosen, client_bound=bound, tokens=tokens, samples=MappingProxyType(samples), tolerances=MappingProxyType(dict(tolerances))
+    )
 
 
 def _measure_once(

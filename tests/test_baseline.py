@@ -20,6 +20,7 @@ from pytest_qwenperf.baseline import (
     find_baseline,
     load_baseline,
     parse_baseline,
+    RunJsonError,
     parse_run,
     published_baseline,
     write_baseline,
@@ -31,6 +32,7 @@ from pytest_qwenperf.metrics import RunSummary, TokenCrossCheck
 from pytest_qwenperf.report import json_safe
 from pytest_qwenperf.run import RunResult
 from pytest_qwenperf.server import ServerInfo
+from pytest_qwenperf.verdict import judge_run
 
 SUITES = Path(__file__).parents[1] / "perf_tests" / "suites"
 BASELINES = Path(__file__).parents[1] / "baselines"
@@ -263,6 +265,33 @@ def test_runs_carry_gated_metrics_from_metrics_server_and_samples() -> None:
     assert measured.client_bound is None and measured.tokens_match is True and measured.failed == 0
     run["context"]["hardware"]["cpu_model"] = ""  # what an unknown CPU reports
     assert parse_run(run).context.cpu_model is None
+
+
+def test_a_runs_tolerances_become_the_baselines_and_bad_ones_name_the_field(tmp_path: Path) -> None:
+    run = make_run(extra={"tolerances": {"total_token_throughput": 0.25}})
+    stored = load_baseline(write_baseline(tmp_path, run, git_commit="c"))
+    assert stored.metrics["total_token_throughput"].tolerance == 0.25
+    assert stored.metrics["output_throughput"].tolerance == 0.05  # the default where the suite says nothing
+    with pytest.raises(RunJsonError, match=r"run: tolerances.completed: expected a gated metric"):
+        parse_run(make_run(extra={"tolerances": {"completed": 0.1}}))
+    with pytest.raises(RunJsonError, match=r"run: tolerances.p99_ttft_ms: expected a fraction in \[0, 1\), got 2"):
+        parse_run(make_run(extra={"tolerances": {"p99_ttft_ms": 2}}))
+
+
+def test_tokens_per_joule_from_gpu_telemetry_is_gated_higher_is_better(tmp_path: Path) -> None:
+    def run_at(tokens_per_joule: float, spread: float) -> dict[str, Any]:
+        run = make_run(samples={"tokens_per_joule": [tokens_per_joule - spread, tokens_per_joule, tokens_per_joule + spread]})
+        run["telemetry"]["gpu"] = {"tokens_per_joule": tokens_per_joule}
+        return run
+
+    assert parse_run(make_run() | {"telemetry": {"gpu": {"tokens_per_joule": 3.5}}}).samples["tokens_per_joule"] == (3.5,)
+    write_baseline(tmp_path, run_at(4.0, 0.02), git_commit="c")
+    stored = load_baseline(tmp_path / "cpu-test-cpu-2c" / "embedded-tiny" / "base" / "isl128-osl128.json")
+    assert stored.metrics["tokens_per_joule"].unit == "tok/J" and stored.metrics["tokens_per_joule"].direction == "higher"
+    verdicts = {j.metric: j.verdict for j in judge_run(stored, run_at(3.0, 0.02))}
+    assert verdicts["tokens_per_joule"] == "regression"
+    verdicts = {j.metric: j.verdict for j in judge_run(stored, run_at(5.0, 0.02))}
+    assert verdicts["tokens_per_joule"] == "improvement"
 
 
 # The write-up's published figures (REFERENCE.md §1): per-node total tok/s on the random
