@@ -14,6 +14,8 @@ from pytest_qwenperf.bench import BenchError
 from pytest_qwenperf.bench import add_arguments as add_bench_arguments
 from pytest_qwenperf.bench import run as run_bench
 from pytest_qwenperf.config import Suite, SuiteError, load_suite
+from pytest_qwenperf.k8s import DEFAULT_IMAGE
+from pytest_qwenperf.options import whole_number
 from pytest_qwenperf.tiny_model import TinyModelSpec, ensure_tiny_model, write_tiny_model
 
 
@@ -80,6 +82,17 @@ def _suite_json(suite: Suite, configs: list) -> dict:
     }
 
 
+def _render_k8s(args: argparse.Namespace) -> int:
+    import yaml
+
+    from pytest_qwenperf.k8s import render_manifests
+
+    suite = load_suite(args.suite)
+    manifests = render_manifests(suite, args.config, args.replicas, image=args.image, namespace=args.namespace)
+    print(yaml.safe_dump_all(manifests, sort_keys=False), end="")
+    return 0
+
+
 def _compare(args: argparse.Namespace) -> int:
     try:
         comparison = compare.compare([compare.load_runs(p) for p in (args.reference, *args.files)], args.metric or ())
@@ -124,6 +137,19 @@ def build_parser() -> argparse.ArgumentParser:
     show.add_argument("--config", help="only this config id")
     show.add_argument("--json", action="store_true", help="machine-readable output")
     show.set_defaults(run=_show)
+
+    render = commands.add_parser(
+        "render-k8s",
+        help="print Kubernetes manifests that run one config on N nodes (Deployment + ClusterIP Service)",
+        description="YAML for kubectl apply: N pods of the config, one per node, each with the suite's GPUs, "
+        "running exactly the argv `qwenperf show` prints, behind a ClusterIP Service.",
+    )
+    render.add_argument("suite", type=Path, metavar="SUITE")
+    render.add_argument("--config", required=True, help="the config id to run")
+    render.add_argument("--replicas", type=whole_number(1), default=1, help="pods, one per node (default %(default)s)")
+    render.add_argument("--image", default=DEFAULT_IMAGE, help="container image with vLLM (default %(default)s)")
+    render.add_argument("--namespace", help="namespace for both objects (default: kubectl's current one)")
+    render.set_defaults(run=_render_k8s)
 
     bench = commands.add_parser(
         "bench",

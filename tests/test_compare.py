@@ -61,6 +61,18 @@ def test_a_regression_fails_only_when_asked_to(tmp_path: Path, capsys: pytest.Ca
     assert compare(capsys, old, new)[0] == 0
 
 
+def test_the_reference_runs_suite_tolerances_apply(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    """The CPU suite allows 25 % on throughput: 20 % less is within it, 30 % less is not."""
+    wide = {"tolerances": {"total_token_throughput": 0.25, "output_throughput": 0.25}}
+    old = session_file(tmp_path / "old.json", [make_run(extra=wide)])
+    within = session_file(tmp_path / "within.json", [make_run(version="0.33.0", total=8_000.0, output=4_000.0, extra=wide)])
+    status, out, _ = compare(capsys, old, within, "--fail-on", "regression")
+    assert status == 0 and _rows(out)["total_token_throughput"][-2:] == ["-20.0%", "pass"]
+    beyond = session_file(tmp_path / "beyond.json", [make_run(version="0.33.0", total=7_000.0, output=3_500.0, extra=wide)])
+    status, out, _ = compare(capsys, old, beyond, "--fail-on", "regression")
+    assert status == 1 and _rows(out)["total_token_throughput"][-2:] == ["-30.0%", "regression"]
+
+
 def test_markdown_for_a_job_summary(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
     old = session_file(tmp_path / "old.json", [make_run()])
     new = session_file(tmp_path / "new.json", [make_run(version="0.33.0", ttft=400.0)])

@@ -1,0 +1,86 @@
+"""The upgrade gate on the real CPU build: no false alarm on a repeat, a red exit on a slow server.
+
+Three sessions' worth of runs against one tiny-model server, each written as the session
+JSON ``--qwenperf-json`` writes and judged by the ``qwenperf compare`` command line with the
+CPU suite's tolerances: two plain sessions must compare as no regression (exit 0), and a
+session during which the server is deliberately slowed must be flagged ``regression``
+(exit 1). The slowdown: a busy loop pinned to each of the server's cores, so the engine
+gets about half the CPU it had (the config, and so the identity, stays the same: what a
+slower vLLM release looks like to the gate).
+"""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+from collections.abc import Iterator
+from contextlib import contextmanager
+from pathlib import Path
+
+import pytest
+
+from pytest_qwenperf.compare import compare, load_runs
+from pytest_qwenperf.config import SuiteWorkload, load_suite
+from pytest_qwenperf.loadgen.arrivals import ClosedLoop
+from pytest_qwenperf.loadgen.workloads import RandomWorkload
+from pytest_qwenperf.report import SessionReport
+from pytest_qwenperf.run import measure
+from pytest_qwenperf.server import Server
+from tests.e2e.tiny import TINY
+
+pytestmark = [pytest.mark.e2e, pytest.mark.parametrize("serving_config", [TINY], ids=[TINY.id])]
+
+ROOT = Path(__file__).resolve().parents[2]
+CPU_SUITE = load_suite(ROOT / "perf_tests" / "suites" / "cpu.toml")
+# Smaller than the suite's throughput point (about 4 s a run here), the same shape.
+WORKLOAD = SuiteWorkload(RandomWorkload(input_len=64, output_len=64, num_prompts=160), ClosedLoop(32), warmup=32)
+
+
+@contextmanager
+def busy_loops(cpus: frozenset[int]) -> Iterator[None]:
+    """One spinning process pinned to each of ``cpus``; all killed on the way out, however it ends."""
+    spin = "import os, sys\nos.sched_setaffinity(0, {int(sys.argv[1])})\nwhile True:\n    pass\n"
+    hogs = [subprocess.Popen([sys.executable, "-c", spin, str(cpu)]) for cpu in sorted(cpus)]
+    try:
+        yield
+    finally:
+        for hog in hogs:
+            hog.kill()
+            hog.wait()
+
+
+def session_json(server: Server, path: Path, client_cpus: frozenset[int]) -> Path:
+    result = measure(
+        server, TINY, WORKLOAD, suite=CPU_SUITE.name, client_cpus=client_cpus, repeats=3, tolerances=CPU_SUITE.tolerances
+    )
+    report = SessionReport()
+    report.add(result)
+    assert report.write_json(path) is None  # a fresh path: nothing was set aside
+    return path
+
+
+def qwenperf_compare(*files: Path) -> subprocess.CompletedProcess[str]:
+    argv = [sys.executable, "-m", "pytest_qwenperf.cli", "compare", *map(str, files), "--fail-on", "regression"]
+    return subprocess.run(argv, capture_output=True, text=True, timeout=120, check=False)
+
+
+def test_repeat_sessions_pass_and_a_slowed_server_is_a_regression(vllm_server: Server, tmp_path: Path) -> None:
+    server_cpus = frozenset(os.sched_getaffinity(vllm_server.pids[0]))
+    client_cpus = frozenset(os.sched_getaffinity(0)) - server_cpus
+    first = session_json(vllm_server, tmp_path / "first.json", client_cpus)
+    second = session_json(vllm_server, tmp_path / "second.json", client_cpus)
+    with busy_loops(server_cpus):
+        slowed = session_json(vllm_server, tmp_path / "slowed.json", client_cpus)
+
+    again = qwenperf_compare(first, second)
+    assert again.returncode == 0, f"a repeat session was flagged:\n{again.stdout}{again.stderr}"
+    verdicts = {j.metric: j.verdict for _, _, j in compare([load_runs(first), load_runs(second)]).judgements()}
+    assert verdicts["total_token_throughput"] == "pass", verdicts
+
+    gated = qwenperf_compare(first, slowed)
+    assert gated.returncode == 1, f"the slowed server was not flagged:\n{gated.stdout}{gated.stderr}"
+    judgements = {j.metric: j for _, _, j in compare([load_runs(first), load_runs(slowed)]).judgements()}
+    throughput = judgements["total_token_throughput"]
+    assert throughput.verdict == "regression", throughput
+    assert throughput.ratio is not None and throughput.ratio < 1 - CPU_SUITE.tolerances["total_token_throughput"]
