@@ -1,4 +1,4 @@
-"""Plain GETs to servers: readiness probes, /version, /v1/models and /metrics scrapes."""
+"""Plain requests to servers: readiness probes, /version, /v1/models, /metrics scrapes, cache resets."""
 
 from __future__ import annotations
 
@@ -12,6 +12,15 @@ def http_get(url: str, timeout: float = 5.0) -> tuple[int, bytes]:
     """GET without any configured proxy (probes go to local or cluster addresses); (status, body)."""
     try:
         with _NO_PROXY.open(url, timeout=timeout) as resp:
+            return resp.status, resp.read()
+    except urllib.error.HTTPError as exc:
+        return exc.code, exc.read()
+
+
+def http_post(url: str, timeout: float = 30.0) -> tuple[int, bytes]:
+    """POST with an empty body, without any configured proxy; (status, body)."""
+    try:
+        with _NO_PROXY.open(urllib.request.Request(url, data=b"", method="POST"), timeout=timeout) as resp:
             return resp.status, resp.read()
     except urllib.error.HTTPError as exc:
         return exc.code, exc.read()

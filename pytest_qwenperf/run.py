@@ -19,6 +19,7 @@ from types import MappingProxyType
 from pytest_qwenperf import embedded
 from pytest_qwenperf.config import ServingConfig, SuiteWorkload
 from pytest_qwenperf.hardware import Hardware, detect
+from pytest_qwenperf.http import http_post
 from pytest_qwenperf.loadgen.arrivals import Arrival
 from pytest_qwenperf.loadgen.client import LoadOptions, LoadResult, Progress, run_load_sync
 from pytest_qwenperf.loadgen.request import RequestSpec
@@ -243,11 +244,16 @@ def measure(
     repeat's figures in ``samples`` (what verdicts weigh the noise with). A repeat that
     was client-bound or whose token totals disagree with the server makes the result so.
     ``tolerances`` (the suite's) travel with the result, so a baseline recorded from it
-    and ``qwenperf compare`` judge it as the suite says.
+    and ``qwenperf compare`` judge it as the suite says. Each repeat starts with an empty
+    prefix cache where the server allows a reset (see :func:`reset_prefix_caches`), so a
+    repeat does not hit on the prompts of the one before.
     """
     if repeats < 1:
         raise ValueError(f"repeats must be at least 1, got {repeats}")
-    runs = [_measure_once(server, config, workload, suite=suite, client_cpus=client_cpus) for _ in range(repeats)]
+    runs = []
+    for _ in range(repeats):
+        reset_prefix_caches(server.base_urls)
+        runs.append(_measure_once(server, config, workload, suite=suite, client_cpus=client_cpus))
     ranked = sorted(runs, key=lambda run: run.summary.values()["total_token_throughput"])
     chosen = ranked[(len(ranked) - 1) // 2]
     per_run = [run.scalar_metrics() for run in runs]
@@ -257,6 +263,22 @@ def measure(
     return dataclasses.replace(
         chosen, client_bound=bound, tokens=tokens, samples=MappingProxyType(samples), tolerances=MappingProxyType(dict(tolerances))
     )
+
+
+def reset_prefix_caches(base_urls: Sequence[str]) -> bool:
+    """Empty every server's prefix cache (``POST /reset_prefix_cache``); True if all did.
+
+    vLLM serves the endpoint in dev mode only (``VLLM_SERVER_DEV_MODE=1``, which servers
+    started by this package have); elsewhere (404, an unreachable gateway) nothing is reset.
+    """
+    done = True
+    for url in base_urls:
+        try:
+            status, body = http_post(f"{url.rstrip('/')}/reset_prefix_cache")
+        except OSError:
+            status, body = None, b""
+        done = done and status == 200 and b'"success":false' not in body.replace(b" ", b"")  # false: blocks still held
+    return done
 
 
 def _measure_once(

@@ -354,7 +354,11 @@ class ManagedServer:
         self._tag = proctree.new_tag()
         argv = self.spec.argv(port)
         self.log_path.write_text(f"# qwenperf: {json.dumps(argv)}\n")
-        self._popen = proctree.spawn_tree(argv, log_path=self.log_path, env=dict(self.spec.env), tag=self._tag)
+        # Dev mode adds POST /reset_prefix_cache, which measure() calls before each repeat so
+        # that repeats of a prefix-cache workload start equally cold (the server listens on
+        # this host's loopback only; nothing else of dev mode is used).
+        env = {"VLLM_SERVER_DEV_MODE": "1", **dict(self.spec.env)}
+        self._popen = proctree.spawn_tree(argv, log_path=self.log_path, env=env, tag=self._tag)
         _LIVE.add(self)
         try:
             self._wait_ready()

@@ -11,6 +11,7 @@ slower vLLM release looks like to the gate).
 
 from __future__ import annotations
 
+import asyncio
 import os
 import subprocess
 import sys
@@ -25,9 +26,10 @@ from pytest_qwenperf.config import SuiteWorkload, load_suite
 from pytest_qwenperf.loadgen.arrivals import ClosedLoop
 from pytest_qwenperf.loadgen.workloads import RandomWorkload
 from pytest_qwenperf.report import SessionReport
-from pytest_qwenperf.run import measure
+from pytest_qwenperf.run import measure, reset_prefix_caches
 from pytest_qwenperf.server import Server
-from tests.e2e.tiny import TINY
+from pytest_qwenperf.telemetry.server_metrics import counter_deltas, scrape
+from tests.e2e.tiny import TINY, stream_completion
 
 pytestmark = [pytest.mark.e2e, pytest.mark.parametrize("serving_config", [TINY], ids=[TINY.id])]
 
@@ -84,3 +86,18 @@ def test_repeat_sessions_pass_and_a_slowed_server_is_a_regression(vllm_server: S
     throughput = judgements["total_token_throughput"]
     assert throughput.verdict == "regression", throughput
     assert throughput.ratio is not None and throughput.ratio < 1 - CPU_SUITE.tolerances["total_token_throughput"]
+
+
+def test_each_repeat_starts_with_an_empty_prefix_cache(vllm_server: Server) -> None:
+    """measure() resets the cache before each repeat; without it a repeat hits on the last one's prompts."""
+    prompt = "the same long prompt, word after word, " * 12
+
+    def hits_of_one_request() -> float:
+        before = scrape(vllm_server.base_urls)
+        asyncio.run(stream_completion(vllm_server.base_url, vllm_server.model, prompt, 2))
+        return counter_deltas(before, scrape(vllm_server.base_urls))["prefix_cache_hits"] or 0.0
+
+    hits_of_one_request()
+    assert hits_of_one_request() > 0  # the second identical request hits: the cache is on
+    assert reset_prefix_caches(vllm_server.base_urls)
+    assert hits_of_one_request() == 0
