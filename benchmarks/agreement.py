@@ -30,6 +30,17 @@ TOLERANCE = 0.05
 WORKLOAD = {"input_len": 128, "output_len": 128, "num_prompts": 256, "warmup": 32, "concurrency": 32}
 
 
+# Prefix caching off: the two tools' random prompts are different token ids, and vLLM's
+# hit the cache (about 15 % of prompt tokens per run here) where ours never do, so with it
+# on the server does less work for theirs and the comparison is not of the instruments.
+SERVER = tiny_cpu_config("tiny-no-prefix-cache", ("--no-enable-prefix-caching",))
+
+
+def tiny_server(cpus: frozenset[int], log_dir: Path) -> ManagedServer:
+    """The benchmarks' server (:data:`SERVER`) pinned to ``cpus``; use it as a context manager."""
+    return ManagedServer(SERVER.server_spec(launcher=DEFAULT_LAUNCHER, boot_timeout_s=600, cpus=cpus), log_dir)
+
+
 def ours(url: str, client_cpu: int, out: Path) -> float:
     w = WORKLOAD
     argv = [sys.executable, "-m", "pytest_qwenperf.cli", "bench", "--endpoint", url, "--progress", "off"]
@@ -66,14 +77,8 @@ def main() -> int:
     if len(cpus) < 2:
         raise SystemExit("needs two CPUs: one for the server, one for the clients")
     server_cpus, client_cpu = frozenset(cpus[:-1]), cpus[-1]
-    # Prefix caching off: the two tools' random prompts are different token ids, and vLLM's
-    # hit the cache (about 15 % of prompt tokens per run here) where ours never do, so with
-    # it on the server does less work for theirs and the comparison is not of the instruments.
-    config = tiny_cpu_config("agreement", ("--no-enable-prefix-caching",))
     figures: dict[str, list[float]] = {"qwenperf bench": [], "vllm bench serve": []}
-    with tempfile.TemporaryDirectory() as tmp, ManagedServer(
-        config.server_spec(launcher=DEFAULT_LAUNCHER, boot_timeout_s=600, cpus=server_cpus), Path(tmp)
-    ) as server:
+    with tempfile.TemporaryDirectory() as tmp, tiny_server(server_cpus, Path(tmp)) as server:
         info = server.info[0]
         for n in range(args.rounds):
             figures["qwenperf bench"].append(ours(server.base_url, client_cpu, Path(tmp) / f"ours-{n}.json"))
@@ -89,7 +94,7 @@ def main() -> int:
         print(f"| `{tool}` | {' / '.join(f'{v:,.0f}' for v in values)} | {medians[tool]:,.0f} |")
     print(f"\nratio of medians {ratio:.3f}: {'within' if agree else 'OUTSIDE'} ±{TOLERANCE:.0%}")
     if args.out:
-        record = {"vllm_version": info.version, "server_argv": list(config.vllm_args), "workload": WORKLOAD, "figures": figures, "ratio": ratio, "agree": agree}
+        record = {"vllm_version": info.version, "server_argv": list(SERVER.vllm_args), "workload": WORKLOAD, "figures": figures, "ratio": ratio, "agree": agree}
         args.out.write_text(json.dumps(record, indent=2) + "\n")
     return 0 if agree else 1
 

@@ -1,8 +1,8 @@
 """What does telemetry cost the run it watches?
 
-Boots the CPU build of vLLM on the tiny model pinned to the first CPU and drives the same
-load as ``benchmarks/agreement.py`` (random 128/128, 32 in flight, 256 measured requests
-after 32 warm-up) from this process pinned to the last CPU, alternating runs with every
+Boots the server of ``benchmarks/agreement.py`` (the tiny model on the CPU build, prefix
+caching off) pinned to the first CPU and drives its workload (random 128/128, 32 in
+flight, 256 measured requests after 32 warm-up) from this process pinned to the last CPU, alternating runs with every
 sampler on (psutil on the server and client trees, the servers' /metrics gauges, as in
 the suite) and with none. The overhead is the difference of the medians of
 ``output_throughput``; the run-to-run noise is the larger coefficient of variation of the
@@ -22,17 +22,14 @@ import sys
 import tempfile
 from pathlib import Path
 
-from pytest_qwenperf.config import tiny_cpu_config
+from benchmarks.agreement import SERVER, WORKLOAD, tiny_server
 from pytest_qwenperf.embedded import resolve_model
 from pytest_qwenperf.loadgen.arrivals import ClosedLoop
 from pytest_qwenperf.loadgen.client import LoadOptions
 from pytest_qwenperf.loadgen.tokenizer import PromptTokenizer
 from pytest_qwenperf.loadgen.workloads import RandomWorkload
 from pytest_qwenperf.run import observe
-from pytest_qwenperf.server import DEFAULT_LAUNCHER, ManagedServer
 
-WORKLOAD = RandomWorkload(input_len=128, output_len=128, num_prompts=288)
-WARMUP, CONCURRENCY = 32, 32
 ARMS = ("sampling on", "sampling off")
 
 
@@ -51,20 +48,19 @@ def main() -> int:
     if len(cpus) < 2:
         raise SystemExit("needs two CPUs: one for the server, one for the client")
     server_cpus, client_cpus = frozenset(cpus[:-1]), frozenset(cpus[-1:])
-    config = tiny_cpu_config("overhead", ("--no-enable-prefix-caching",))  # the same work every run
-    requests = WORKLOAD.build(PromptTokenizer.load(resolve_model(config.model)))
+    w = WORKLOAD
+    workload = RandomWorkload(input_len=w["input_len"], output_len=w["output_len"], num_prompts=w["num_prompts"] + w["warmup"])
+    requests = workload.build(PromptTokenizer.load(resolve_model(SERVER.model)))
     figures: dict[str, list[float]] = {arm: [] for arm in ARMS}
-    with tempfile.TemporaryDirectory() as tmp, ManagedServer(
-        config.server_spec(launcher=DEFAULT_LAUNCHER, boot_timeout_s=600, cpus=server_cpus), Path(tmp)
-    ) as server:
+    with tempfile.TemporaryDirectory() as tmp, tiny_server(server_cpus, Path(tmp)) as server:
         for n in range(args.rounds):
             for arm in ARMS if n % 2 == 0 else ARMS[::-1]:  # alternate which arm goes first
                 seen = observe(
                     server.base_urls,
                     server.model,
                     requests,
-                    ClosedLoop(CONCURRENCY),
-                    LoadOptions(warmup=WARMUP),
+                    ClosedLoop(w["concurrency"]),
+                    LoadOptions(warmup=w["warmup"]),
                     client_cpus=client_cpus,
                     server_pids=server.pids,
                     sample=arm == "sampling on",

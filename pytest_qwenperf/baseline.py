@@ -566,18 +566,21 @@ def _run_samples(reader: _Reader, run: Mapping[str, Any], metrics: Mapping[str, 
         if name in repeats:
             found[name] = reader.numbers(repeats[name], f"samples.{name}")
             continue
-        value = _at(run, _RUN_FIELDS[name][0]) if name in _RUN_FIELDS else metrics.get(name)
-        if isinstance(value, (int, float)) and not isinstance(value, bool) and math.isfinite(value):
-            found[name] = (float(value),)
+        value = number_at(run, _RUN_FIELDS[name][0]) if name in _RUN_FIELDS else number_at(metrics, (name,))
+        if value is not None:
+            found[name] = (value,)
     return {name: found[name] for name in gate_order(found)}
 
 
-def _at(tree: Mapping[str, Any], path: tuple[str, ...]) -> Any:
-    """The value at ``path`` in nested JSON objects; None where any step is missing or not an object."""
+def number_at(tree: Mapping[str, Any], path: Sequence[str]) -> float | None:
+    """The finite number at ``path`` in nested JSON objects; None where a step is missing or
+    not an object, or the value is not a finite number (a quantity the run did not measure)."""
     node: Any = tree
     for key in path:
         node = node.get(key) if isinstance(node, Mapping) else None
-    return node
+    if isinstance(node, (int, float)) and not isinstance(node, bool) and math.isfinite(node):
+        return float(node)
+    return None
 
 
 def project_commit() -> str | None:

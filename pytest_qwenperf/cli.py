@@ -85,11 +85,18 @@ def _suite_json(suite: Suite, configs: list) -> dict:
 def _render_k8s(args: argparse.Namespace) -> int:
     import yaml
 
+    class _PlainDumper(yaml.SafeDumper):
+        """Writes a value shared by several fields (the pod labels) out at each, not as &anchors:
+        manifests are read by people before they are applied."""
+
+        def ignore_aliases(self, data: object) -> bool:
+            return True
+
     from pytest_qwenperf.k8s import render_manifests
 
     suite = load_suite(args.suite)
     manifests = render_manifests(suite, args.config, args.replicas, image=args.image, namespace=args.namespace)
-    print(yaml.safe_dump_all(manifests, sort_keys=False), end="")
+    print(yaml.dump_all(manifests, Dumper=_PlainDumper, sort_keys=False), end="")
     return 0
 
 

@@ -30,7 +30,7 @@ from pathlib import Path
 from types import MappingProxyType
 from typing import Any, get_args
 
-from pytest_qwenperf.baseline import SCALING_METRIC, RunJsonError, baseline_from_run, centre, gate, parse_run
+from pytest_qwenperf.baseline import SCALING_METRIC, RunJsonError, baseline_from_run, centre, gate, number_at, parse_run
 from pytest_qwenperf.report import SCHEMA as SESSION_SCHEMA
 from pytest_qwenperf.verdict import Judgement, Verdict, format_table, format_value, judge_run
 
@@ -178,14 +178,8 @@ class Comparison:
 
 def _utilization(run: Mapping[str, Any]) -> dict[str, float]:
     """The :data:`TELEMETRY_ROWS` a run has; a missing or null entry is a sampler that did not run."""
-    found = {}
-    for name, (_, path) in TELEMETRY_ROWS.items():
-        value: Any = run.get("telemetry")
-        for key in path:
-            value = value.get(key) if isinstance(value, dict) else None
-        if isinstance(value, (int, float)) and not isinstance(value, bool) and math.isfinite(value):
-            found[name] = float(value)
-    return found
+    values = {name: number_at(run, ("telemetry", *path)) for name, (_, path) in TELEMETRY_ROWS.items()}
+    return {name: value for name, value in values.items() if value is not None}
 
 
 def _values(run: Mapping[str, Any]) -> dict[str, float]:

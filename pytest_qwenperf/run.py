@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import dataclasses
 import datetime
+import json
 import os
 import resource
 import time
@@ -277,8 +278,17 @@ def reset_prefix_caches(base_urls: Sequence[str]) -> bool:
             status, body = http_post(f"{url.rstrip('/')}/reset_prefix_cache")
         except OSError:
             status, body = None, b""
-        done = done and status == 200 and b'"success":false' not in body.replace(b" ", b"")  # false: blocks still held
+        done = done and status == 200 and _reset_succeeded(body)
     return done
+
+
+def _reset_succeeded(body: bytes) -> bool:
+    """vLLM answers ``{"success": false}`` while blocks are still held; older releases send no body."""
+    try:
+        answer = json.loads(body)
+    except ValueError:
+        return True
+    return not isinstance(answer, dict) or answer.get("success") is not False
 
 
 def _measure_once(

@@ -41,6 +41,7 @@ def assert_valid(manifest: dict[str, Any]) -> None:
 def test_the_write_ups_last_rung_on_12_nodes() -> None:
     done = cli("render-k8s", str(B200), "--config", "dp8-ctx4k-fp8kv-mtp1", "--replicas", "12")
     assert done.returncode == 0, done.stderr
+    assert "&id" not in done.stdout and "*id" not in done.stdout  # no YAML anchors: every field written out
     deployment, service = yaml.safe_load_all(done.stdout)
     for manifest in (deployment, service):
         assert_valid(manifest)
