@@ -64,6 +64,28 @@ def test_a_busy_process_is_one_core_and_an_idle_one_none(spawn) -> None:
     assert summary.health.polls >= 10 and summary.health.failed_polls == 0
 
 
+def test_a_poll_right_after_another_extends_the_interval_before(spawn, monkeypatch) -> None:
+    """The closing poll can come microseconds after a scheduled one; one 10 ms clock tick
+    over such an interval would read as many cores busy (seen in CI: 15.8 on a 2-core machine)."""
+    burner = spawn(BURN)
+    now = [0.0]
+    monkeypatch.setattr("pytest_qwenperf.telemetry.cpu.CLOCK", lambda: now[0])
+    sampler = CpuSampler({"busy": [burner.pid]}, interval_s=0.1)
+    before = cpu_seconds(burner.pid)
+    sampler._poll()
+    time.sleep(0.3)
+    now[0] = 0.3
+    sampler._poll()
+    time.sleep(0.02)  # at least one tick of CPU time lands in the short interval
+    now[0] = 0.3005
+    sampler._poll()
+    used = cpu_seconds(burner.pid) - before
+
+    [sample] = sampler.samples
+    assert sample.seconds == pytest.approx(0.3005)
+    assert sample.busy[0] * sample.seconds == pytest.approx(used, abs=0.021)  # two ticks read outside the polls
+
+
 def test_descendants_that_appear_later_are_counted(spawn) -> None:
     parent = spawn(LATE_CHILD)
     with CpuSampler({"server": [parent.pid]}, interval_s=0.1, discover_every_s=0.1) as sampler:

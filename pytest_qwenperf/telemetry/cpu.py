@@ -103,7 +103,10 @@ class CpuSampler(PeriodicSampler):
         if self._last_poll is not None:
             elapsed = now - self._last_poll
             counts = [sum(1 for t in self._tracked.values() if t.group == g) for g in range(len(self.groups))]
-            self.samples.append(CpuSample(now, elapsed, tuple(u / elapsed for u in used), tuple(counts)))
+            if self.samples and elapsed < self.interval_s / 2:
+                self.samples[-1] = _merged(self.samples[-1], now, elapsed, used, counts)
+            else:
+                self.samples.append(CpuSample(now, elapsed, tuple(u / elapsed for u in used), tuple(counts)))
         self._last_poll = now
 
     def _discover(self) -> None:
@@ -144,6 +147,17 @@ class CpuSampler(PeriodicSampler):
             ),
             health=self.health(),
         )
+
+
+def _merged(last: CpuSample, now: float, elapsed: float, used: Sequence[float], counts: Sequence[int]) -> CpuSample:
+    """``last`` extended by a short interval (the closing poll right after a scheduled one).
+
+    The kernel counts CPU time in clock ticks (10 ms), so over a sub-millisecond interval
+    one tick reads as many cores busy; folded into the interval before, it is exact.
+    """
+    seconds = last.seconds + elapsed
+    busy = tuple((b * last.seconds + u) / seconds for b, u in zip(last.busy, used))
+    return CpuSample(now, seconds, busy, tuple(max(a, b) for a, b in zip(last.processes, counts)))
 
 
 def _trees(roots: Sequence[int]) -> list[psutil.Process]:
