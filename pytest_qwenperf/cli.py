@@ -59,6 +59,8 @@ def _show(args: argparse.Namespace) -> int:
         print("  argv: " + shlex.join(cfg.vllm_args))
         for key, value in cfg.env:
             print(f"  env:  {key}={value}")
+        if cfg.replicas > 1:
+            print(f"  replicas: {cfg.replicas} (routing {cfg.routing})")
     return 0
 
 
@@ -76,6 +78,8 @@ def _suite_json(suite: Suite, configs: list) -> dict:
                 "served_model_name": cfg.served_model_name,
                 "argv": list(cfg.vllm_args),
                 "env": dict(cfg.env),
+                "replicas": cfg.replicas,
+                "routing": cfg.routing,
             }
             for cfg in configs
         ],

@@ -24,6 +24,12 @@ from pytest_qwenperf.server import ServerSpec
 
 FlagValue = str | int | float | bool | dict[str, Any] | list[Any]
 
+ROUTINGS = ("round-robin", "least-outstanding", "nginx")
+"""How the load reaches a config's replicas: the client round-robins per request (as a
+Kubernetes ClusterIP does), the client sends each request to the replica with the fewest
+in flight, or a real nginx with ``least_conn`` stands in front of them (the production
+setup)."""
+
 
 class SuiteError(ValueError):
     """A suite file is malformed; the message names the file, the key and what was expected."""
@@ -43,6 +49,8 @@ class ServingConfig:
     cpu_flags_any: tuple[str, ...] = ()  # the CPU needs one of these /proc/cpuinfo flags
     suite: str = ""  # the suite that defines it; ids are unique within a suite only
     improves: bool = False  # the ladder claims this rung is at least as fast as the one it inherits
+    replicas: int = 1  # independent vLLM servers, each with its own device slice and N-th of the load
+    routing: str = "round-robin"  # how requests reach the replicas: one of ROUTINGS
 
     @property
     def key(self) -> str:
@@ -189,7 +197,7 @@ def load_suite(path: Path | str) -> Suite:
     base_env = reader.env(suite.get("env", {}), "suite.env")
     base_flags = reader.flags(suite.get("vllm", {}), "suite.vllm")
 
-    rungs: dict[str, tuple[dict[str, FlagValue], dict[str, str]]] = {}
+    rungs: dict[str, tuple[dict[str, FlagValue], dict[str, str], int, str]] = {}
     configs = []
     entries = data.get("config", [])
     if not isinstance(entries, list) or not entries:
@@ -198,7 +206,9 @@ def load_suite(path: Path | str) -> Suite:
         where = f"config[{n}]"
         if not isinstance(entry, dict):
             raise SuiteError(f"{path}: {where}: expected a table, got {entry!r}")
-        reader.only_keys(entry, where, {"id", "inherits", "description", "env", "vllm", "cpu_flags_any", "improves"})
+        reader.only_keys(
+            entry, where, {"id", "inherits", "description", "env", "vllm", "cpu_flags_any", "improves", "replicas", "routing"}
+        )
         config_id = reader.string(entry, f"{where}.id")
         where = f"config {config_id!r}"
         if config_id in rungs:
@@ -206,10 +216,14 @@ def load_suite(path: Path | str) -> Suite:
         parent = reader.optional_string(entry, f"{where}.inherits")
         if parent is not None and parent not in rungs:
             raise SuiteError(f"{path}: {where}.inherits: expected the id of an earlier config, got {parent!r}")
-        flags, env = rungs[parent] if parent else (base_flags, base_env)
+        flags, env, replicas, routing = rungs[parent] if parent else (base_flags, base_env, 1, ROUTINGS[0])
         flags = {**flags, **reader.flags(entry.get("vllm", {}), f"{where}.vllm")}
         env = {**env, **reader.env(entry.get("env", {}), f"{where}.env")}
-        rungs[config_id] = (flags, env)
+        replicas = _replicas(reader, entry.get("replicas", replicas), f"{where}.replicas")
+        routing = entry.get("routing", routing)
+        if routing not in ROUTINGS:
+            raise reader.fail(f"{where}.routing", f"one of {list(ROUTINGS)}", routing)
+        rungs[config_id] = (flags, env, replicas, routing)
         configs.append(
             ServingConfig(
                 id=config_id,
@@ -222,6 +236,8 @@ def load_suite(path: Path | str) -> Suite:
                 suite=suite_name,
                 improves=reader.boolean(entry, f"{where}.improves", parent is not None),
                 cpu_flags_any=tuple(reader.strings(entry.get("cpu_flags_any", []), f"{where}.cpu_flags_any")),
+                replicas=replicas,
+                routing=routing,
             )
         )
     gpus = suite.get("gpus", 0)
@@ -256,6 +272,12 @@ def _tolerances(reader: _Reader, value: object) -> Mapping[str, float]:
         if gate(name) is None:
             raise reader.fail(f"suite.tolerances.{name}", "a gated metric (see pytest_qwenperf.baseline.GATE_TOLERANCES)", name)
     return MappingProxyType({name: _fraction(reader, v, f"suite.tolerances.{name}") for name, v in value.items()})
+
+
+def _replicas(reader: _Reader, value: object, key: str) -> int:
+    if isinstance(value, bool) or not isinstance(value, int) or value < 1:
+        raise reader.fail(key, "a whole number of vLLM servers >= 1", value)
+    return value
 
 
 def _repeats(reader: _Reader, value: object) -> int:

@@ -7,6 +7,10 @@ import argparse
 import shlex
 import urllib.parse
 from collections.abc import Callable
+from typing import TYPE_CHECKING
+
+if TYPE_CHECKING:
+    from pytest_qwenperf.endpoints import EndpointSets
 
 
 def launcher_argv(value: str) -> tuple[str, ...]:
@@ -59,6 +63,16 @@ def endpoint_url(value: str) -> str:
     if path.endswith("/v1"):
         raise argparse.ArgumentTypeError(f"give the server's base URL without /v1, got {value!r}")
     return urllib.parse.urlunsplit((parsed.scheme, parsed.netloc, path, "", ""))
+
+
+def endpoints_file(value: str) -> EndpointSets:
+    """The path of an endpoints file (:mod:`pytest_qwenperf.endpoints`), read and checked."""
+    from pytest_qwenperf.endpoints import EndpointsFileError, load_endpoint_sets  # lazily: endpoints imports this module
+
+    try:
+        return load_endpoint_sets(value)
+    except EndpointsFileError as exc:
+        raise argparse.ArgumentTypeError(str(exc)) from None
 
 
 def cpu_list(value: str) -> frozenset[int]:

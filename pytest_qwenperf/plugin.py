@@ -25,10 +25,13 @@ from pytest_qwenperf.config import ServingConfig, Suite, SuiteError, SuiteWorklo
 from pytest_qwenperf.hardware import Hardware, detect
 from pytest_qwenperf.loadgen.workloads import SharedPrefixWorkload
 from pytest_qwenperf.baseline import BaselineError, BaselineRefused, find_baseline, parse_run, write_baseline
-from pytest_qwenperf.options import cpu_list, endpoint_url, launcher_argv, positive_seconds, whole_number
+from pytest_qwenperf.endpoints import EndpointSets
+from pytest_qwenperf.options import cpu_list, endpoint_url, endpoints_file, launcher_argv, positive_seconds, whole_number
 from pytest_qwenperf.pool import PoolSettings, ServerPool
 from pytest_qwenperf.report import SessionReport
+from pytest_qwenperf.router import RouterUnavailable, find_nginx
 from pytest_qwenperf.run import RunResult, measure
+from pytest_qwenperf.scaling import Route
 from pytest_qwenperf.server import DEFAULT_BOOT_TIMEOUT_S, DEFAULT_LAUNCHER, Server
 from pytest_qwenperf.verdict import Judgement, judge_run
 
@@ -41,7 +44,7 @@ MARKERS = {
     "h200": "sized for one node of 8x NVIDIA H200",
     "h100": "sized for one node of 8x NVIDIA H100",
     "scaling": "multi-replica scaling-efficiency tests",
-    "qwenperf_select(name)": "only (config, workload) pairs of this kind: ladder, slo, speculative, prefix-cache, utilization",
+    "qwenperf_select(name)": "only (config, workload) pairs of this kind: ladder, slo, speculative, prefix-cache, utilization, scaling",
 }
 
 SELECTORS: dict[str, Callable[[Suite, ServingConfig, SuiteWorkload], bool]] = {
@@ -50,6 +53,7 @@ SELECTORS: dict[str, Callable[[Suite, ServingConfig, SuiteWorkload], bool]] = {
     "slo": lambda suite, cfg, wl: wl.slo is not None,
     "speculative": lambda suite, cfg, wl: cfg.speculative,
     "utilization": lambda suite, cfg, wl: any(wl.floor(name, cfg.id) is not None for name in ("gpu_utilization", "server_cpu_busy")),
+    "scaling": lambda suite, cfg, wl: cfg.replicas > 1,
     "prefix-cache": lambda suite, cfg, wl: (
         isinstance(wl.workload, SharedPrefixWorkload)
         and "--enable-prefix-caching" in cfg.vllm_args
@@ -59,7 +63,8 @@ SELECTORS: dict[str, Callable[[Suite, ServingConfig, SuiteWorkload], bool]] = {
 }
 """Which (config, workload) pairs a test marked ``qwenperf_select(name)`` runs on: ``ladder``
 compares a rung with the one it inherits from, ``prefix-cache`` a cached rung with its
-uncached parent on a shared-prefix workload, ``utilization`` pairs with a utilization floor."""
+uncached parent on a shared-prefix workload, ``utilization`` pairs with a utilization floor,
+``scaling`` configs of several replicas (every config when an endpoints file names the sets)."""
 
 
 @dataclass(frozen=True)
@@ -68,6 +73,7 @@ class QwenperfSettings:
     boot_timeout_s: float
     log_dir: Path | None
     endpoints: tuple[str, ...]
+    endpoint_sets: EndpointSets | None  # replicas already deployed, per replica count (multi-node scaling)
     suites: tuple[Path, ...]
     json_path: Path | None
     server_cpus: frozenset[int] | None  # None: the default placement for the suite's hardware
@@ -104,6 +110,12 @@ def pytest_addoption(parser: pytest.Parser) -> None:
         help="base URL of an already-running server; repeatable. Nothing is booted when given.",
     )
     group.addoption(
+        "--qwenperf-endpoints-file",
+        type=endpoints_file,
+        help="TOML file naming, per replica count, the endpoints of servers already deployed (e.g. on several "
+        "nodes); every config is measured against each set for its scaling efficiency. Nothing is booted.",
+    )
+    group.addoption(
         "--qwenperf-suite", type=Path, action="append", default=[], help="suite file to run (repeatable; default: ini qwenperf_suites)"
     )
     group.addoption("--qwenperf-json", type=Path, help="write the session's results (every run, boots per config) to this file")
@@ -136,6 +148,7 @@ def pytest_configure(config: pytest.Config) -> None:
         boot_timeout_s=_resolve(config, "qwenperf_boot_timeout", positive_seconds, DEFAULT_BOOT_TIMEOUT_S),
         log_dir=_resolve(config, "qwenperf_log_dir", Path, None),
         endpoints=tuple(endpoints),
+        endpoint_sets=config.getoption("qwenperf_endpoints_file"),
         suites=tuple(config.getoption("qwenperf_suite")) or _ini_suites(config),
         json_path=config.getoption("qwenperf_json"),
         server_cpus=config.getoption("qwenperf_server_cpus"),
@@ -203,13 +216,16 @@ def pytest_generate_tests(metafunc: pytest.Metafunc) -> None:
     if selector not in SELECTORS:
         raise ValueError(f"{metafunc.definition.nodeid}: qwenperf_select({selector!r}): expected one of {sorted(SELECTORS)}")
     settings = metafunc.config.stash[SETTINGS_KEY]
+    external = bool(settings.endpoints or settings.endpoint_sets)
+    if selector == "scaling" and settings.endpoint_sets is not None:
+        selector = "all"  # the deployed sets are what scales, whichever config they run
     params = []
     for suite in _suites(metafunc.config):
         marks = [getattr(pytest.mark, suite.hardware)] + ([pytest.mark.gpu] if suite.gpus else [])
         for workload in suite.workloads:
             for cfg in suite.configs:
                 if workload.runs_on(cfg.id) and SELECTORS[selector](suite, cfg, workload):
-                    missing = None if settings.endpoints else _missing_hardware(suite, cfg, detect())
+                    missing = None if external else _missing_hardware(suite, cfg, detect())
                     skip = [pytest.mark.skip(reason=missing)] if missing else []
                     params.append(pytest.param(cfg, workload, id=f"{suite.name}-{cfg.id}/{workload.id}", marks=marks + skip))
     metafunc.parametrize(("serving_config", "suite_workload"), params)
@@ -221,6 +237,11 @@ def _missing_hardware(suite: Suite, cfg: ServingConfig, hw: Hardware) -> str | N
         return f"needs {suite.gpus}x {suite.hardware.upper()} GPUs (suite {suite.path.name}); found {hw.describe()}"
     if cfg.cpu_flags_any and not set(cfg.cpu_flags_any) & hw.cpu_flags:
         return f"needs a CPU with one of {list(cfg.cpu_flags_any)} (config {cfg.key}); found {hw.cpu_model or 'a CPU'} without"
+    if cfg.routing == "nginx":
+        try:
+            find_nginx()
+        except RouterUnavailable as exc:
+            return f"config {cfg.key} routes through nginx: {exc}"
     return None
 
 
@@ -267,7 +288,8 @@ def qwenperf_pool(
             log_dir=qwenperf_settings.log_dir or tmp_path_factory.mktemp("vllm-logs", numbered=False),
             launcher=qwenperf_settings.launcher,
             boot_timeout_s=qwenperf_settings.boot_timeout_s,
-            endpoints=qwenperf_settings.endpoints,
+            endpoints=qwenperf_settings.endpoints or _set_urls(qwenperf_settings.endpoint_sets),
+            endpoint_model=qwenperf_settings.endpoint_sets.model if qwenperf_settings.endpoint_sets else None,
         )
     )
     pytestconfig.stash[_REPORT_KEY].boots = pool.boots
@@ -287,13 +309,42 @@ def serving_config(request: pytest.FixtureRequest) -> ServingConfig:
 
 
 def _placement(cfg: ServingConfig, settings: QwenperfSettings) -> tuple[frozenset[int], frozenset[int]]:
-    """Server and client CPUs: as set, else disjoint cores for the CPU build (repeatable figures)."""
+    """Server and client CPUs: as set, else disjoint cores for the CPU build (repeatable figures).
+
+    The CPU build's servers get every CPU but the last, the client the last; replicas split
+    the servers' CPUs. When there are only as many CPUs as replicas, each replica gets one
+    and the client is not pinned (it shares them: a 2-core machine measuring 2 replicas).
+    """
     if settings.server_cpus is not None or settings.client_cpus is not None:
         return settings.server_cpus or frozenset(), settings.client_cpus or frozenset()
     cpus = sorted(detect().cpu_ids)
     if not cfg.model.startswith("embedded:") or len(cpus) < 2:
         return frozenset(), frozenset()
-    return frozenset(cpus[:-1]), frozenset(cpus[-1:])
+    if len(cpus) - 1 >= cfg.replicas:
+        return frozenset(cpus[:-1]), frozenset(cpus[-1:])
+    if len(cpus) >= cfg.replicas:
+        return frozenset(cpus), frozenset()
+    return frozenset(), frozenset()
+
+
+def _gpu_ids(cfg: ServingConfig) -> tuple[str, ...]:
+    """The GPUs a config's replicas share out (its own CUDA_VISIBLE_DEVICES, else every GPU); none for one server."""
+    if cfg.replicas == 1:
+        return ()
+    visible = dict(cfg.env).get("CUDA_VISIBLE_DEVICES")
+    return tuple(visible.split(",")) if visible else tuple(str(i) for i in range(detect().gpu_count))
+
+
+def _set_urls(sets: EndpointSets | None) -> tuple[str, ...]:
+    """Every URL of the endpoint sets, each once, in file order."""
+    return tuple(dict.fromkeys(url for s in sets.sets for url in s.urls)) if sets else ()
+
+
+def _routes(sets: EndpointSets) -> tuple[Route, ...]:
+    """One route per set. A set with one URL per replica is the replicas themselves (their
+    /metrics are read); a set with fewer URLs is a Service or gateway in front of them, whose
+    /metrics would be one random pod's, so it is not read."""
+    return tuple(Route(s.replicas, s.urls, s.urls if len(s.urls) == s.replicas else ()) for s in sets.sets)
 
 
 @pytest.fixture
@@ -303,7 +354,7 @@ def vllm_server(
     """The running server for ``serving_config``; stopped after the last test that needs it."""
     server_cpus, _ = _placement(serving_config, qwenperf_settings)
     try:
-        yield qwenperf_pool.get(serving_config, server_cpus)
+        yield qwenperf_pool.get(serving_config, server_cpus, _gpu_ids(serving_config))
     finally:
         uses = request.config.stash.get(_USES_KEY, Counter())
         uses[serving_config.key] -= 1
@@ -327,11 +378,18 @@ def qwenperf_measure(pytestconfig: pytest.Config, qwenperf_pool: ServerPool, qwe
         result = report.get(cfg.key, workload.id)
         if result is None:
             server_cpus, client_cpus = _placement(cfg, qwenperf_settings)
-            server = qwenperf_pool.get(cfg, server_cpus)
+            server = qwenperf_pool.get(cfg, server_cpus, _gpu_ids(cfg))
             suite = _suite_of(pytestconfig, cfg)
-            repeats = qwenperf_settings.repeats or suite.repeats
+            sets = qwenperf_settings.endpoint_sets
             result = measure(
-                server, cfg, workload, suite=cfg.suite, client_cpus=client_cpus, repeats=repeats, tolerances=suite.tolerances
+                server,
+                cfg,
+                workload,
+                suite=cfg.suite,
+                client_cpus=client_cpus,
+                repeats=qwenperf_settings.repeats or suite.repeats,
+                tolerances=suite.tolerances,
+                routes=_routes(sets) if sets else None,
             )
             report.add(result)
         return result

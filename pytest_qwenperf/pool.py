@@ -11,6 +11,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from pytest_qwenperf.config import ServingConfig
+from pytest_qwenperf.replicas import ReplicaSet, replica_specs
 from pytest_qwenperf.server import (
     DEFAULT_BOOT_TIMEOUT_S,
     DEFAULT_LAUNCHER,
@@ -29,6 +30,7 @@ class PoolSettings:
     launcher: tuple[str, ...] = DEFAULT_LAUNCHER
     boot_timeout_s: float = DEFAULT_BOOT_TIMEOUT_S
     endpoints: tuple[str, ...] = ()
+    endpoint_model: str | None = None  # the served model the endpoints must list (None: whichever they serve)
 
 
 class BootFailedEarlier(ServerError):
@@ -41,12 +43,16 @@ class ServerPool:
     def __init__(self, settings: PoolSettings) -> None:
         self.settings = settings
         self.boots: Counter[str] = Counter()
-        self._running: dict[str, ManagedServer] = {}
+        self._running: dict[str, ManagedServer | ReplicaSet] = {}
         self._failed: dict[str, ServerError] = {}
         self._external: ExternalServer | None = None
 
-    def get(self, config: ServingConfig, cpus: frozenset[int] = frozenset()) -> Server:
-        """The running server for ``config`` (on ``cpus`` if given), booting it on first use."""
+    def get(self, config: ServingConfig, cpus: frozenset[int] = frozenset(), gpus: tuple[str, ...] = ()) -> Server:
+        """The running server for ``config`` (on ``cpus`` if given), booting it on first use.
+
+        A config of several replicas boots them all, each on its share of ``cpus`` and of
+        the GPUs ``gpus`` (``CUDA_VISIBLE_DEVICES`` ids; empty: leave GPUs alone).
+        """
         if self.settings.endpoints:
             return self._external_server()
         key = config.key
@@ -55,9 +61,14 @@ class ServerPool:
         if key in self._failed:
             raise BootFailedEarlier(f"config {key!r} failed to boot earlier in this session:\n{self._failed[key]}")
         spec = config.server_spec(launcher=self.settings.launcher, boot_timeout_s=self.settings.boot_timeout_s, cpus=cpus)
-        server = ManagedServer(spec, self.settings.log_dir)
         self.boots[key] += 1
         try:
+            server: ManagedServer | ReplicaSet
+            if config.replicas == 1:
+                server = ManagedServer(spec, self.settings.log_dir)
+            else:
+                specs = replica_specs(spec, config.replicas, gpu_devices=gpus)
+                server = ReplicaSet(config.id, specs, self.settings.log_dir, routing=config.routing)
             server.start()
         except ServerError as exc:
             self._failed[key] = exc
@@ -85,5 +96,5 @@ class ServerPool:
     def _external_server(self) -> ExternalServer:
         if self._external is None:
             # Whatever model the endpoints serve is the one measured; it is recorded in ``info``.
-            self._external = ExternalServer(self.settings.endpoints, None, self.settings.boot_timeout_s).wait_ready()
+            self._external = ExternalServer(self.settings.endpoints, self.settings.endpoint_model, self.settings.boot_timeout_s).wait_ready()
         return self._external

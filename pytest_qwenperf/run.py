@@ -36,9 +36,10 @@ from pytest_qwenperf.metrics import (
     summarize,
     summarize_window,
 )
-from pytest_qwenperf.server import Server, ServerInfo
+from pytest_qwenperf.scaling import SCALING_THROUGHPUT, Route, ScalingSummary, copies_of, times_arrival
+from pytest_qwenperf.server import Server, ServerError, ServerInfo
 from pytest_qwenperf.telemetry import Telemetry, TelemetrySummary
-from pytest_qwenperf.telemetry.server_metrics import COUNTERS, MetricsSnapshot, counter_deltas, scrape
+from pytest_qwenperf.telemetry.server_metrics import COUNTERS, MetricsSnapshot, combine, counter_deltas, scrape_each
 
 
 @dataclass(frozen=True)
@@ -59,8 +60,10 @@ class RunResult:
     client_cpus: tuple[int, ...]
     started: str  # ISO 8601, UTC
     telemetry: TelemetrySummary
+    requests_per_server: Mapping[str, float | None]  # base URL -> requests it finished (its /metrics)
     samples: Mapping[str, tuple[float, ...]] = dataclasses.field(default_factory=lambda: MappingProxyType({}))  # metric -> one value per repeat
     tolerances: Mapping[str, float] = dataclasses.field(default_factory=lambda: MappingProxyType({}))  # the suite's, per gated metric
+    scaling: ScalingSummary | None = None  # set when replica counts were compared
 
     @property
     def vllm_version(self) -> str | None:
@@ -101,6 +104,8 @@ class RunResult:
                 "vllm_version": self.vllm_version,
                 "hardware": self.hardware.as_dict(),
                 "servers": [info.as_dict() for info in self.servers],
+                "replicas": self.config.replicas,
+                "routing": self.config.routing,
                 "client_cpus": list(self.client_cpus),
                 "started": self.started,
             },
@@ -115,6 +120,8 @@ class RunResult:
             "token_check": {"matches": self.tokens.matches, "detail": self.tokens.describe()},
             "client": {"bound": self.client_bound, "cpu_busy": self.client_cpu_busy},
             "telemetry": self.telemetry.as_json(),
+            "requests_per_server": dict(self.requests_per_server),
+            "scaling": self.scaling.as_json() if self.scaling else None,
             "samples": {name: list(values) for name, values in self.samples.items()},
             "tolerances": dict(self.tolerances),
         }
@@ -144,6 +151,7 @@ class Observation:
     summary: RunSummary
     steady: RunSummary | None
     server_deltas: Mapping[str, float | None]
+    requests_per_server: Mapping[str, float | None]
     tokens: TokenCrossCheck
     client_bound: str | None
     client_cpu_busy: float
@@ -165,6 +173,7 @@ def observe(
     server_pids: Sequence[int] = (),
     gpu_visible_devices: Sequence[str | None] = (),
     sample: bool = True,
+    metrics_urls: Sequence[str] | None = None,
 ) -> Observation:
     """Drive ``requests`` against ``base_urls`` and measure: client records, the servers'
     /metrics deltas, and telemetry sampled meanwhile (see :class:`Telemetry`).
@@ -174,13 +183,16 @@ def observe(
     ``client_cpu_busy`` is the CPU the client used per second per client process.
     ``server_pids`` / ``gpu_visible_devices``: whose CPU and which GPUs to sample;
     ``sample=False`` runs no sampler at all (what ``benchmarks/overhead.py`` compares against).
+    ``metrics_urls``: the servers whose /metrics to read when requests go through a router
+    (default ``base_urls``).
     """
+    metrics_urls = tuple(base_urls if metrics_urls is None else metrics_urls)
     started = datetime.datetime.now(datetime.UTC).isoformat(timespec="seconds")
-    before = _counters(base_urls)
+    before = _counters(metrics_urls)
     previous_cpus = pin_current_process(client_cpus) if client_cpus else None
     telemetry = (
         Telemetry.start(
-            gpu_visible_devices=gpu_visible_devices, server_pids=server_pids, client_pid=os.getpid(), metrics_urls=base_urls
+            gpu_visible_devices=gpu_visible_devices, server_pids=server_pids, client_pid=os.getpid(), metrics_urls=metrics_urls
         )
         if sample
         else Telemetry(gpu=None, cpu=None, server=None)
@@ -196,8 +208,13 @@ def observe(
         telemetry.stop()
         if previous_cpus is not None:
             pin_current_process(previous_cpus)
-    after = _counters(base_urls)
-    deltas = counter_deltas(before, after) if before and after else dict.fromkeys(COUNTERS)
+    after = _counters(metrics_urls)
+    deltas = counter_deltas(combine(before), combine(after)) if before and after else dict.fromkeys(COUNTERS)
+    per_server = (
+        {url: counter_deltas(b, a)["request_success"] for url, b, a in zip(metrics_urls, before, after)}
+        if before and after
+        else dict.fromkeys(metrics_urls)
+    )
     window = steady_window(load.records)
     summary = summarize(load.records, goodput_slo=slo, requested_rate=load.requested_rate)
     steady = summarize_window(load.records, window) if window else None
@@ -206,6 +223,7 @@ def observe(
         summary=summary,
         steady=steady,
         server_deltas=MappingProxyType(deltas),
+        requests_per_server=MappingProxyType(per_server),
         tokens=cross_check(load.records, deltas["prompt_tokens"], deltas["generation_tokens"]),
         client_bound=client_bound_reason(load.records, requested_rate=load.requested_rate, client_cpu_busy_fraction=busy),
         client_cpu_busy=busy,
@@ -214,11 +232,11 @@ def observe(
     )
 
 
-def _counters(base_urls: Sequence[str]) -> MetricsSnapshot | None:
-    """The servers' counters; None where /metrics is not served (a gateway, another kind of
+def _counters(urls: Sequence[str]) -> list[MetricsSnapshot] | None:
+    """Each server's counters; None where /metrics is not served (a gateway, another kind of
     server): the run then has no server-side cross-check, which its result shows."""
     try:
-        return scrape(base_urls)
+        return scrape_each(urls)
     except OSError:
         return None
 
@@ -238,6 +256,7 @@ def measure(
     client_cpus: frozenset[int] = frozenset(),
     repeats: int = 1,
     tolerances: Mapping[str, float] = MappingProxyType({}),
+    routes: Sequence[Route] | None = None,
 ) -> RunResult:
     """Drive ``workload`` against ``server`` (running ``config``) ``repeats`` times.
 
@@ -245,25 +264,61 @@ def measure(
     repeat's figures in ``samples`` (what verdicts weigh the noise with). A repeat that
     was client-bound or whose token totals disagree with the server makes the result so.
     ``tolerances`` (the suite's) travel with the result, so a baseline recorded from it
-    and ``qwenperf compare`` judge it as the suite says. Each repeat starts with an empty
-    prefix cache where the server allows a reset (see :func:`reset_prefix_caches`), so a
-    repeat does not hit on the prompts of the one before.
+    and ``qwenperf compare`` judge it as the suite says. Each load run starts with an
+    empty prefix cache where the server allows a reset (see :func:`reset_prefix_caches`),
+    so a run does not hit on the prompts of the one before.
+
+    A workload is the load of one replica: ``routes`` (default :func:`routes_of` the
+    server for ``config.replicas``) name replica counts and how to reach them, and each
+    gets that many times the load in every repeat. The result is the run of the config's
+    own replica count (else the largest); with more than one route it carries the scaling
+    efficiencies (:class:`ScalingSummary`) as ``scaling_efficiency_n<N>`` samples. A server of ours that stops during a run
+    raises :class:`ServerError` naming it.
     """
     if repeats < 1:
         raise ValueError(f"repeats must be at least 1, got {repeats}")
-    runs = []
+    routes = sorted(routes or routes_of(server, config.replicas), key=lambda route: route.replicas)
+    runs: dict[int, list[RunResult]] = {route.replicas: [] for route in routes}
     for _ in range(repeats):
-        reset_prefix_caches(server.base_urls)
-        runs.append(_measure_once(server, config, workload, suite=suite, client_cpus=client_cpus))
-    ranked = sorted(runs, key=lambda run: run.summary.values()["total_token_throughput"])
+        for route in routes:
+            reset_prefix_caches(route.metrics_urls)
+            run = _measure_once(server, route, config, workload, suite=suite, client_cpus=client_cpus)
+            server.check_alive()
+            runs[route.replicas].append(run)
+    own = runs.get(config.replicas) or runs[routes[-1].replicas]
+    ranked = sorted(own, key=lambda run: run.summary.values()["total_token_throughput"])
     chosen = ranked[(len(ranked) - 1) // 2]
-    per_run = [run.scalar_metrics() for run in runs]
+    per_run = [run.scalar_metrics() for run in own]
     samples = {name: tuple(values[name] for values in per_run) for name in per_run[0] if all(name in v for v in per_run)}
-    bound = next((run.client_bound for run in runs if run.client_bound), None)
-    tokens = next((run.tokens for run in runs if run.tokens.matches is False), chosen.tokens)
+    scaling = None
+    if len(routes) > 1:
+        throughput = {n: [run.summary.values()[SCALING_THROUGHPUT] for run in measured] for n, measured in runs.items()}
+        scaling = ScalingSummary.of(throughput, chosen.requests_per_server)
+        samples |= scaling.samples()
+    every = [run for measured in runs.values() for run in measured]
+    bound = next((run.client_bound for run in every if run.client_bound), None)
+    tokens = next((run.tokens for run in every if run.tokens.matches is False), chosen.tokens)
     return dataclasses.replace(
-        chosen, client_bound=bound, tokens=tokens, samples=MappingProxyType(samples), tolerances=MappingProxyType(dict(tolerances))
+        chosen,
+        client_bound=bound,
+        tokens=tokens,
+        samples=MappingProxyType(samples),
+        tolerances=MappingProxyType(dict(tolerances)),
+        scaling=scaling,
     )
+
+
+def routes_of(server: Server, replicas: int) -> tuple[Route, ...]:
+    """One server: the load goes where the server says. N replicas: the first one alone
+    (the reference, no router in between) and all N as the config routes to them."""
+    if replicas == 1:
+        return (Route(1, server.load_urls, server.base_urls),)
+    if len(server.base_urls) != replicas:
+        raise ServerError(
+            f"a config of {replicas} replicas needs {replicas} server URLs to compare them with one; got {list(server.base_urls)}"
+        )
+    first = server.base_urls[:1]
+    return (Route(1, first, first), Route(replicas, server.load_urls, server.base_urls))
 
 
 def reset_prefix_caches(base_urls: Sequence[str]) -> bool:
@@ -292,24 +347,25 @@ def _reset_succeeded(body: bytes) -> bool:
 
 
 def _measure_once(
-    server: Server, config: ServingConfig, workload: SuiteWorkload, *, suite: str, client_cpus: frozenset[int]
+    server: Server, route: Route, config: ServingConfig, workload: SuiteWorkload, *, suite: str, client_cpus: frozenset[int]
 ) -> RunResult:
     hardware = detect()
     tokenizer = PromptTokenizer.load(embedded.resolve_model(config.model))
-    requests = workload.workload.build(tokenizer)
+    n = route.replicas
     seen = observe(
-        server.base_urls,
+        route.load_urls,
         server.model,
-        requests,
-        workload.arrival,
+        copies_of(workload.workload, n, tokenizer),
+        times_arrival(workload.arrival, n),
         # Usage in every chunk costs the server CPU per chunk (~20 % on the 2-core CPU build),
         # but without it a chunk whose text is empty (a partial UTF-8 byte token) cannot be
         # timed, and speculative chunks carry several tokens: exact timing needs it.
-        LoadOptions(warmup=workload.warmup),
+        LoadOptions(warmup=workload.warmup * n, routing=_client_routing(config.routing)),
         slo=workload.slo,
         client_cpus=client_cpus,
         server_pids=server.pids,
         gpu_visible_devices=_gpu_devices(config, hardware),
+        metrics_urls=route.metrics_urls,
     )
     return RunResult(
         suite=suite,
@@ -320,6 +376,7 @@ def _measure_once(
         summary=seen.summary,
         steady=seen.steady,
         server_deltas=seen.server_deltas,
+        requests_per_server=seen.requests_per_server,
         tokens=seen.tokens,
         client_bound=seen.client_bound,
         client_cpu_busy=seen.client_cpu_busy,
@@ -327,6 +384,11 @@ def _measure_once(
         started=seen.started,
         telemetry=seen.telemetry,
     )
+
+
+def _client_routing(routing: str) -> str:
+    """The load generator's own routing; behind nginx it sends everything to the one router URL."""
+    return "round-robin" if routing == "nginx" else routing
 
 
 def _gpu_devices(config: ServingConfig, hardware: Hardware) -> tuple[str | None, ...]:

@@ -141,6 +141,15 @@ class Server(Protocol):
         """Root processes of the servers on this machine (none for servers run elsewhere)."""
         ...
 
+    @property
+    def load_urls(self) -> tuple[str, ...]:
+        """Where requests go: the servers themselves, or a router in front of them."""
+        ...
+
+    def check_alive(self) -> None:
+        """Raise :class:`ServerError` naming every server of ours that is no longer running."""
+        ...
+
 
 # --------------------------------------------------------------------------- HTTP
 
@@ -284,6 +293,10 @@ class ManagedServer:
         return (self.base_url,)
 
     @property
+    def load_urls(self) -> tuple[str, ...]:
+        return self.base_urls
+
+    @property
     def model(self) -> str:
         return self.spec.listed_model
 
@@ -341,6 +354,18 @@ class ManagedServer:
 
     def is_alive(self) -> bool:
         return self._popen is not None and self._popen.poll() is None
+
+    @property
+    def exit_code(self) -> int | None:
+        """The server process's exit status once it has exited (negative: killed by that signal)."""
+        return self._popen.poll() if self._popen else None
+
+    def check_alive(self) -> None:
+        if not self.is_alive():
+            raise ServerError(
+                f"server {self.spec.name!r} ({self.base_url}) is not running (exit code {self.exit_code}); "
+                f"log: {self.log_path}\n{self.log_tail(10)}"
+            )
 
     def log_tail(self, lines: int = LOG_TAIL_LINES) -> str:
         if self.log_path is None or not self.log_path.exists():
@@ -448,6 +473,13 @@ class ExternalServer:
     @property
     def base_urls(self) -> tuple[str, ...]:
         return self.urls
+
+    @property
+    def load_urls(self) -> tuple[str, ...]:
+        return self.urls
+
+    def check_alive(self) -> None:
+        """Servers run elsewhere: failed requests are how their loss shows."""
 
     @property
     def model(self) -> str:

@@ -86,6 +86,7 @@ def make_run(
         summary=summary,
         steady=None,
         server_deltas=deltas,
+        requests_per_server={"http://127.0.0.1:8000": 288.0},
         tokens=TokenCrossCheck(1, 1, 1.0, 1.0, 0, tokens_match),
         client_bound=bound,
         client_cpu_busy=0.4,

@@ -25,7 +25,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from pytest_qwenperf.loadgen.arrivals import Arrival, ClosedLoop, OpenLoop
-from pytest_qwenperf.loadgen.client import LoadOptions, Progress, StreamParser, _Connection, run_load_sync
+from pytest_qwenperf.loadgen.client import ROUTINGS, LoadOptions, Progress, StreamParser, _Connection, run_load_sync
 from pytest_qwenperf.loadgen.request import Api, RequestSpec
 from pytest_qwenperf.loadgen.workers import pin_current_process, run_load_in_workers
 from pytest_qwenperf.records import RequestRecord
@@ -169,6 +169,48 @@ def test_round_robin_over_three_endpoints() -> None:
     assert sorted(by_port.values()) == [10, 10, 10]
     assert Counter(r.endpoint for r in records) == {url: 10 for url in src.urls}
     assert all(r.endpoint == src.urls[r.index % 3] for r in records)
+
+
+def test_least_outstanding_breaks_ties_in_round_robin_order() -> None:
+    """One request at a time: nothing is ever in flight at a send, so every choice is a tie."""
+    with stream_source(n_ports=3) as src:
+        records = run(src, [spec(i, max_tokens=1) for i in range(9)], ClosedLoop(1), routing="least-outstanding")
+    assert [r.endpoint for r in sorted(records, key=lambda r: r.index)] == [src.urls[i % 3] for i in range(9)]
+
+
+@pytest.mark.parametrize(("routing", "workers"), [("round-robin", 1), ("least-outstanding", 1), ("least-outstanding", 2)])
+def test_routing_around_a_slow_endpoint(routing: str, workers: int) -> None:
+    """Two sources: the first holds every request 0.5 s before its first token, the second
+    answers at once (their default schedules: these requests carry no ``x_schedule``).
+
+    Round-robin sends exactly half to each all the same. Least-outstanding sends a request
+    to the slow one only when it has no more in flight there than at the fast one; in a
+    closed loop of 4 (2 per worker with two workers) at most 3 (1) are in flight when one
+    is sent, so while the slow one holds its first requests it gets at most 2 (one per
+    worker), and the fast one serves the other 14 within that time. With two workers this
+    also shows the routing reaching each worker process.
+    """
+    specs = [RequestSpec(i, max_tokens=2, prompt=(1, 2, 3)) for i in range(16)]
+    options = LoadOptions(routing=routing, timeout_s=30)
+    with stream_source(default_schedule={"ttft_ms": 500}) as slow, stream_source() as fast:
+        urls = [*slow.urls, *fast.urls]
+        if workers == 1:
+            load = run_load_sync(urls, MODEL, specs, ClosedLoop(4), options)
+        else:
+            load = run_load_in_workers(workers, urls, MODEL, specs, ClosedLoop(4), options)
+        served = [slow.stats()["requests"], fast.stats()["requests"]]
+    assert all(r.ok for r in load.records) and len(load.records) == 16
+    assert served == [Counter(r.endpoint for r in load.records)[url] for url in urls]  # the server saw what the records say
+    if routing == "round-robin":
+        assert served == [8, 8] and all(r.endpoint == urls[r.index % 2] for r in load.records)
+    else:
+        assert 1 <= served[0] <= 2 and served[1] >= 14, served
+
+
+def test_unknown_routing_is_refused() -> None:
+    assert ROUTINGS == ("round-robin", "least-outstanding")
+    with pytest.raises(ValueError, match="routing must be one of round-robin, least-outstanding, got 'random'"):
+        LoadOptions(routing="random")
 
 
 def test_no_connection_cap(source: StreamSource) -> None:

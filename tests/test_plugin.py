@@ -204,7 +204,8 @@ def test_ladder(suite_workload, serving_config): pass
     result = pytester.runpytest_subprocess(f"--qwenperf-suite={SUITES / 'cpu.toml'}", "-m", "cpu", "--collect-only", "-q")
     ids = [line.split("[", 1)[1].rstrip("]") for line in result.stdout.lines if "::" in line]
     configs = [i.split("/")[0] for i in ids]
-    assert configs == sorted(configs, key=["cpu-base", "cpu-ctx-short", "cpu-fp8kv", "cpu-ngram-spec", "cpu-prefix-cache", "cpu-seqs-32"].index)
+    ladder = ["cpu-base", "cpu-ctx-short", "cpu-fp8kv", "cpu-ngram-spec", "cpu-prefix-cache", "cpu-seqs-32", "cpu-replicas-2"]
+    assert configs == sorted(configs, key=ladder.index)
     assert "cpu-ctx-short/isl128-osl128" in ids and "cpu-prefix-cache/shared-prefix-p4x24" in ids
     assert [i for i in result.stdout.lines if "test_ladder" in i] == [
         "test_a.py::test_ladder[cpu-ngram-spec/isl128-osl128]",
@@ -233,12 +234,29 @@ def test_cpu_build_places_server_and_client_on_disjoint_cores() -> None:
     from pytest_qwenperf.hardware import detect
     from pytest_qwenperf.plugin import QwenperfSettings, _placement
 
-    settings = QwenperfSettings((), 1.0, None, (), (), None, None, None, None, Path("baselines"), False)
+    settings = QwenperfSettings((), 1.0, None, (), None, (), None, None, None, None, Path("baselines"), False)
     cpus = sorted(detect().cpu_ids)
     server, client = _placement(tiny_cpu_config(), settings)
     if len(cpus) >= 2:
         assert (sorted(server), sorted(client)) == (cpus[:-1], cpus[-1:])
     assert not server & client
     assert _placement(ServingConfig(id="gpu", model="Qwen/Qwen3.5-27B-FP8"), settings) == (frozenset(), frozenset())
-    chosen = QwenperfSettings((), 1.0, None, (), (), None, frozenset({0}), None, None, Path("baselines"), False)
+    chosen = QwenperfSettings((), 1.0, None, (), None, (), None, frozenset({0}), None, None, Path("baselines"), False)
     assert _placement(tiny_cpu_config(), chosen) == (frozenset({0}), frozenset())
+
+
+def test_replicas_split_the_server_cores_and_the_client_shares_them_only_when_it_must() -> None:
+    import dataclasses
+
+    from pytest_qwenperf.config import tiny_cpu_config
+    from pytest_qwenperf.hardware import detect
+    from pytest_qwenperf.plugin import QwenperfSettings, _placement
+
+    settings = QwenperfSettings((), 1.0, None, (), None, (), None, None, None, None, Path("baselines"), False)
+    cpus = sorted(detect().cpu_ids)
+    if len(cpus) < 2:
+        pytest.skip(f"placement needs at least 2 CPUs; this machine gives {cpus}")
+    fits = dataclasses.replace(tiny_cpu_config(), replicas=len(cpus) - 1)
+    assert _placement(fits, settings) == (frozenset(cpus[:-1]), frozenset(cpus[-1:]))
+    one_core_each = dataclasses.replace(tiny_cpu_config(), replicas=len(cpus))
+    assert _placement(one_core_each, settings) == (frozenset(cpus), frozenset())

@@ -1,7 +1,7 @@
 """The load generator's HTTP client: streams requests to vLLM and records what it saw.
 
-Requests are sent according to an :mod:`~pytest_qwenperf.loadgen.arrivals` plan,
-round-robin over the endpoints, and each response becomes a
+Requests are sent according to an :mod:`~pytest_qwenperf.loadgen.arrivals` plan, to the
+endpoints by :attr:`LoadOptions.routing`, and each response becomes a
 :class:`~pytest_qwenperf.records.RequestRecord`.
 
 The client is the instrument, so it is lean: CPU it spends per request or per streamed
@@ -24,6 +24,7 @@ import os
 from collections import deque
 from collections.abc import Awaitable, Callable, Iterable, Sequence
 from dataclasses import dataclass
+from operator import attrgetter
 from time import perf_counter
 from typing import Any
 from urllib.parse import urlsplit
@@ -33,6 +34,7 @@ from pytest_qwenperf.loadgen.request import RequestSpec
 from pytest_qwenperf.records import RequestRecord
 
 DEFAULT_TIMEOUT_S = 600.0
+ROUTINGS = ("round-robin", "least-outstanding")
 
 Progress = Callable[[RequestRecord], None]
 Job = tuple[int, RequestSpec]  # (position in the workload, request)
@@ -177,12 +179,21 @@ class LoadOptions:
     warm-up. ``duration_s``: stop sending after this long (requests in flight finish and
     count). ``timeout_s`` bounds each request. ``continuous_usage`` asks the server for
     cumulative usage in every chunk, which gives each chunk's token count.
+
+    ``routing`` (one of :data:`ROUTINGS`) picks each request's endpoint. ``"round-robin"``:
+    request ``i`` goes to ``endpoints[i % n]``, like a Kubernetes ClusterIP Service.
+    ``"least-outstanding"``: to the endpoint with the fewest requests in flight from this
+    client when it is sent; ties go to the first in round-robin order from ``i % n``, so
+    with equally many in flight everywhere request ``i`` goes where round-robin sends it.
+    The client only knows its own requests: with several worker processes
+    (:mod:`~pytest_qwenperf.loadgen.workers`) each balances its own share, not the total.
     """
 
     warmup: int = 0
     duration_s: float | None = None
     timeout_s: float = DEFAULT_TIMEOUT_S
     continuous_usage: bool = True
+    routing: str = "round-robin"
 
     def __post_init__(self) -> None:
         if self.warmup < 0:
@@ -191,6 +202,8 @@ class LoadOptions:
             raise ValueError(f"duration_s must be positive, got {self.duration_s}")
         if not self.timeout_s > 0:
             raise ValueError(f"timeout_s must be positive, got {self.timeout_s}")
+        if self.routing not in ROUTINGS:
+            raise ValueError(f"routing must be one of {', '.join(ROUTINGS)}, got {self.routing!r}")
 
 
 @dataclass(frozen=True, repr=False)
@@ -361,7 +374,8 @@ class _Connection(asyncio.Protocol):
 
 
 class _Endpoint:
-    """A base URL (``http://host:port[/prefix]``) and its idle keep-alive connections."""
+    """A base URL (``http://host:port[/prefix]``), its idle keep-alive connections and how many
+    of this client's requests to it are in flight."""
 
     def __init__(self, url: str) -> None:
         parts = urlsplit(url)
@@ -370,6 +384,7 @@ class _Endpoint:
         self.url, self.host, self.port = url, parts.hostname, parts.port or 80
         self.prefix = parts.path.rstrip("/")
         self.idle: list[_Connection] = []
+        self.in_flight = 0
 
     def head(self, path: str, length: int) -> bytes:
         return (
@@ -421,26 +436,32 @@ class _SendTurns:
         self._taken = False
 
 
+_IN_FLIGHT = attrgetter("in_flight")
+
+
 class _Client:
     """Sends one request and records it."""
 
-    def __init__(
-        self, endpoints: Sequence[str], model: str, continuous_usage: bool, timeout_s: float, progress: Progress | None
-    ) -> None:
+    def __init__(self, endpoints: Sequence[str], model: str, options: LoadOptions, progress: Progress | None) -> None:
         self.endpoints = [_Endpoint(url) for url in endpoints]
-        self.model, self.continuous_usage, self.timeout_s = model, continuous_usage, timeout_s
+        # the endpoints in round-robin order from each one: ``min`` over them keeps the first of equals
+        self.orders = [self.endpoints[k:] + self.endpoints[:k] for k in range(len(self.endpoints))]
+        self.least_outstanding = options.routing == "least-outstanding"
+        self.model, self.continuous_usage, self.timeout_s = model, options.continuous_usage, options.timeout_s
         self.progress = progress
         self.turns = _SendTurns()
 
     async def send(self, position: int, spec: RequestSpec, scheduled_at: float | None, warmup: bool) -> RequestRecord:
-        endpoint = self.endpoints[position % len(self.endpoints)]
         body = json.dumps(spec.body(self.model, continuous_usage=self.continuous_usage)).encode()
-        request = endpoint.head(spec.path, len(body)) + body
         parser = StreamParser()
         conn: _Connection | None = None
         reusable = False
         prompt_tokens = completion_tokens = 0
         await self.turns.take()
+        order = self.orders[position % len(self.orders)]
+        endpoint = min(order, key=_IN_FLIGHT) if self.least_outstanding else order[0]
+        request = endpoint.head(spec.path, len(body)) + body
+        endpoint.in_flight += 1
         sent_at = perf_counter()
         try:
             async with asyncio.timeout(self.timeout_s):
@@ -456,6 +477,7 @@ class _Client:
         except Exception as exc:  # anything a server or the network can do must become a record
             parser.error = f"{type(exc).__name__}: {exc}"
         finally:
+            endpoint.in_flight -= 1
             if reusable:
                 endpoint.idle.append(conn)  # type: ignore[arg-type]  # reusable implies a connection
             elif conn is not None and conn.transport is not None:
@@ -556,7 +578,7 @@ async def run_jobs(
     """
     if not endpoints:
         raise ValueError("no endpoints")
-    client = _Client(endpoints, model, options.continuous_usage, options.timeout_s, progress)
+    client = _Client(endpoints, model, options, progress)
     gc.collect()
     gc.freeze()  # a full collection over everything imported stalls the loop for >10 ms; only scan what the run creates
     try:
@@ -600,7 +622,7 @@ async def run_load(
     *,
     progress: Progress | None = None,
 ) -> LoadResult:
-    """Send ``requests`` to ``endpoints`` (base URLs, request ``i`` to ``endpoints[i % n]``).
+    """Send ``requests`` to ``endpoints`` (base URLs, chosen per request by ``options.routing``).
 
     The first ``options.warmup`` requests go first as a closed loop and are marked
     ``warmup``; the measured phase starts when they have all finished and sends the rest

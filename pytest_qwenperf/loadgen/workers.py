@@ -4,6 +4,10 @@ Request ``i`` goes to worker ``i % n``; each worker gets its share of the closed
 concurrency, or the open loop's schedule for its own requests (the schedule is drawn once
 for the whole workload, so it does not depend on the number of workers). Workers meet at
 a barrier before the warm-up and again before the measured phase, so they start together.
+Every worker routes by the same ``options.routing`` over all endpoints, keeping each
+request's position in the whole workload, so round-robin sends request ``i`` to
+``endpoints[i % n]`` as one process would; least-outstanding balances each worker's own
+requests in flight, as it cannot see the other workers'.
 Records come back as each request finishes (a CLI can draw progress) and are merged by
 ``sent_at``: ``perf_counter`` is CLOCK_MONOTONIC, comparable across processes.
 """

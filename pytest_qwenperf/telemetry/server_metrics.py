@@ -20,6 +20,7 @@ COUNTERS: Mapping[str, tuple[str, ...]] = {
     "prompt_tokens": ("vllm:prompt_tokens",),
     "generation_tokens": ("vllm:generation_tokens",),
     "num_preemptions": ("vllm:num_preemptions",),
+    "request_success": ("vllm:request_success",),  # finished requests, any finish reason
     "prefix_cache_queries": ("vllm:prefix_cache_queries", "vllm:gpu_prefix_cache_queries"),
     "prefix_cache_hits": ("vllm:prefix_cache_hits", "vllm:gpu_prefix_cache_hits"),
     "spec_decode_num_drafts": ("vllm:spec_decode_num_drafts",),
@@ -103,12 +104,17 @@ def counter_deltas(before: MetricsSnapshot, after: MetricsSnapshot) -> dict[str,
     return deltas
 
 
-def scrape(base_urls: Iterable[str], timeout: float = 10.0) -> MetricsSnapshot:
-    """Fetch and combine ``/metrics`` of every server (blocking; call it off the event loop)."""
+def scrape_each(base_urls: Iterable[str], timeout: float = 10.0) -> list[MetricsSnapshot]:
+    """Fetch ``/metrics`` of every server, one snapshot each (blocking; call it off the event loop)."""
     snapshots = []
     for url in base_urls:
         status, body = http_get(f"{url}/metrics", timeout=timeout)
         if status != 200:
             raise OSError(f"{url}/metrics returned HTTP {status}")
         snapshots.append(parse_metrics(body.decode()))
-    return combine(snapshots)
+    return snapshots
+
+
+def scrape(base_urls: Iterable[str], timeout: float = 10.0) -> MetricsSnapshot:
+    """``/metrics`` of every server, combined."""
+    return combine(scrape_each(base_urls, timeout))

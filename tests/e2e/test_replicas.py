@@ -1,0 +1,114 @@
+"""Two real CPU-build replicas: booted together, sharing the load, scaling measured and gated,
+a replica lost mid-run named, and the nginx route end to end."""
+
+from __future__ import annotations
+
+import dataclasses
+import os
+import signal
+import threading
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+
+from pytest_qwenperf import proctree
+from pytest_qwenperf.baseline import load_baseline, write_baseline
+from pytest_qwenperf.config import ServingConfig, SuiteWorkload
+from pytest_qwenperf.loadgen.arrivals import ClosedLoop
+from pytest_qwenperf.loadgen.workloads import RandomWorkload
+from pytest_qwenperf.replicas import ReplicaSet, replica_specs
+from pytest_qwenperf.router import RouterUnavailable, find_nginx
+from pytest_qwenperf.run import measure
+from pytest_qwenperf.server import DEFAULT_LAUNCHER, ServerError
+from pytest_qwenperf.verdict import judge_run
+from tests.e2e.tiny import TINY
+
+pytestmark = pytest.mark.e2e
+
+PAIR = dataclasses.replace(TINY, id="e2e-pair", replicas=2)
+# One replica's load: 48 requests (8 of them warm-up) at concurrency 8; two replicas get twice that.
+WORKLOAD = SuiteWorkload(RandomWorkload(input_len=64, output_len=32, num_prompts=48), ClosedLoop(8), warmup=8)
+
+
+def pair(config: ServingConfig, log_dir: Path) -> ReplicaSet:
+    """Two replicas of ``config``, one core each (on a 2-core machine the client shares them)."""
+    cpus = frozenset(sorted(os.sched_getaffinity(0))[:2])
+    spec = config.server_spec(launcher=DEFAULT_LAUNCHER, boot_timeout_s=600, cpus=cpus)
+    return ReplicaSet(config.id, replica_specs(spec, 2), log_dir, routing=config.routing)
+
+
+@pytest.fixture
+def no_leftovers() -> Iterator[None]:
+    yield
+    assert proctree.tagged_processes(proctree.owner_prefix()) == [], "a replica or router process outlived its set"
+
+
+def test_two_replicas_share_the_load_and_their_scaling_is_reported_and_gated(tmp_path: Path, no_leftovers: None) -> None:
+    with pair(PAIR, tmp_path) as replicas:
+        assert len(set(replicas.pids)) == 2 and len(set(replicas.base_urls)) == 2
+        assert [r.spec.cpus for r in replicas.replicas] == [frozenset({c}) for c in sorted(os.sched_getaffinity(0))[:2]]
+        assert sorted(p.name for p in tmp_path.glob("*.log")) == ["e2e-pair-r0.log", "e2e-pair-r1.log"]
+        result = measure(replicas, PAIR, WORKLOAD, suite="e2e", repeats=2)
+
+    run = result.as_json()
+    assert run["metrics"]["completed"] == 80 and run["metrics"]["failed"] == 0  # two replicas' load, warm-up excluded
+    assert result.tokens.matches, result.tokens.describe()
+    # Round-robin over interleaved copies: each replica finished exactly one copy (48 requests).
+    assert sorted(result.requests_per_server.values()) == [48, 48]
+    scaling = run["scaling"]
+    assert set(scaling["replicas"]) == {"1", "2"} and scaling["request_spread"] == 0
+    efficiencies = scaling["replicas"]["2"]["efficiency"]
+    assert len(efficiencies) == 2 and all(0.3 < e < 1.5 for e in efficiencies), efficiencies
+    assert list(result.samples["scaling_efficiency_n2"]) == efficiencies
+
+    # Gated like every baseline metric: recorded, then a run that scales like one replica doing
+    # all the work (efficiency halved; what a router sending everything to one replica gives).
+    path = write_baseline(tmp_path / "baselines", run, source="test")
+    worse = {**run, "samples": {**run["samples"], "scaling_efficiency_n2": [e * 0.5 for e in efficiencies]}}
+    verdicts = {j.metric: j.verdict for j in judge_run(load_baseline(path), worse)}
+    assert verdicts["scaling_efficiency_n2"] == "regression"
+    assert verdicts["total_token_throughput"] != "regression"
+
+
+def test_a_replica_killed_mid_run_fails_the_run_naming_it(tmp_path: Path, no_leftovers: None) -> None:
+    longer = dataclasses.replace(WORKLOAD, workload=dataclasses.replace(WORKLOAD.workload, num_prompts=400))
+    with pair(PAIR, tmp_path) as replicas:
+        victim = replicas.replicas[1]
+        assert victim.pid is not None
+        killer = threading.Timer(2.0, os.kill, (victim.pid, signal.SIGKILL))  # the API server only: its engine is orphaned
+        killer.start()
+        try:
+            with pytest.raises(ServerError) as failure:
+                measure(replicas, PAIR, longer, suite="e2e")
+        finally:
+            killer.cancel()
+    message = str(failure.value)
+    assert "e2e-pair-r1" in message and "e2e-pair-r0" not in message, message
+    assert f"exit code {-signal.SIGKILL}" in message and str(victim.log_path) in message
+
+
+@pytest.fixture
+def nginx() -> str:
+    try:
+        return find_nginx()
+    except RouterUnavailable as exc:
+        pytest.skip(str(exc))
+
+
+def test_the_nginx_route_spreads_the_load_end_to_end(tmp_path: Path, nginx: str, no_leftovers: None) -> None:
+    behind_nginx = dataclasses.replace(PAIR, id="e2e-nginx", routing="nginx")
+    with pair(behind_nginx, tmp_path) as replicas:
+        assert replicas.router is not None
+        assert replicas.load_urls == (replicas.router.base_url,) and replicas.router.base_url not in replicas.base_urls
+        result = measure(replicas, behind_nginx, WORKLOAD, suite="e2e")
+        routed = replicas.router.requests_per_upstream()
+
+    assert result.summary.values()["failed"] == 0
+    assert result.tokens.matches, result.tokens.describe()  # /metrics read from the replicas, not through nginx
+    served = result.requests_per_server
+    assert sum(served.values()) == 96 and all(count > 0 for count in served.values()), served
+    # What nginx says it sent each replica is what each replica says it finished (plus readiness probes).
+    assert all(routed[url] >= served[url] for url in served), (routed, served)
+    assert result.scaling is not None and result.scaling.request_spread() is not None
+    assert result.scaling.request_spread() <= 0.25, served  # least_conn over equal replicas stays near even
