@@ -79,6 +79,7 @@ class QwenperfSettings:
     server_cpus: frozenset[int] | None  # None: the default placement for the suite's hardware
     client_cpus: frozenset[int] | None
     repeats: int | None  # None: each suite's own
+    client_workers: int  # load-generator processes (one event loop each)
     baselines: Path
     update_baselines: bool
 
@@ -122,6 +123,11 @@ def pytest_addoption(parser: pytest.Parser) -> None:
     group.addoption("--qwenperf-server-cpus", type=cpu_list, help="CPUs for the servers, e.g. 0-6 (CPU suites default: all but the last)")
     group.addoption("--qwenperf-client-cpus", type=cpu_list, help="CPUs for the load generator (CPU suites default: the last one)")
     group.addoption("--qwenperf-repeats", type=whole_number(1), help="load runs per (config, workload) (default: the suite's repeats)")
+    group.addoption(
+        "--qwenperf-client-workers",
+        type=whole_number(1),
+        help="load-generator processes, each with its own event loop, for loads one process cannot drive (default 1)",
+    )
     group.addoption("--qwenperf-baselines", type=Path, help="baseline folder (default: baselines/ under the rootdir)")
     group.addoption(
         "--qwenperf-update-baselines",
@@ -134,6 +140,7 @@ def pytest_addoption(parser: pytest.Parser) -> None:
     parser.addini("qwenperf_endpoints", "default for --qwenperf-endpoint", type="linelist")
     parser.addini("qwenperf_suites", "suite files or globs, relative to the rootdir", type="linelist")
     parser.addini("qwenperf_repeats", "default for --qwenperf-repeats")
+    parser.addini("qwenperf_client_workers", "default for --qwenperf-client-workers")
     parser.addini("qwenperf_baselines", "default for --qwenperf-baselines, relative to the rootdir")
 
 
@@ -154,6 +161,7 @@ def pytest_configure(config: pytest.Config) -> None:
         server_cpus=config.getoption("qwenperf_server_cpus"),
         client_cpus=config.getoption("qwenperf_client_cpus"),
         repeats=_resolve(config, "qwenperf_repeats", whole_number(1), None),
+        client_workers=_resolve(config, "qwenperf_client_workers", whole_number(1), 1),
         baselines=config.rootpath / _resolve(config, "qwenperf_baselines", Path, Path("baselines")),
         update_baselines=config.getoption("qwenperf_update_baselines"),
     )
@@ -390,6 +398,7 @@ def qwenperf_measure(pytestconfig: pytest.Config, qwenperf_pool: ServerPool, qwe
                 repeats=qwenperf_settings.repeats or suite.repeats,
                 tolerances=suite.tolerances,
                 routes=_routes(sets) if sets else None,
+                workers=qwenperf_settings.client_workers,
             )
             report.add(result)
         return result

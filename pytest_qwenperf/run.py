@@ -257,6 +257,7 @@ def measure(
     repeats: int = 1,
     tolerances: Mapping[str, float] = MappingProxyType({}),
     routes: Sequence[Route] | None = None,
+    workers: int = 1,
 ) -> RunResult:
     """Drive ``workload`` against ``server`` (running ``config``) ``repeats`` times.
 
@@ -272,8 +273,9 @@ def measure(
     server for ``config.replicas``) name replica counts and how to reach them, and each
     gets that many times the load in every repeat. The result is the run of the config's
     own replica count (else the largest); with more than one route it carries the scaling
-    efficiencies (:class:`ScalingSummary`) as ``scaling_efficiency_n<N>`` samples. A server of ours that stops during a run
-    raises :class:`ServerError` naming it.
+    efficiencies (:class:`ScalingSummary`) as ``scaling_efficiency_n<N>`` samples. A server
+    of ours that stops during a run raises :class:`ServerError` naming it. ``workers``:
+    load-generator processes (see :func:`observe`).
     """
     if repeats < 1:
         raise ValueError(f"repeats must be at least 1, got {repeats}")
@@ -282,7 +284,7 @@ def measure(
     for _ in range(repeats):
         for route in routes:
             reset_prefix_caches(route.metrics_urls)
-            run = _measure_once(server, route, config, workload, suite=suite, client_cpus=client_cpus)
+            run = _measure_once(server, route, config, workload, suite=suite, client_cpus=client_cpus, workers=workers)
             server.check_alive()
             runs[route.replicas].append(run)
     own = runs.get(config.replicas) or runs[routes[-1].replicas]
@@ -347,7 +349,14 @@ def _reset_succeeded(body: bytes) -> bool:
 
 
 def _measure_once(
-    server: Server, route: Route, config: ServingConfig, workload: SuiteWorkload, *, suite: str, client_cpus: frozenset[int]
+    server: Server,
+    route: Route,
+    config: ServingConfig,
+    workload: SuiteWorkload,
+    *,
+    suite: str,
+    client_cpus: frozenset[int],
+    workers: int,
 ) -> RunResult:
     hardware = detect()
     tokenizer = PromptTokenizer.load(embedded.resolve_model(config.model))
@@ -363,6 +372,7 @@ def _measure_once(
         LoadOptions(warmup=workload.warmup * n, routing=_client_routing(config.routing)),
         slo=workload.slo,
         client_cpus=client_cpus,
+        workers=workers,
         server_pids=server.pids,
         gpu_visible_devices=_gpu_devices(config, hardware),
         metrics_urls=route.metrics_urls,

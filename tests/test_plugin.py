@@ -137,6 +137,8 @@ def test_leak(tmp_path):
         ("--qwenperf-endpoint", "localhost:8000", "expected a URL like http://10.0.0.5:8000"),
         ("--qwenperf-endpoint", "http://h:8000/v1", "without /v1"),
         ("--qwenperf-launcher", "", "expected a command such as 'vllm serve'"),
+        ("--qwenperf-client-workers", "0", "expected a whole number >= 1, got '0'"),
+        ("--qwenperf-endpoints-file", "missing.toml", "missing.toml: cannot read the endpoints file"),
     ],
 )
 def test_bad_option_values_fail_at_parsing(pytester: pytest.Pytester, option: str, value: str, expected: str) -> None:
@@ -229,19 +231,29 @@ def test_bad_suite_file_is_a_usage_error_naming_it(pytester: pytest.Pytester) ->
     result.stderr.fnmatch_lines([f"*{bad}: config 'a'.vllm.max_model_len: expected a flag name as vLLM spells it*"])
 
 
+def _settings(**chosen: object):
+    from pytest_qwenperf.plugin import QwenperfSettings
+
+    defaults = dict(
+        launcher=(), boot_timeout_s=1.0, log_dir=None, endpoints=(), endpoint_sets=None, suites=(), json_path=None,
+        server_cpus=None, client_cpus=None, repeats=None, client_workers=1, baselines=Path("baselines"), update_baselines=False,
+    )
+    return QwenperfSettings(**(defaults | chosen))
+
+
 def test_cpu_build_places_server_and_client_on_disjoint_cores() -> None:
     from pytest_qwenperf.config import ServingConfig, tiny_cpu_config
     from pytest_qwenperf.hardware import detect
-    from pytest_qwenperf.plugin import QwenperfSettings, _placement
+    from pytest_qwenperf.plugin import _placement
 
-    settings = QwenperfSettings((), 1.0, None, (), None, (), None, None, None, None, Path("baselines"), False)
+    settings = _settings()
     cpus = sorted(detect().cpu_ids)
     server, client = _placement(tiny_cpu_config(), settings)
     if len(cpus) >= 2:
         assert (sorted(server), sorted(client)) == (cpus[:-1], cpus[-1:])
     assert not server & client
     assert _placement(ServingConfig(id="gpu", model="Qwen/Qwen3.5-27B-FP8"), settings) == (frozenset(), frozenset())
-    chosen = QwenperfSettings((), 1.0, None, (), None, (), None, frozenset({0}), None, None, Path("baselines"), False)
+    chosen = _settings(server_cpus=frozenset({0}))
     assert _placement(tiny_cpu_config(), chosen) == (frozenset({0}), frozenset())
 
 
@@ -250,9 +262,9 @@ def test_replicas_split_the_server_cores_and_the_client_shares_them_only_when_it
 
     from pytest_qwenperf.config import tiny_cpu_config
     from pytest_qwenperf.hardware import detect
-    from pytest_qwenperf.plugin import QwenperfSettings, _placement
+    from pytest_qwenperf.plugin import _placement
 
-    settings = QwenperfSettings((), 1.0, None, (), None, (), None, None, None, None, Path("baselines"), False)
+    settings = _settings()
     cpus = sorted(detect().cpu_ids)
     if len(cpus) < 2:
         pytest.skip(f"placement needs at least 2 CPUs; this machine gives {cpus}")
@@ -260,3 +272,23 @@ def test_replicas_split_the_server_cores_and_the_client_shares_them_only_when_it
     assert _placement(fits, settings) == (frozenset(cpus[:-1]), frozenset(cpus[-1:]))
     one_core_each = dataclasses.replace(tiny_cpu_config(), replicas=len(cpus))
     assert _placement(one_core_each, settings) == (frozenset(cpus), frozenset())
+
+
+def test_endpoint_sets_become_routes_and_only_sets_of_replicas_are_scraped(tmp_path: Path) -> None:
+    from pytest_qwenperf.endpoints import load_endpoint_sets
+    from pytest_qwenperf.plugin import _routes, _set_urls
+    from pytest_qwenperf.scaling import Route
+
+    path = tmp_path / "endpoints.toml"
+    path.write_text(
+        '[[set]]\nreplicas = 2\nurls = ["http://a:1", "http://b:1"]\n'
+        '[[set]]\nreplicas = 1\nurls = ["http://a:1"]\n'
+        '[[set]]\nreplicas = 12\nurls = ["http://svc:8000"]\n'
+    )
+    sets = load_endpoint_sets(path)
+    assert _routes(sets) == (
+        Route(1, ("http://a:1",), ("http://a:1",)),
+        Route(2, ("http://a:1", "http://b:1"), ("http://a:1", "http://b:1")),
+        Route(12, ("http://svc:8000",), ()),  # a Service: a scrape would reach one random pod
+    )
+    assert _set_urls(sets) == ("http://a:1", "http://b:1", "http://svc:8000")
