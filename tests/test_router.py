@@ -22,27 +22,11 @@ from pytest_qwenperf.router import (
     NO_UPSTREAM,
     NginxRouter,
     RouterUnavailable,
-    find_nginx,
     render_nginx_config,
 )
 from pytest_qwenperf.server import PortInUseError, ServerBootError, ServerError
 from tests.processes import alive
 from tests.stream_source import MODEL, StreamSource, stream_source
-
-
-@pytest.fixture
-def nginx() -> str:
-    """The nginx binary; skips only where nginx is not installed.
-
-    A wrong ``$QWENPERF_NGINX`` fails instead, and so does a missing nginx in CI
-    (``.ci/run`` installs it): a skip there would hide that the router went untested.
-    """
-    try:
-        return find_nginx()
-    except RouterUnavailable as exc:
-        if os.environ.get(NGINX_ENV) or os.environ.get("CI"):
-            raise
-        pytest.skip(str(exc))
 
 
 @pytest.fixture
@@ -204,8 +188,11 @@ def test_requests_no_upstream_took_are_counted_apart(router: NginxRouter, source
     responses = [_fetch(router, _request(1, {})) for _ in range(3)]
     assert all(r.startswith(b"HTTP/1.1 502") for r in responses)
     counted = router.requests_per_upstream("/v1/")
-    # The first request tries both replicas (connection refused); nginx then marks them down.
-    assert counted == {**{url: 1 for url in source.urls}, NO_UPSTREAM: 2}
+    # The first request tries both replicas (connection refused) and nginx marks them down;
+    # later ones find no replica, or (on a slow machine, once nginx gives the replicas another
+    # chance) try one again: each attempt is counted once, under its replica or under NO_UPSTREAM.
+    assert set(counted) == {*source.urls, NO_UPSTREAM}, counted
+    assert all(counted[url] >= 1 for url in source.urls) and sum(counted.values()) >= 4, counted
 
 
 # ---------------------------------------------------------------------- lifecycle

@@ -18,7 +18,6 @@ from pytest_qwenperf.config import ServingConfig, SuiteWorkload
 from pytest_qwenperf.loadgen.arrivals import ClosedLoop
 from pytest_qwenperf.loadgen.workloads import RandomWorkload
 from pytest_qwenperf.replicas import ReplicaSet, replica_specs
-from pytest_qwenperf.router import RouterUnavailable, find_nginx
 from pytest_qwenperf.run import measure
 from pytest_qwenperf.server import DEFAULT_LAUNCHER, ServerError
 from pytest_qwenperf.verdict import judge_run
@@ -86,14 +85,6 @@ def test_a_replica_killed_mid_run_fails_the_run_naming_it(tmp_path: Path, no_lef
     message = str(failure.value)
     assert "e2e-pair-r1" in message and "e2e-pair-r0" not in message, message
     assert f"exit code {-signal.SIGKILL}" in message and str(victim.log_path) in message
-
-
-@pytest.fixture
-def nginx() -> str:
-    try:
-        return find_nginx()
-    except RouterUnavailable as exc:
-        pytest.skip(str(exc))
 
 
 def test_the_nginx_route_spreads_the_load_end_to_end(tmp_path: Path, nginx: str, no_leftovers: None) -> None:
