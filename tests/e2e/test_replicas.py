@@ -65,9 +65,13 @@ def test_two_replicas_share_the_load_and_their_scaling_is_reported_and_gated(tmp
     # all the work (efficiency halved; what a router sending everything to one replica gives).
     path = write_baseline(tmp_path / "baselines", run, source="test")
     worse = {**run, "samples": {**run["samples"], "scaling_efficiency_n2": [e * 0.5 for e in efficiencies]}}
-    verdicts = {j.metric: j.verdict for j in judge_run(load_baseline(path), worse)}
-    assert verdicts["scaling_efficiency_n2"] == "regression"
-    assert verdicts["total_token_throughput"] != "regression"
+    judged = {j.metric: j for j in judge_run(load_baseline(path), worse)}
+    scaled = judged["scaling_efficiency_n2"]
+    assert scaled.ratio == pytest.approx(0.5)
+    # Two repeats on two shared cores may be too spread for a verdict: then it says noisy, never pass.
+    # (That a change beyond tolerance and noise is always a regression is tests/test_verdict.py's.)
+    assert scaled.verdict in ("regression", "noisy"), scaled
+    assert judged["total_token_throughput"].ratio == 1.0 and judged["total_token_throughput"].verdict != "regression"
 
 
 def test_a_replica_killed_mid_run_fails_the_run_naming_it(tmp_path: Path, no_leftovers: None) -> None:
