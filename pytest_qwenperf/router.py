@@ -27,7 +27,7 @@ import shutil
 import socket
 import subprocess
 import time
-from collections import Counter, deque
+from collections import Counter
 from collections.abc import Sequence
 from pathlib import Path
 from types import TracebackType
@@ -173,7 +173,6 @@ class NginxRouter:
     Use as a context manager, or call :meth:`start` / :meth:`stop` (``stop`` is idempotent).
     """
 
-    _PORT_RETRIES = 3
     _POLL_INTERVAL_S = 0.1
 
     def __init__(
@@ -230,15 +229,7 @@ class NginxRouter:
     def start(self) -> None:
         """Check the config, start nginx, wait until ``/health`` through it is 200; on failure nothing is left."""
         nginx = self.nginx or find_nginx()
-        fixed_port = self.port
-        attempts = 1 if fixed_port is not None else self._PORT_RETRIES
-        for attempt in range(1, attempts + 1):
-            try:
-                self._start_once(nginx, fixed_port or server.free_port(self.host))
-                return
-            except PortInUseError:
-                if attempt == attempts:
-                    raise
+        server.start_on_a_port(lambda port: self._start_once(nginx, port), self.host, self.port)
 
     def stop(self) -> None:
         if self._popen is None:
@@ -272,11 +263,7 @@ class NginxRouter:
         return dict(counts)
 
     def error_log_tail(self, lines: int = LOG_TAIL_LINES) -> str:
-        path = self.prefix / "error.log"
-        if not path.exists():
-            return ""
-        with open(path, errors="replace") as log:
-            return "".join(deque(log, maxlen=lines)).rstrip("\n")
+        return server.tail_of(self.prefix / "error.log", lines)
 
     def _start_once(self, nginx: str, port: int) -> None:
         self.port = port

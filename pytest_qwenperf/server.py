@@ -20,6 +20,7 @@ import sys
 import time
 import urllib.error
 from collections import deque
+from collections.abc import Callable
 from dataclasses import dataclass, field, replace
 from pathlib import Path
 from types import TracebackType
@@ -250,6 +251,30 @@ def _family(host: str) -> socket.AddressFamily:
     return socket.AF_INET6 if ":" in host else socket.AF_INET
 
 
+PORT_RETRIES = 3
+
+
+def start_on_a_port(start_once: Callable[[int], None], host: str, port: int | None) -> None:
+    """``start_once(port)`` on ``port``, or on a free port, retried with another while
+    :class:`PortInUseError` says it was taken between looking and binding."""
+    attempts = 1 if port is not None else PORT_RETRIES
+    for attempt in range(1, attempts + 1):
+        try:
+            start_once(port or free_port(host))
+            return
+        except PortInUseError:
+            if attempt == attempts:
+                raise
+
+
+def tail_of(path: Path | None, lines: int = LOG_TAIL_LINES) -> str:
+    """The last ``lines`` lines of a log file ("" when there is none yet)."""
+    if path is None or not path.exists():
+        return ""
+    with open(path, errors="replace") as log:
+        return "".join(deque(log, maxlen=lines)).rstrip("\n")
+
+
 # ----------------------------------------------------------------------- servers
 
 
@@ -268,8 +293,6 @@ class ManagedServer:
 
     Use as a context manager, or call :meth:`start` / :meth:`stop` (``stop`` is idempotent).
     """
-
-    _PORT_RETRIES = 3
 
     def __init__(self, spec: ServerSpec, log_dir: Path) -> None:
         self.spec = spec
@@ -333,14 +356,7 @@ class ManagedServer:
         """Boot and wait until ready; on any failure (or Ctrl-C) nothing is left running."""
         if self.spec.port is not None:
             check_port_free(self.spec.host, self.spec.port)
-        attempts = 1 if self.spec.port is not None else self._PORT_RETRIES
-        for attempt in range(1, attempts + 1):
-            try:
-                self._boot_once(self.spec.port or free_port(self.spec.host))
-                return
-            except PortInUseError:
-                if attempt == attempts:
-                    raise
+        start_on_a_port(self._boot_once, self.spec.host, self.spec.port)
 
     def stop(self) -> None:
         if self._popen is None:
@@ -368,10 +384,7 @@ class ManagedServer:
             )
 
     def log_tail(self, lines: int = LOG_TAIL_LINES) -> str:
-        if self.log_path is None or not self.log_path.exists():
-            return ""
-        with open(self.log_path, errors="replace") as log:
-            return "".join(deque(log, maxlen=lines)).rstrip("\n")
+        return tail_of(self.log_path, lines)
 
     def _boot_once(self, port: int) -> None:
         self.port = port
