@@ -20,7 +20,6 @@ No pytest here, as in :mod:`pytest_qwenperf.server`.
 
 from __future__ import annotations
 
-import atexit
 import os
 import re
 import shutil
@@ -157,16 +156,6 @@ http {{
 """
 
 
-_LIVE: set[NginxRouter] = set()
-
-
-@atexit.register
-def _stop_leftovers() -> None:
-    """nginx runs in its own session, so nothing else stops it when the interpreter exits."""
-    for router in list(_LIVE):
-        router.stop()
-
-
 class NginxRouter:
     """One nginx in front of ``upstreams`` (replica base URLs) that this object starts and stops.
 
@@ -238,7 +227,7 @@ class NginxRouter:
             proctree.stop_tree(self._popen, self._tag)
         finally:
             self._popen = None
-            _LIVE.discard(self)
+            server.LIVE.discard(self)
 
     def requests_per_upstream(self, path: str = "") -> dict[str, int]:
         """Requests nginx sent to each upstream (base URL), from its access log.
@@ -284,7 +273,7 @@ class NginxRouter:
             raise ServerError(f"nginx rejected {conf}:\n{(check.stderr + check.stdout).strip()}")
         self._tag = proctree.new_tag()
         self._popen = proctree.spawn_tree([*_KEEP_TAG, *argv], log_path=prefix / "error.log", env={}, tag=self._tag)
-        _LIVE.add(self)
+        server.LIVE.add(self)
         try:
             self._wait_ready()
         except BaseException:

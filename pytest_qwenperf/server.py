@@ -278,14 +278,20 @@ def tail_of(path: Path | None, lines: int = LOG_TAIL_LINES) -> str:
 # ----------------------------------------------------------------------- servers
 
 
-_LIVE: set[ManagedServer] = set()
+class _Stoppable(Protocol):
+    def stop(self) -> None: ...
+
+
+LIVE: set[_Stoppable] = set()
+"""Started process trees (servers, routers) not yet stopped: each adds itself when it starts
+and removes itself in ``stop``. They run in sessions of their own, so nothing else stops them."""
 
 
 @atexit.register
 def _stop_leftovers() -> None:
     """Last line of defence when the interpreter exits with servers still up."""
-    for server in list(_LIVE):
-        server.stop()
+    for started in list(LIVE):
+        started.stop()
 
 
 class ManagedServer:
@@ -366,7 +372,7 @@ class ManagedServer:
         finally:
             self._popen = None
             self._info = None
-            _LIVE.discard(self)
+            LIVE.discard(self)
 
     def is_alive(self) -> bool:
         return self._popen is not None and self._popen.poll() is None
@@ -397,7 +403,7 @@ class ManagedServer:
         # this host's loopback only; nothing else of dev mode is used).
         env = {"VLLM_SERVER_DEV_MODE": "1", **dict(self.spec.env)}
         self._popen = proctree.spawn_tree(argv, log_path=self.log_path, env=env, tag=self._tag)
-        _LIVE.add(self)
+        LIVE.add(self)
         try:
             self._wait_ready()
             self._info = replace(
