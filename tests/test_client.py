@@ -12,14 +12,14 @@ import json
 import os
 import random
 import socket
-import time
+import subprocess
+import sys
 from collections import Counter
 from collections.abc import Iterator
-from contextlib import contextmanager
+from contextlib import contextmanager, nullcontext
 from typing import Any
 
 import numpy as np
-import psutil
 import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
@@ -73,17 +73,21 @@ def run(
 # --- fidelity ---------------------------------------------------------------------------
 
 
-def _busy_cpu_s() -> float:
-    times = psutil.cpu_times()
-    return times.user + times.nice + times.system + times.irq + times.softirq + times.steal
+@contextmanager
+def competing_process(cpus: set[int] | None) -> Iterator[None]:
+    """A busy loop on ``cpus`` for the duration: the scheduler gives the client its CPU in turns."""
+    hog = subprocess.Popen([sys.executable, "-c", "while True: pass"])
+    try:
+        if cpus:
+            os.sched_setaffinity(hog.pid, cpus)
+        yield
+    finally:
+        hog.kill()
+        hog.wait()
 
 
-def _fidelity_attempt(seed: int) -> dict[str, float]:
-    """One run of 768 requests at 256 concurrent streams; checks tokens exactly, returns p99 timing errors (ms).
-
-    Also returns ``foreign``: the share of a CPU that processes other than the client and
-    the source used meanwhile (other work on a shared machine).
-    """
+def _fidelity_attempt(seed: int, competitor: bool) -> dict[str, float]:
+    """One run of 768 requests at 256 concurrent streams; checks tokens exactly, returns p99 timing errors (ms)."""
     rng = random.Random(seed)
     specs, schedules = [], {}
     for i in range(768):
@@ -95,12 +99,9 @@ def _fidelity_attempt(seed: int) -> dict[str, float]:
         schedules[i] = {"ttft_ms": rng.uniform(50, 200), "itl_ms": gaps, "tokens_per_chunk": per_chunk, "empty_text": empty}
         specs.append(spec(i, max_tokens=32, **schedules[i]))
     with stream_source(cpus=SOURCE_CPUS) as src, pinned(CLIENT_CPUS):
-        source = psutil.Process(src.proc.pid)
-        before = (_busy_cpu_s(), time.process_time(), sum(source.cpu_times()[:2]), time.perf_counter())
-        load = run_load_sync(src.urls, MODEL, specs, ClosedLoop(256), LoadOptions(continuous_usage=True))
-        after = (_busy_cpu_s(), time.process_time(), sum(source.cpu_times()[:2]), time.perf_counter())
+        with competing_process(CLIENT_CPUS) if competitor else nullcontext():
+            load = run_load_sync(src.urls, MODEL, specs, ClosedLoop(256), LoadOptions(continuous_usage=True))
         stats, sent = src.stats(), src.sent()
-    busy, client, source_cpu, wall = (b - a for a, b in zip(before, after))
     assert stats["peak_active"] == 256
     names = ("ttft", "itl", "ttft vs schedule", "itl vs schedule", "request leg")
     errors: dict[str, list[float]] = {name: [] for name in names}
@@ -121,42 +122,38 @@ def _fidelity_attempt(seed: int) -> dict[str, float]:
     result = {name: float(np.percentile(np.abs(values), 99) * 1e3) for name, values in errors.items()}
     result["request leg p50"] = float(np.median(errors["request leg"]) * 1e3)
     result["source late"] = stats["late_ms_p99"]
-    result["foreign"] = (busy - client - source_cpu) / wall
     print("p99 error (ms): " + ", ".join(f"{name} {value:.3f}" for name, value in result.items()))
     return result
 
 
-def test_fidelity_256_streams() -> None:
+@pytest.mark.parametrize("competitor", [False, True], ids=["client-cpu-own", "client-cpu-shared"])
+def test_fidelity_256_streams(competitor: bool) -> None:
     """256 concurrent streams: the measured TTFT and every inter-chunk gap are within 1 ms
     of what the source did at p99, and every token is counted exactly once.
 
     Realistic, varied schedules (TTFT 50-200 ms, gaps 10-20 ms, 32 tokens in chunks of 1-3
     like speculative decoding, some chunks with empty text) so that sends do not line up.
-    The source is pinned to CPU 0 and the client (this process) to CPU 1: each needs a
-    good part of a core at this load and sharing one turns each one's bursts into the
-    other's timing errors. The reference is what the source logged (``perf_counter`` is
-    CLOCK_MONOTONIC, shared by both processes): a chunk's error is how much later the
-    client stamped it than the source sent it, so a late *source* (its epoll wakes on a
-    millisecond clock) is not counted against the client. TTFT's error is therefore its
-    first chunk's; ``sent_at`` is checked to precede the request's arrival at the source
-    and to be close to it at the median. Errors against the nominal schedules are printed.
+    The source is pinned to CPU 0 and the client (this process) to CPU 1. The reference
+    is what the source logged just before each write (``perf_counter`` is CLOCK_MONOTONIC,
+    shared by both processes): a chunk's error is how much later the client timed it than
+    the source sent it, so a late *source* is not counted against the client. TTFT's
+    error is therefore its first chunk's; ``sent_at`` is checked to precede the request's
+    arrival at the source and, with the client's CPU to itself, to be close to it at the
+    median. Errors against the nominal schedules are printed.
 
-    Timing noise on a shared machine only ever adds error, so up to five runs are made
-    and the best must hold: a client that is systematically off fails every run. Runs
-    during which other processes used more than a fifth of a CPU do not count towards
-    the five (up to eight runs in all); if every run was disturbed the best of them must
-    still hold, and the failure message shows how busy the machine was. A small VM also
-    stalls a busy vCPU for 1-3 ms now and then (measured here: a few times a second with
-    both vCPUs busy), which this cannot see and which is what costs a run its p99.
+    With ``client-cpu-shared`` a busy loop shares the client's CPU, so the client is
+    descheduled for milliseconds at a time, as a vCPU on a small VM is: chunks are timed by
+    when the kernel received them, so the error must stay as small. (Timed when Python
+    read them, the errors here were 6-18 ms at p99.) Up to three runs are made and the first
+    that holds passes: a client that is systematically off fails all three.
     """
     attempts: list[dict[str, float]] = []
-    for seed in range(8):
-        attempts.append(_fidelity_attempt(seed))
-        clean = [a for a in attempts if a["foreign"] <= 0.2]
-        if (attempts[-1]["ttft"] <= 1.0 and attempts[-1]["itl"] <= 1.0) or len(clean) == 5:
-            break
-    best = min(attempts, key=lambda p99: max(p99["ttft"], p99["itl"]))
-    assert best["ttft"] <= 1.0 and best["itl"] <= 1.0 and best["request leg p50"] < 0.5, attempts
+    for seed in range(3):
+        attempts.append(_fidelity_attempt(seed, competitor))
+        p99 = attempts[-1]
+        if p99["ttft"] <= 1.0 and p99["itl"] <= 1.0 and (competitor or p99["request leg p50"] < 0.5):
+            return
+    pytest.fail(f"no run within 1 ms at p99 (and request leg p50 < 0.5 ms): {attempts}")
 
 
 # --- routing and connections ------------------------------------------------------------
@@ -289,6 +286,8 @@ def test_fast_path_parses_what_json_parses(
 
 
 class _Transport:
+    closed = False
+
     def write(self, data: bytes) -> None:
         pass
 
@@ -317,10 +316,10 @@ def _wire(sizes: list[int], framing: str, events: int = 20) -> bytes:
 async def _receive(wire: bytes, cuts: list[int], events: int = 20) -> None:
     """Feed ``wire`` to a connection in reads cut at ``cuts``; the events must come out whole."""
     conn, parser = _Connection(), StreamParser()
-    conn.connection_made(_Transport())  # type: ignore[arg-type]
+    conn.transport = _Transport()  # type: ignore[assignment]
     done = conn.request(b"", parser)
     for start, end in zip([0, *sorted(cuts)], [*sorted(cuts), len(wire)]):
-        conn.data_received(wire[start:end])
+        conn.received(wire[start:end], 0.0)
     assert await asyncio.wait_for(done, 1) and conn.status == 200  # complete, and the connection reusable
     assert parser.tokens == [1] * events and parser.finish() == (3, events)
 

@@ -5,13 +5,14 @@ endpoints by :attr:`LoadOptions.routing`, and each response becomes a
 :class:`~pytest_qwenperf.records.RequestRecord`.
 
 The client is the instrument, so it is lean: CPU it spends per request or per streamed
-chunk delays the timing of every other stream. It speaks HTTP/1.1 itself, on asyncio
-protocols, rather than through aiohttp. Measured on a 2-vCPU VM with uvloop, aiohttp's
+chunk delays the timing of every other stream. It speaks HTTP/1.1 itself, on sockets
+read through the event loop, rather than through aiohttp. Measured on a 2-vCPU VM with uvloop, aiohttp's
 client spends ~450 us of CPU per request and ~32 us per chunk (its body reader wakes a
 task for every chunk), which at 256 streams put timing errors of 5-15 ms at p99; this
 one spends ~160 us per request and ~19 us per chunk, of which ~5 us is Python and the
-rest the kernel's, and stamps each chunk in ``data_received``, the first moment Python
-sees the bytes. There is no pool limit, no proxy and no line-length limit to configure.
+rest the kernel's, and times each chunk by when the kernel received it
+(:mod:`~pytest_qwenperf.loadgen.stamped_socket`), not when Python got to it. There is
+no pool limit, no proxy and no line-length limit to configure.
 :class:`StreamParser` reads token counts out of vLLM's chunks without decoding their JSON.
 """
 
@@ -31,6 +32,7 @@ from urllib.parse import urlsplit
 
 from pytest_qwenperf.loadgen.arrivals import Arrival, ClosedLoop, OpenLoop, warmup_concurrency
 from pytest_qwenperf.loadgen.request import RequestSpec
+from pytest_qwenperf.loadgen.stamped_socket import StampedConnection
 from pytest_qwenperf.records import RequestRecord
 
 DEFAULT_TIMEOUT_S = 600.0
@@ -236,18 +238,18 @@ class LoadResult:
         return self.arrival.concurrency if isinstance(self.arrival, ClosedLoop) else self.arrival.max_concurrency
 
 
-class _Connection(asyncio.Protocol):
+class _Connection:
     """One keep-alive HTTP/1.1 connection carrying one request at a time.
 
     The response is parsed as it arrives: status line and headers, then the body
     (chunked, by ``Content-Length``, or to the end of the connection). A 200's body goes
-    straight to the request's :class:`StreamParser`, stamped with the time
-    ``data_received`` was called; any other status's body is kept for its error message.
+    straight to the request's :class:`StreamParser`, stamped with when the kernel received
+    it (:mod:`~pytest_qwenperf.loadgen.stamped_socket`); any other status's body is kept
+    for its error message.
     """
 
     def __init__(self) -> None:
-        self.transport: asyncio.Transport | None = None
-        self.closed = False
+        self.transport: StampedConnection | None = None
         self.status: int | None = None
         self.error_body = bytearray()
         self._parser: StreamParser | None = None
@@ -257,8 +259,15 @@ class _Connection(asyncio.Protocol):
         self._left = 0  # body bytes left: of the current chunk plus its CRLF, or of the content length
         self._keep_alive = True
 
-    def connection_made(self, transport: asyncio.BaseTransport) -> None:
-        self.transport = transport  # type: ignore[assignment]
+    @classmethod
+    async def open(cls, host: str, port: int) -> _Connection:
+        conn = cls()
+        conn.transport = await StampedConnection.open(host, port, conn)
+        return conn
+
+    @property
+    def closed(self) -> bool:
+        return self.transport is None or self.transport.closed
 
     def request(self, data: bytes, parser: StreamParser) -> asyncio.Future[bool]:
         """Write a request; the future completes when its response has been read in full."""
@@ -269,12 +278,11 @@ class _Connection(asyncio.Protocol):
         self.transport.write(data)
         return self._done
 
-    def data_received(self, data: bytes) -> None:
-        now = perf_counter()
+    def received(self, data: bytes, at: float) -> None:
         if self._done is None or self._done.done():
             return  # nothing asked for (a late byte after a timeout): the connection is not reused
         try:
-            self._receive(self._buffer + data if self._buffer else data, now)
+            self._receive(self._buffer + data if self._buffer else data, at)
         except Exception as exc:  # a malformed response: fail this request, drop the connection
             self._finish(exc)
 
@@ -361,14 +369,12 @@ class _Connection(asyncio.Protocol):
             else:
                 done.set_exception(error)
 
-    def eof_received(self) -> bool:
-        if self._framing == "close":
-            self._finish(None)
-        return False  # close the transport
-
     def connection_lost(self, exc: Exception | None) -> None:
-        self.closed = True
-        if self._done is not None and not self._done.done():
+        if self._done is None or self._done.done():
+            return
+        if exc is None and self._framing == "close":  # the body ran to the end of the connection
+            self._finish(None)
+        else:
             reason = f" ({type(exc).__name__}: {exc})" if exc else ""
             self._finish(ConnectionError(f"connection closed before the response was complete{reason}"))
 
@@ -397,13 +403,12 @@ class _Endpoint:
             conn = self.idle.pop()
             if not conn.closed:
                 return conn
-        _, conn = await asyncio.get_running_loop().create_connection(_Connection, self.host, self.port)
-        return conn
+        return await _Connection.open(self.host, self.port)
 
     def close(self) -> None:
         for conn in self.idle:
             if conn.transport is not None:
-                conn.transport.close()
+                conn.transport.abort()
         self.idle.clear()
 
 

@@ -1,0 +1,100 @@
+"""The client's socket: reads carry when the kernel received the bytes, writes arrive whole."""
+
+from __future__ import annotations
+
+import asyncio
+import socket
+import threading
+import time
+
+import pytest
+
+from pytest_qwenperf.loadgen.stamped_socket import StampedConnection
+
+
+class Collect:
+    def __init__(self) -> None:
+        self.reads: list[tuple[bytes, float]] = []
+        self.lost: list[Exception | None] = []
+        self.ended = asyncio.get_running_loop().create_future()
+
+    def received(self, data: bytes, at: float) -> None:
+        self.reads.append((data, at))
+
+    def connection_lost(self, exc: Exception | None) -> None:
+        self.lost.append(exc)
+        self.ended.set_result(None)
+
+
+def listener() -> socket.socket:
+    sock = socket.create_server(("127.0.0.1", 0))
+    sock.settimeout(10)
+    return sock
+
+
+def test_a_read_is_timed_when_the_bytes_arrived_not_when_they_were_read() -> None:
+    """The loop is blocked for 200 ms after the peer wrote: the stamp is the write's time, the read's is 200 ms later."""
+
+    async def main() -> tuple[float, float, float]:
+        with listener() as server:
+            receiver = Collect()
+            conn = await StampedConnection.open("127.0.0.1", server.getsockname()[1], receiver)
+            peer, _ = server.accept()
+            await asyncio.sleep(0.05)  # the kernel turns packet stamping on in deferred work when the first socket asks
+            with peer:
+                written = time.perf_counter()
+                peer.sendall(b"hello")
+                time.sleep(0.2)  # the event loop cannot run: the bytes wait in the kernel
+                await asyncio.sleep(0)
+                while not receiver.reads:
+                    await asyncio.sleep(0.001)
+                read_at = time.perf_counter()
+            await receiver.ended
+            conn.abort()
+        data, at = receiver.reads[0]
+        assert data == b"hello" and receiver.lost == [None]  # and the peer's close is an orderly end
+        return written, at, read_at
+
+    written, at, read_at = asyncio.run(main())
+    assert written < at < written + 0.005, (at - written) * 1e3
+    assert read_at - at > 0.19
+
+
+def test_a_write_larger_than_the_socket_buffer_arrives_whole() -> None:
+    payload = bytes(range(256)) * (32 * 1024)  # 8 MiB: more than the kernel takes in one send
+
+    async def main() -> bytes:
+        with listener() as server:
+            receiver = Collect()
+            conn = await StampedConnection.open("localhost", server.getsockname()[1], receiver)
+            peer, _ = server.accept()
+            got = bytearray()
+
+            def drain() -> None:
+                while len(got) < len(payload):
+                    got.extend(peer.recv(1 << 20))
+
+            reader = threading.Thread(target=drain)
+            reader.start()
+            conn.write(payload[:100])
+            conn.write(payload[100:])
+            while reader.is_alive():
+                await asyncio.sleep(0.01)
+            conn.abort()
+            peer.close()
+            assert receiver.lost == []  # abort tells the receiver nothing
+            return bytes(got)
+
+    assert asyncio.run(main()) == payload
+
+
+def test_a_refused_connection_raises_what_the_kernel_said() -> None:
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        port = sock.getsockname()[1]  # bound, not listening: connections are refused
+
+        async def main() -> None:
+            await StampedConnection.open("127.0.0.1", port, Collect())
+
+        with pytest.raises(ConnectionRefusedError):
+            asyncio.run(main())
