@@ -9,7 +9,7 @@ import time
 
 import pytest
 
-from pytest_qwenperf.loadgen.stamped_socket import StampedConnection
+from pytest_qwenperf.loadgen.stamped_socket import StampedConnection, _RealtimeClock
 
 
 class Collect:
@@ -98,3 +98,11 @@ def test_a_refused_connection_raises_what_the_kernel_said() -> None:
 
         with pytest.raises(ConnectionRefusedError):
             asyncio.run(main())
+
+
+def test_realtime_stamps_move_onto_perf_counters_clock() -> None:
+    clock = _RealtimeClock()
+    realtime, now = time.time_ns(), time.perf_counter()
+    assert abs(clock.to_perf_counter(realtime, now) - now) < 50e-6
+    assert abs(clock.to_perf_counter(realtime - 5_000_000, now) - (now - 0.005)) < 50e-6
+    assert clock.to_perf_counter(realtime + 10**9, now) == now  # never later than the read: a stamp cannot be from the future

@@ -39,9 +39,10 @@ class _RealtimeClock:
     """Moves kernel stamps (CLOCK_REALTIME) onto ``perf_counter``'s clock (CLOCK_MONOTONIC).
 
     The two clocks differ by an offset that changes only when the wall clock is stepped
-    (NTP slews both alike), so it is measured once a second rather than per read: reading
-    the two clocks one after the other is off by however long the thread was interrupted
-    in between, so the pair read closest together out of a few is kept.
+    (NTP slews both alike), so it is measured every 100 ms rather than per read; a step
+    (chrony's first correction after a VM boots) then skews stamps for at most that long.
+    Reading the two clocks one after the other is off by however long the thread was
+    interrupted in between, so the pair read closest together out of a few is kept.
     """
 
     def __init__(self) -> None:
@@ -49,7 +50,7 @@ class _RealtimeClock:
         self.measured_at = float("-inf")
 
     def to_perf_counter(self, realtime_ns: int, now: float) -> float:
-        if now - self.measured_at > 1.0:
+        if now - self.measured_at > 0.1:
             self._measure()
             self.measured_at = now
         return min(now, (realtime_ns - self.offset_ns) * 1e-9)
