@@ -3,7 +3,10 @@
 from __future__ import annotations
 
 import subprocess
+import sys
 import time
+from collections.abc import Iterator
+from contextlib import contextmanager
 from pathlib import Path
 
 import psutil
@@ -43,3 +46,16 @@ def end_inner_session(session: subprocess.Popen[bytes]) -> None:
             session.wait()
     for proc in proctree.tagged_processes(f"{session.pid}-"):
         proc.kill()
+
+
+@contextmanager
+def busy_loops(cpus: frozenset[int]) -> Iterator[None]:
+    """One spinning process pinned to each of ``cpus``; all killed on the way out, however it ends."""
+    spin = "import os, sys\nos.sched_setaffinity(0, {int(sys.argv[1])})\nwhile True:\n    pass\n"
+    hogs = [subprocess.Popen([sys.executable, "-c", spin, str(cpu)]) for cpu in sorted(cpus)]
+    try:
+        yield
+    finally:
+        for hog in hogs:
+            hog.kill()
+            hog.wait()

@@ -12,8 +12,6 @@ import json
 import os
 import random
 import socket
-import subprocess
-import sys
 from collections import Counter
 from collections.abc import Iterator
 from contextlib import contextmanager, nullcontext
@@ -29,6 +27,7 @@ from pytest_qwenperf.loadgen.client import ROUTINGS, LoadOptions, Progress, Stre
 from pytest_qwenperf.loadgen.request import Api, RequestSpec
 from pytest_qwenperf.loadgen.workers import pin_current_process, run_load_in_workers
 from pytest_qwenperf.records import RequestRecord
+from tests.processes import busy_loops
 from tests.stream_source import MODEL, StreamSource, _Format, stream_source
 
 _CPUS = sorted(os.sched_getaffinity(0))
@@ -73,19 +72,6 @@ def run(
 # --- fidelity ---------------------------------------------------------------------------
 
 
-@contextmanager
-def competing_process(cpus: set[int] | None) -> Iterator[None]:
-    """A busy loop on ``cpus`` for the duration: the scheduler gives the client its CPU in turns."""
-    hog = subprocess.Popen([sys.executable, "-c", "while True: pass"])
-    try:
-        if cpus:
-            os.sched_setaffinity(hog.pid, cpus)
-        yield
-    finally:
-        hog.kill()
-        hog.wait()
-
-
 def _fidelity_attempt(seed: int, competitor: bool) -> dict[str, float]:
     """One run of 768 requests at 256 concurrent streams; checks tokens exactly, returns p99 timing errors (ms)."""
     rng = random.Random(seed)
@@ -99,7 +85,7 @@ def _fidelity_attempt(seed: int, competitor: bool) -> dict[str, float]:
         schedules[i] = {"ttft_ms": rng.uniform(50, 200), "itl_ms": gaps, "tokens_per_chunk": per_chunk, "empty_text": empty}
         specs.append(spec(i, max_tokens=32, **schedules[i]))
     with stream_source(cpus=SOURCE_CPUS) as src, pinned(CLIENT_CPUS):
-        with competing_process(CLIENT_CPUS) if competitor else nullcontext():
+        with busy_loops(frozenset(CLIENT_CPUS or _CPUS[:1])) if competitor else nullcontext():
             load = run_load_sync(src.urls, MODEL, specs, ClosedLoop(256), LoadOptions(continuous_usage=True))
         stats, sent = src.stats(), src.sent()
     assert stats["peak_active"] == 256

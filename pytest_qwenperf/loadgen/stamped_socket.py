@@ -27,12 +27,13 @@ from time import perf_counter, perf_counter_ns, time_ns
 from typing import Protocol
 
 # <asm-generic/socket.h>: SO_TIMESTAMPNS (SO_TIMESTAMPNS_OLD), and SCM_TIMESTAMPNS, its
-# control message, share the value on x86-64 and arm64; the stamp is a struct timespec.
+# control message, share the value on x86-64 and arm64; the stamp is a struct timespec
+# of two 64-bit fields there (a shorter one, on 32-bit systems, is not read).
 SO_TIMESTAMPNS = 35
 _TIMESPEC = struct.Struct("@qq")
 _ANCILLARY_SPACE = socket.CMSG_SPACE(_TIMESPEC.size)
 _READ_SIZE = 256 * 1024
-_KERNEL_STAMPS = sys.platform == "linux" and _TIMESPEC.size == 16
+_KERNEL_STAMPS = sys.platform == "linux"
 
 
 class _RealtimeClock:

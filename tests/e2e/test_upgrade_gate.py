@@ -15,8 +15,6 @@ import asyncio
 import os
 import subprocess
 import sys
-from collections.abc import Iterator
-from contextlib import contextmanager
 from pathlib import Path
 
 import pytest
@@ -30,6 +28,7 @@ from pytest_qwenperf.run import measure, reset_prefix_caches
 from pytest_qwenperf.server import Server
 from pytest_qwenperf.telemetry.server_metrics import counter_deltas, scrape
 from tests.e2e.tiny import TINY, stream_completion
+from tests.processes import busy_loops
 
 pytestmark = [pytest.mark.e2e, pytest.mark.parametrize("serving_config", [TINY], ids=[TINY.id])]
 
@@ -37,19 +36,6 @@ ROOT = Path(__file__).resolve().parents[2]
 CPU_SUITE = load_suite(ROOT / "perf_tests" / "suites" / "cpu.toml")
 # Smaller than the suite's throughput point (about 4 s a run here), the same shape.
 WORKLOAD = SuiteWorkload(RandomWorkload(input_len=64, output_len=64, num_prompts=160), ClosedLoop(32), warmup=32)
-
-
-@contextmanager
-def busy_loops(cpus: frozenset[int]) -> Iterator[None]:
-    """One spinning process pinned to each of ``cpus``; all killed on the way out, however it ends."""
-    spin = "import os, sys\nos.sched_setaffinity(0, {int(sys.argv[1])})\nwhile True:\n    pass\n"
-    hogs = [subprocess.Popen([sys.executable, "-c", spin, str(cpu)]) for cpu in sorted(cpus)]
-    try:
-        yield
-    finally:
-        for hog in hogs:
-            hog.kill()
-            hog.wait()
 
 
 def session_json(server: Server, path: Path, client_cpus: frozenset[int]) -> Path:
