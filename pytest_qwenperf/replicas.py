@@ -14,10 +14,9 @@ import dataclasses
 from collections.abc import Sequence
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
-from types import TracebackType
 
 from pytest_qwenperf.router import NginxRouter
-from pytest_qwenperf.server import ManagedServer, ServerError, ServerInfo, ServerSpec
+from pytest_qwenperf.server import ManagedServer, ServerError, ServerInfo, ServerSpec, StartStop
 
 class ReplicaError(ServerError):
     """A replica failed to boot, or stopped while the load ran; the message names it."""
@@ -70,7 +69,7 @@ def replica_specs(spec: ServerSpec, replicas: int, *, gpu_devices: Sequence[str]
     return tuple(specs)
 
 
-class ReplicaSet:
+class ReplicaSet(StartStop):
     """N managed servers of one config, booted in parallel, stopped together.
 
     ``base_urls`` are the replicas themselves (their /metrics, prefix-cache resets);
@@ -113,15 +112,6 @@ class ReplicaSet:
         return self._router
 
     # lifecycle -------------------------------------------------------------------
-    def __enter__(self) -> ReplicaSet:
-        self.start()
-        return self
-
-    def __exit__(
-        self, exc_type: type[BaseException] | None, exc: BaseException | None, tb: TracebackType | None
-    ) -> None:
-        self.stop()
-
     def start(self) -> None:
         """Boot every replica at once (and the router); on any failure stop them all and say which failed."""
         try:

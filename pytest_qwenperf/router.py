@@ -29,12 +29,11 @@ import time
 from collections import Counter
 from collections.abc import Sequence
 from pathlib import Path
-from types import TracebackType
 from urllib.parse import urlsplit
 
 from pytest_qwenperf import proctree, server
 from pytest_qwenperf.http import http_get
-from pytest_qwenperf.server import LOG_TAIL_LINES, PortInUseError, ServerBootError, ServerError
+from pytest_qwenperf.server import LOG_TAIL_LINES, PortInUseError, ServerBootError, ServerError, StartStop
 
 NGINX_ENV = "QWENPERF_NGINX"
 """Path of the nginx binary to use instead of the one found on ``PATH``."""
@@ -156,7 +155,7 @@ http {{
 """
 
 
-class NginxRouter:
+class NginxRouter(StartStop):
     """One nginx in front of ``upstreams`` (replica base URLs) that this object starts and stops.
 
     Use as a context manager, or call :meth:`start` / :meth:`stop` (``stop`` is idempotent).
@@ -205,15 +204,6 @@ class NginxRouter:
     def tag(self) -> str:
         """The :data:`~pytest_qwenperf.proctree.TAG_ENV` value of every nginx process."""
         return self._tag
-
-    def __enter__(self) -> NginxRouter:
-        self.start()
-        return self
-
-    def __exit__(
-        self, exc_type: type[BaseException] | None, exc: BaseException | None, tb: TracebackType | None
-    ) -> None:
-        self.stop()
 
     def start(self) -> None:
         """Check the config, start nginx, wait until ``/health`` through it is 200; on failure nothing is left."""

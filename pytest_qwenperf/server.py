@@ -24,7 +24,7 @@ from collections.abc import Callable
 from dataclasses import dataclass, field, replace
 from pathlib import Path
 from types import TracebackType
-from typing import Protocol
+from typing import Protocol, Self
 
 import psutil
 from prometheus_client.parser import text_string_to_metric_families
@@ -282,6 +282,25 @@ class _Stoppable(Protocol):
     def stop(self) -> None: ...
 
 
+class StartStop:
+    """Started on entering a ``with`` block and stopped on leaving it, however the block ends."""
+
+    def start(self) -> None:
+        raise NotImplementedError
+
+    def stop(self) -> None:
+        raise NotImplementedError
+
+    def __enter__(self) -> Self:
+        self.start()
+        return self
+
+    def __exit__(
+        self, exc_type: type[BaseException] | None, exc: BaseException | None, tb: TracebackType | None
+    ) -> None:
+        self.stop()
+
+
 LIVE: set[_Stoppable] = set()
 """Started process trees (servers, routers) not yet stopped: each adds itself when it starts
 and removes itself in ``stop``. They run in sessions of their own, so nothing else stops them."""
@@ -294,7 +313,7 @@ def _stop_leftovers() -> None:
         started.stop()
 
 
-class ManagedServer:
+class ManagedServer(StartStop):
     """One vLLM server process tree that this object starts and stops.
 
     Use as a context manager, or call :meth:`start` / :meth:`stop` (``stop`` is idempotent).
@@ -349,15 +368,6 @@ class ManagedServer:
         return (self._popen.pid,) if self._popen else ()
 
     # lifecycle -----------------------------------------------------------------
-    def __enter__(self) -> ManagedServer:
-        self.start()
-        return self
-
-    def __exit__(
-        self, exc_type: type[BaseException] | None, exc: BaseException | None, tb: TracebackType | None
-    ) -> None:
-        self.stop()
-
     def start(self) -> None:
         """Boot and wait until ready; on any failure (or Ctrl-C) nothing is left running."""
         if self.spec.port is not None:
