@@ -3,7 +3,9 @@
 Baselines live in ``baselines/<hardware>/<model>/<config>/<workload>.json`` and are
 recorded with ``--qwenperf-update-baselines`` from a passing session. A run with no
 baseline, or one measured on other hardware or with other flags or workload, cannot be
-judged: the test is skipped and says which (that is never reported as a regression).
+judged: the test is skipped and says which (that is never reported as a regression). A run
+that lost data (failed requests, token totals that disagree with the server, a client that
+could not keep up, a metric without a value) fails as ``invalid``, baseline or not.
 """
 
 from __future__ import annotations
@@ -20,7 +22,7 @@ def test_no_regression_against_baseline(qwenperf_judgements: tuple[Judgement, ..
     table = render_judgements(qwenperf_judgements)
     if verdicts <= {"no-baseline", "not-comparable"}:
         pytest.skip(f"nothing to judge against: {qwenperf_judgements[0].detail}" if qwenperf_judgements else "no gated metric measured")
-    assert "client-bound" not in verdicts, f"the client could not keep up; no verdict on vLLM\n{table}"
+    assert "invalid" not in verdicts, f"the run lost data, so its numbers are no verdict on vLLM\n{table}"
     assert "regression" not in verdicts, f"slower than the baseline beyond tolerance and noise\n{table}"
     if "noisy" in verdicts:
-        warnings.warn(f"some metrics were too noisy to decide\n{table}", stacklevel=1)
+        warnings.warn(f"some metrics look worse than the tolerance, but the noise cannot confirm it\n{table}", stacklevel=1)

@@ -1,5 +1,6 @@
 """Every load run as a pytest-benchmark entry, so ``--benchmark-autosave``, ``--benchmark-compare``
-and ``pytest-benchmark compare`` track it across vLLM versions (seconds per million tokens)."""
+and ``pytest-benchmark compare`` track it across vLLM versions (seconds per million tokens):
+one round per repeat of the run, so its statistics are the run-to-run spread."""
 
 from __future__ import annotations
 

@@ -36,9 +36,11 @@ from pathlib import Path
 from types import MappingProxyType
 from typing import Any, Literal, get_args
 
+from pytest_qwenperf.apikey import redact_argv
 from pytest_qwenperf.config import Suite, SuiteError
 from pytest_qwenperf.metrics import Direction, metric_spec
 from pytest_qwenperf.report import write_atomically
+from pytest_qwenperf.textfiles import read_text
 
 SCHEMA = "qwenperf-baseline/1"
 
@@ -141,6 +143,10 @@ class BaselineRefused(ValueError):
     """A run that must not become the baseline (failed, client-bound, or not comparable)."""
 
 
+class PublishedBaselineKept(BaselineRefused):
+    """The stored baseline holds published figures, and replacing them was not asked for."""
+
+
 def _show(value: object) -> str:
     if value is _MISSING:
         return "nothing (the field is missing)"
@@ -208,8 +214,11 @@ class _Reader:
 
 
 def argv_digest(argv: Sequence[str]) -> str:
-    """sha256 of the rendered vLLM argv as compact JSON (a list keeps argument boundaries)."""
-    return hashlib.sha256(json.dumps(list(argv), separators=(",", ":")).encode()).hexdigest()
+    """sha256 of the rendered vLLM argv as compact JSON (a list keeps argument boundaries).
+
+    Of the argv with any ``--api-key`` value redacted: the key is not what was measured, so a
+    new key leaves runs comparable with their baselines."""
+    return hashlib.sha256(json.dumps(redact_argv(argv), separators=(",", ":")).encode()).hexdigest()
 
 
 def slug(text: str) -> str:
@@ -443,10 +452,7 @@ def parse_baseline(data: object, where: str) -> Baseline:
 
 def load_baseline(path: Path) -> Baseline:
     """Read and check a baseline file; :class:`BaselineError` names the file, the field and what was expected."""
-    try:
-        text = Path(path).read_text()
-    except OSError as exc:
-        raise BaselineError(f"{path}: cannot read baseline file: {exc.strerror}") from None
+    text = read_text(Path(path), "baseline file", f"a {SCHEMA} JSON document", BaselineError)
     try:
         data = json.loads(text)
     except json.JSONDecodeError as exc:
@@ -481,11 +487,12 @@ class MeasuredRun:
     identity: Identity
     context: Context
     samples: Mapping[str, tuple[float, ...]]  # gated metric -> one value per repeat
-    failed: int
+    failed: int  # failed requests over every repeat
     tokens_match: bool | None
     token_detail: str
     client_bound: str | None
     tolerances: Mapping[str, float]  # gated metric -> fraction, where the run's suite overrides the default
+    lost: Mapping[str, str]  # gated metric the run names without a number -> where (a null, a NaN)
 
 
 def parse_run(run: Mapping[str, Any], where: str = "run") -> MeasuredRun:
@@ -493,7 +500,10 @@ def parse_run(run: Mapping[str, Any], where: str = "run") -> MeasuredRun:
 
     A gated metric's samples are ``samples.<name>`` when the run carries them (one value
     per repeat), else its single value from ``metrics`` (or the place :data:`_RUN_FIELDS`
-    names for the server-side rates and tokens per joule). Missing, null or non-finite values mean the run did not measure that metric.
+    names for the server-side rates and tokens per joule). A metric the run does not name
+    was not measured; one it names with a null or non-finite value (a sample among
+    ``samples.<name>``, or the single value) is data the run lost: it goes to ``lost``
+    with where it was, not to ``samples``, and the verdicts decide what that means.
     """
     reader = _Reader(where, RunJsonError)
     if not isinstance(run, Mapping):
@@ -513,6 +523,10 @@ def parse_run(run: Mapping[str, Any], where: str = "run") -> MeasuredRun:
     if matches not in (True, False, None):
         raise reader.fail("token_check.matches", "true, false or null", matches)
     failed = reader.number(metrics.get("failed", _MISSING), "metrics.failed")
+    repeats = run.get("samples")
+    if isinstance(repeats, dict) and repeats.get("failed") is not None:  # ``metrics`` is one repeat (the median's)
+        failed = max(failed, math.fsum(reader.numbers(repeats["failed"], "samples.failed")))
+    samples, lost = _run_samples(reader, run, metrics)
     return MeasuredRun(
         identity=Identity(
             hardware=reader.text(identity, "hardware", "identity.hardware"),
@@ -533,7 +547,8 @@ def parse_run(run: Mapping[str, Any], where: str = "run") -> MeasuredRun:
             cpu_count=reader.integer(hardware, "cpu_count", "context.hardware.cpu_count"),
             date=reader.optional_text(context, "started", "context.started"),
         ),
-        samples=MappingProxyType(_run_samples(reader, run, metrics)),
+        samples=MappingProxyType(samples),
+        lost=MappingProxyType(lost),
         failed=int(failed),
         tokens_match=matches,
         token_detail=str(tokens.get("detail", "")),
@@ -555,21 +570,48 @@ def _run_tolerances(reader: _Reader, value: object) -> dict[str, float]:
     return tolerances
 
 
-def _run_samples(reader: _Reader, run: Mapping[str, Any], metrics: Mapping[str, Any]) -> dict[str, tuple[float, ...]]:
+def _run_samples(
+    reader: _Reader, run: Mapping[str, Any], metrics: Mapping[str, Any]
+) -> tuple[dict[str, tuple[float, ...]], dict[str, str]]:
+    """(samples, lost) of the gated metrics: see :func:`parse_run`."""
     repeats = run.get("samples") or {}
     if not isinstance(repeats, dict):
         raise reader.fail("samples", "a JSON object of metric -> list of values, or null", repeats)
     found: dict[str, tuple[float, ...]] = {}
+    lost: dict[str, str] = {}
     for name in {*metrics, *_RUN_FIELDS, *repeats}:
         if gate(name) is None:
             continue
         if name in repeats:
-            found[name] = reader.numbers(repeats[name], f"samples.{name}")
+            values = repeats[name]
+            gaps = [i for i, v in enumerate(values) if _no_number(v)] if isinstance(values, list) else []
+            if gaps:
+                lost[name] = f"samples.{name}[{gaps[0]}] is {json.dumps(values[gaps[0]])}"
+            else:
+                found[name] = reader.numbers(values, f"samples.{name}")
             continue
-        value = number_at(run, _RUN_FIELDS[name][0]) if name in _RUN_FIELDS else number_at(metrics, (name,))
+        path = ("metrics", name) if name not in _RUN_FIELDS else _RUN_FIELDS[name][0]
+        value = number_at(run, path)
         if value is not None:
             found[name] = (value,)
-    return {name: found[name] for name in gate_order(found)}
+        elif _no_number(leaf := _leaf(run, path)):
+            lost[name] = f"{'.'.join(path)} is {json.dumps(leaf)}"
+    return {name: found[name] for name in gate_order(found)}, {name: lost[name] for name in gate_order(lost)}
+
+
+def _no_number(value: object) -> bool:
+    """A JSON value that stands where a number was not measured: null, NaN or an infinity."""
+    return value is None or (isinstance(value, float) and not math.isfinite(value))
+
+
+def _leaf(tree: Mapping[str, Any], path: Sequence[str]) -> object:
+    """The value at ``path`` in nested JSON objects; ``_MISSING`` where a step is absent."""
+    node: Any = tree
+    for key in path:
+        if not isinstance(node, Mapping) or key not in node:
+            return _MISSING
+        node = node[key]
+    return node
 
 
 def number_at(tree: Mapping[str, Any], path: Sequence[str]) -> float | None:
@@ -629,13 +671,18 @@ def write_baseline(
     *,
     source: str = "qwenperf run",
     git_commit: str | None = None,
+    replace_published: bool = False,
 ) -> Path:
     """Make ``run`` (a run's JSON) the baseline for its identity under ``root``; returns the file.
 
-    The previous metrics move to ``history``. Raises :class:`BaselineRefused` (the file is
-    untouched) for a failed, token-mismatched or client-bound run and for a run whose
-    identity differs from the stored file's, and :class:`BaselineError` when the stored
-    file cannot be parsed. ``git_commit`` defaults to :func:`project_commit`.
+    The previous metrics move to ``history``. A metric's stored tolerance is kept: the
+    file's is authoritative, so one a team set by hand survives the update (a suite's
+    changed ``tolerances`` table reaches new baselines only). Raises :class:`BaselineRefused`
+    (the file is untouched) for a failed, token-mismatched or client-bound run and for a
+    run whose identity differs from the stored file's, :class:`PublishedBaselineKept`
+    when the stored file holds published figures and ``replace_published`` is false, and
+    :class:`BaselineError` when the stored file cannot be parsed. ``git_commit`` defaults
+    to :func:`project_commit`.
     """
     measured = parse_run(run)
     path = measured.identity.path(root)
@@ -645,6 +692,7 @@ def write_baseline(
     new = baseline_from_run(run, source=source, git_commit=git_commit or project_commit())
     previous = load_baseline(path) if path.exists() else None
     history: tuple[HistoryEntry, ...] = ()
+    metrics = new.metrics
     if previous is not None:
         differences = previous.identity.differences(measured.identity)
         if differences:
@@ -653,8 +701,21 @@ def write_baseline(
                 + "; ".join(differences)
                 + "); move the file away to start a new baseline for the changed setup"
             )
+        if previous.provenance.kind == "published" and not replace_published:
+            raise PublishedBaselineKept(
+                f"{path}: not updated: it holds published figures (provenance {previous.provenance.kind!r}), "
+                "which a measured run replaces only when asked to"
+            )
         history = (*previous.history, HistoryEntry(previous.context, previous.metrics, previous.provenance))
-    return save_baseline(root, Baseline(new.identity, new.context, new.metrics, new.provenance, history))
+        metrics = MappingProxyType(
+            {
+                name: StoredMetric(m.value, m.unit, m.direction, previous.metrics[name].tolerance, m.samples)
+                if name in previous.metrics
+                else m
+                for name, m in new.metrics.items()
+            }
+        )
+    return save_baseline(root, Baseline(new.identity, new.context, metrics, new.provenance, history))
 
 
 def published_baseline(

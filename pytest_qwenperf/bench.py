@@ -5,6 +5,11 @@ option names where one exists, so a figure from one can be checked with the othe
 Everything that can be known to fail is checked before the run: endpoints that do not
 answer, a model they do not serve, requests longer than the server's ``max_model_len``,
 and a first request the server rejects (its own message is shown).
+
+Exit status: 0 for a complete run; 1 when more measured requests failed than
+``--max-failed-fraction`` allows (default none) or none completed (the result is still
+written, with the failures grouped by reason); 2 when the run cannot start
+(:class:`BenchError`); 130 / 143 when SIGINT / SIGTERM interrupted it (nothing written).
 """
 
 from __future__ import annotations
@@ -16,29 +21,43 @@ import math
 import os
 import sys
 import time
-from collections.abc import Sequence
+from collections import Counter
+from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import TextIO
 
+from pytest_qwenperf.apikey import ApiKey, ApiKeyError, resolve_api_key
+from pytest_qwenperf.files import unwritable
 from pytest_qwenperf.loadgen.arrivals import Arrival, ClosedLoop, OpenLoop
 from pytest_qwenperf.loadgen.client import DEFAULT_TIMEOUT_S, LoadOptions, run_load_sync
 from pytest_qwenperf.loadgen.request import RequestSpec
 from pytest_qwenperf.loadgen.tokenizer import PromptTokenizer
 from pytest_qwenperf.loadgen.workloads import KINDS, Workload, workload_from_dict
 from pytest_qwenperf.metrics import GoodputSLO, inter_token_latencies
-from pytest_qwenperf.options import cpu_list, endpoint_url, positive_rate, positive_seconds, whole_number
+from pytest_qwenperf.options import cpu_list, endpoint_url, fraction, positive_rate, positive_seconds, whole_number
 from pytest_qwenperf.records import RequestRecord
 from pytest_qwenperf.report import json_safe, write_atomically
 from pytest_qwenperf.run import Observation, observe
-from pytest_qwenperf.server import ServerInfo, describe, probe_ready
+from pytest_qwenperf.server import ServerAuthError, ServerInfo, describe, probe_ready
 
 SCHEMA = "qwenperf-bench/1"
 _AT_LEAST_0, _AT_LEAST_1 = whole_number(0), whole_number(1)
+_SHOWN_REASONS = 10  # failure reasons printed; the JSON has them all
+_MESSAGE_CHARS = 160
 
 
 class BenchError(Exception):
     """A run that cannot start or cannot be trusted, with what to fix."""
+
+
+@dataclass(frozen=True)
+class FailureReason:
+    """Measured requests that failed the same way."""
+
+    kind: str  # "HTTP 500", or the exception's type when no response came ("ConnectionRefusedError")
+    message: str  # the server's own message, or the exception's, on one line and trimmed
+    count: int
 
 
 @dataclass(frozen=True)
@@ -62,6 +81,12 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     )
     target.add_argument("--model", help="model name to request (default: the one the endpoints serve)")
     target.add_argument("--tokenizer", help="folder or hub name of the tokenizer (default: the folder the server loaded)")
+    target.add_argument(
+        "--api-key",
+        metavar="KEY",
+        help="bearer token for servers run with vLLM's --api-key (default: $VLLM_API_KEY, else $OPENAI_API_KEY). "
+        "A key on the command line is visible to every user in ps and stays in shell histories: prefer VLLM_API_KEY",
+    )
 
     work = parser.add_argument_group("workload")
     work.add_argument("--dataset-name", default="random", choices=sorted(KINDS), help="default: %(default)s")
@@ -100,37 +125,70 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     out.add_argument("--json", type=Path, help="write the result here (an existing file is never overwritten)")
     out.add_argument("--detailed", action="store_true", help="with --json: per-request records too")
     out.add_argument("--progress", choices=("auto", "on", "off"), default="auto", help="progress bar (auto: when stderr is a terminal and not in CI)")
+    out.add_argument(
+        "--max-failed-fraction",
+        type=fraction,
+        default=0.0,
+        metavar="F",
+        help="exit 1 when more than this fraction of the measured requests failed (default %(default)s: any failure)",
+    )
 
 
 def run(args: argparse.Namespace) -> int:
-    if args.json is not None and args.json.exists():
+    if args.json is not None and args.json.is_file():
         raise BenchError(f"--json {args.json}: the file exists; choose another path (results are never overwritten)")
+    if args.json is not None and (why := unwritable(args.json)):  # before the probes and the run, not after
+        raise BenchError(f"--json {args.json}: cannot write the result there: {why}")
     plan = plan_from_args(args)
-    progress = _ProgressBar(len(plan.requests), sys.stderr) if _show_progress(args.progress) else None
-    seen = observe(
-        [s.base_url for s in plan.servers],
-        plan.servers[0].model,
-        plan.requests,
-        plan.arrival,
-        plan.options,
-        slo=plan.slo,
-        client_cpus=plan.client_cpus,
-        workers=plan.workers,
-        progress=progress,
-    )
-    if progress is not None:
+    progress = _ProgressBar(len(plan.requests), sys.stderr if _show_progress(args.progress) else None)
+    try:
+        seen = observe(
+            [s.base_url for s in plan.servers],
+            plan.servers[0].model,
+            plan.requests,
+            plan.arrival,
+            plan.options,
+            slo=plan.slo,
+            client_cpus=plan.client_cpus,
+            workers=plan.workers,
+            progress=progress,
+        )
+    except KeyboardInterrupt:  # Ctrl-C, or SIGTERM (the command turns it into one): the CLI names which
+        raise KeyboardInterrupt(f"after {progress.done} of {progress.total} requests; no result written") from None
+    finally:
         progress.close()
-    result = result_json(plan, seen, detailed=args.detailed)
+    result = result_json(plan, seen, detailed=args.detailed, max_failed_fraction=args.max_failed_fraction)
     print_summary(result, sys.stdout)
     if args.json is not None:
         args.json.parent.mkdir(parents=True, exist_ok=True)
         write_atomically(args.json, json.dumps(json_safe(result), indent=2))
         print(f"result written to {args.json}")
-    return 1 if seen.summary.values()["completed"] == 0 else 0
+    return _exit_status(seen, args.max_failed_fraction, sys.stderr)
+
+
+def _exit_status(seen: Observation, max_failed_fraction: float, err: TextIO) -> int:
+    """1, with the reason on ``err``, when no request completed or more failed than allowed; else 0."""
+    values = seen.summary.values()
+    completed, failed = int(values["completed"]), int(values["failed"])
+    if completed == 0:
+        print(f"qwenperf: no measured request completed ({failed} failed)", file=err)
+        return 1
+    if failed / (completed + failed) > max_failed_fraction:
+        print(
+            f"qwenperf: {failed} of {completed + failed} measured requests failed ({failed / (completed + failed):.1%}), "
+            f"more than --max-failed-fraction {max_failed_fraction:g} allows",
+            file=err,
+        )
+        return 1
+    return 0
 
 
 def plan_from_args(args: argparse.Namespace) -> BenchPlan:
-    servers = _servers(args.endpoint, args.model)
+    try:
+        api_key = resolve_api_key(args.api_key, os.environ)
+    except ApiKeyError as exc:
+        raise BenchError(str(exc)) from None
+    servers = _servers(args.endpoint, args.model, api_key)
     workload = _workload(args)
     tokenizer = _tokenizer(args.tokenizer, servers[0], needed=workload.kind in ("random", "shared-prefix"))
     try:
@@ -145,7 +203,7 @@ def plan_from_args(args: argparse.Namespace) -> BenchPlan:
         workload=workload,
         requests=requests,
         arrival=_arrival(args, len(requests) - args.warmup),
-        options=LoadOptions(args.warmup, args.duration, args.timeout, args.continuous_usage),
+        options=LoadOptions(args.warmup, args.duration, args.timeout, args.continuous_usage, api_key=api_key),
         slo=_slo(args.goodput),
         workers=args.workers,
         client_cpus=args.client_cpus or frozenset(),
@@ -154,11 +212,14 @@ def plan_from_args(args: argparse.Namespace) -> BenchPlan:
     return plan
 
 
-def _servers(endpoints: Sequence[str], model: str | None) -> tuple[ServerInfo, ...]:
-    unreachable = [(url, reason) for url in endpoints if (reason := probe_ready(url, model)) is not None]
+def _servers(endpoints: Sequence[str], model: str | None, api_key: ApiKey | None) -> tuple[ServerInfo, ...]:
+    try:
+        unreachable = [(url, reason) for url in endpoints if (reason := probe_ready(url, model, api_key)) is not None]
+    except ServerAuthError as exc:
+        raise BenchError(f"{exc}{'' if api_key else ', or pass --api-key'}") from None
     if unreachable:
         raise BenchError("; ".join(f"endpoint {url} is not ready: {reason}" for url, reason in unreachable))
-    servers = tuple(describe(url, model) for url in endpoints)
+    servers = tuple(describe(url, model, api_key=api_key) for url in endpoints)
     if len({s.model for s in servers}) > 1:
         raise BenchError("the endpoints serve different models: " + ", ".join(f"{s.base_url}: {s.model}" for s in servers) + "; pass --model")
     return servers
@@ -242,7 +303,8 @@ def _slo(goodput: Sequence[str] | None) -> GoodputSLO | None:
 def _check_first_request(plan: BenchPlan) -> None:
     """Send the first request once, as ``vllm bench serve`` does, so a rejected request stops the run here."""
     first = plan.requests[0]
-    load = run_load_sync([plan.servers[0].base_url], plan.servers[0].model, [first], ClosedLoop(1), LoadOptions(timeout_s=plan.options.timeout_s))
+    options = LoadOptions(timeout_s=plan.options.timeout_s, api_key=plan.options.api_key)
+    load = run_load_sync([plan.servers[0].base_url], plan.servers[0].model, [first], ClosedLoop(1), options)
     record = load.records[0]
     if not record.ok:
         status = f"HTTP {record.status}" if record.status is not None else "no response"
@@ -250,7 +312,26 @@ def _check_first_request(plan: BenchPlan) -> None:
         raise BenchError(f"the first request to {plan.servers[0].base_url} failed ({status}): {detail}")
 
 
-def result_json(plan: BenchPlan, seen: Observation, *, detailed: bool) -> dict[str, object]:
+def failure_reasons(records: Iterable[RequestRecord]) -> tuple[FailureReason, ...]:
+    """The measured requests that failed, grouped by how (status or exception, and message), most frequent first."""
+    counts = Counter(_failure(record) for record in records if not record.warmup and not record.ok)
+    return tuple(FailureReason(kind, message, count) for (kind, message), count in counts.most_common())
+
+
+def _failure(record: RequestRecord) -> tuple[str, str]:
+    if record.status is None:  # no response: the client wrote "ExceptionType: message"
+        kind, _, message = (record.error or "no response").partition(": ")
+    elif record.error is not None:
+        kind, message = f"HTTP {record.status}", record.error
+    elif record.expected_output_tokens is None:
+        kind, message = f"HTTP {record.status}", "no output tokens in usage"
+    else:
+        kind, message = f"HTTP {record.status}", f"{record.completion_tokens} of {record.expected_output_tokens} output tokens"
+    message = " ".join(message.split())
+    return kind, message if len(message) <= _MESSAGE_CHARS else message[: _MESSAGE_CHARS - 3] + "..."
+
+
+def result_json(plan: BenchPlan, seen: Observation, *, detailed: bool, max_failed_fraction: float = 0.0) -> dict[str, object]:
     """Identity (what was measured), context (where, which versions), then the metrics under vLLM's key names."""
     result: dict[str, object] = {
         "schema": SCHEMA,
@@ -275,12 +356,23 @@ def result_json(plan: BenchPlan, seen: Observation, *, detailed: bool) -> dict[s
         "steady_state": seen.steady.values() if seen.steady else None,
         "server": {"deltas": dict(seen.server_deltas)},
         "token_check": {"matches": seen.tokens.matches, "detail": seen.tokens.describe()},
+        "failures": _failures_json(seen, max_failed_fraction),
         "client": {"bound": seen.client_bound, "cpu_busy": seen.client_cpu_busy},
         "telemetry": seen.telemetry.as_json(),
     }
     if detailed:
         result["requests"] = [_request_json(r, seen.load.started_at) for r in seen.load.records if not r.warmup]
     return result
+
+
+def _failures_json(seen: Observation, max_failed_fraction: float) -> dict[str, object]:
+    values = seen.summary.values()
+    measured = int(values["completed"]) + int(values["failed"])
+    return {
+        "fraction": int(values["failed"]) / measured if measured else None,
+        "max_fraction": max_failed_fraction,
+        "reasons": [{"kind": r.kind, "message": r.message, "count": r.count} for r in failure_reasons(seen.load.records)],
+    }
 
 
 def _request_json(record: RequestRecord, origin: float) -> dict[str, object]:
@@ -326,20 +418,39 @@ def print_summary(result: dict[str, object], out: TextIO) -> None:
     client = result["client"]
     assert isinstance(checks, dict) and isinstance(client, dict)
     print(f"{'Token totals vs /metrics':<40}{checks['detail']}", file=out)
+    context = result["context"]
+    assert isinstance(context, dict)
+    for server in context["servers"]:
+        for name, why in server["unreadable"].items():
+            print(f"UNREADABLE {name} of {server['base_url']}: {why}", file=out)
     if client["bound"]:
         print(f"CLIENT-BOUND (not a server figure): {client['bound']}", file=out)
+    failures = result["failures"]
+    assert isinstance(failures, dict)
+    reasons = failures["reasons"]
+    assert isinstance(reasons, list)
+    if reasons:
+        print("Failed requests by reason:", file=out)
+        for reason in reasons[:_SHOWN_REASONS]:
+            print(f"{reason['count']:>8}  {reason['kind']:<22}  {reason['message']}", file=out)
+        if len(reasons) > _SHOWN_REASONS:
+            rest = reasons[_SHOWN_REASONS:]
+            print(f"{sum(r['count'] for r in rest):>8}  ({len(rest)} more reasons, all in --json)", file=out)
 
 
 class _ProgressBar:
-    """One self-overwriting line on a terminal: requests done, failures, elapsed time."""
+    """Counts finished requests (what an interrupted run reports) and, given ``out`` (a terminal),
+    draws them as one self-overwriting line: requests done, failures, elapsed time."""
 
-    def __init__(self, total: int, out: TextIO) -> None:
+    def __init__(self, total: int, out: TextIO | None) -> None:
         self.total, self.out, self.done, self.failed = total, out, 0, 0
         self.started = self.last = time.monotonic()
 
     def __call__(self, record: RequestRecord) -> None:
         self.done += 1
         self.failed += not record.ok
+        if self.out is None:
+            return
         now = time.monotonic()
         if now - self.last >= 0.2 or self.done == self.total:
             self.last = now
@@ -351,8 +462,9 @@ class _ProgressBar:
             self.out.flush()
 
     def close(self) -> None:
-        self.out.write("\n")
-        self.out.flush()
+        if self.out is not None:
+            self.out.write("\n")
+            self.out.flush()
 
 
 def _show_progress(mode: str) -> bool:

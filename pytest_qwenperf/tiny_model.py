@@ -9,7 +9,9 @@ model folder from nothing but a :class:`TinyModelSpec`:
 * a byte-level BPE tokenizer trained here on a synthetic corpus
   (``tokenizer.json``, ``tokenizer_config.json``, ``special_tokens_map.json``,
   ``chat_template.jinja``)
-* ``model.safetensors`` with seeded random BF16 weights.
+* ``model.safetensors`` with seeded random BF16 weights
+* :data:`MARKER`, naming the spec and each file's sha256, so that a folder this module
+  wrote can be told from anyone else's (which is never written into).
 
 Every byte written is a pure function of the spec (and :data:`GENERATOR_VERSION`),
 so folders produced in different processes or on different machines are
@@ -38,10 +40,14 @@ import platformdirs
 import safetensors
 from tokenizers import Tokenizer, decoders, models, pre_tokenizers, processors, trainers
 
+from pytest_qwenperf.files import umask, write_bytes_atomically
+
 __all__ = [
     "GENERATOR_VERSION",
     "SPECIAL_TOKENS",
     "CHAT_TEMPLATE",
+    "MARKER",
+    "TinyModelFolderError",
     "TinyModelSpec",
     "write_tiny_model",
     "cache_dir",
@@ -364,19 +370,109 @@ def _model_files(spec: TinyModelSpec) -> dict[str, bytes]:
 # --------------------------------------------------------------------------- #
 
 
-def write_tiny_model(directory: Path, spec: TinyModelSpec = TinyModelSpec()) -> Path:
-    """Write every model file for ``spec`` into ``directory`` (created if missing).
+#: Written into every model folder: which spec it holds and the sha256 of each file written,
+#: so a later write can tell a folder of ours (rewritten freely) from anyone else's (refused).
+MARKER = ".qwenperf-tiny-model.json"
 
-    Files are fsynced so that, once :func:`ensure_tiny_model` renames the folder
-    into place, a crash cannot leave a published folder with truncated files.
+
+class TinyModelFolderError(ValueError):
+    """The target folder cannot take the model without overwriting files that are not ours."""
+
+
+def _sha256(data: bytes) -> str:
+    return hashlib.sha256(data).hexdigest()
+
+
+def _marker_bytes(spec: TinyModelSpec, files: dict[str, list[str]], *, complete: bool) -> bytes:
+    """``files``: name -> the sha256 digests a file of that name may have and still be ours.
+    While the files are being written, the fingerprint is null: the folder holds no spec yet."""
+    return _json_bytes(
+        {
+            "written_by": "qwenperf tiny-model",
+            "generator_version": GENERATOR_VERSION,
+            "fingerprint": spec.fingerprint() if complete else None,
+            "spec": dataclasses.asdict(spec),
+            "files": files,
+        }
+    )
+
+
+@dataclass(frozen=True)
+class _Contents:
+    """What a folder holds, judged against its marker."""
+
+    fingerprint: str | None  # from the marker; None when there is none, or while it is being written
+    listed: frozenset[str]  # the files the marker names
+    digests: dict[str, str]  # every file of ours in it -> its sha256
+    foreign: tuple[str, ...]  # entries not written by us, or changed since, each with why
+
+    def complete(self, spec: TinyModelSpec) -> bool:
+        return self.fingerprint == spec.fingerprint() and set(self.digests) == self.listed
+
+
+def _contents(directory: Path) -> _Contents:
+    entries = sorted(p.name for p in directory.iterdir())
+    if not entries:
+        return _Contents(None, frozenset(), {}, ())
+    if MARKER not in entries:
+        return _Contents(None, frozenset(), {}, tuple(f"{name} (not written by qwenperf tiny-model)" for name in entries))
+    try:
+        marker = json.loads((directory / MARKER).read_text())
+        accepted = {name: set(digests) for name, digests in marker["files"].items()}
+        fingerprint = marker["fingerprint"]
+    except (OSError, ValueError, TypeError, KeyError, AttributeError):
+        return _Contents(None, frozenset(), {}, (f"{MARKER} (unreadable, so no file here is known to be ours)",))
+    digests: dict[str, str] = {}
+    foreign = []
+    for name in entries:
+        if name == MARKER:
+            continue
+        path = directory / name
+        if name not in accepted or path.is_symlink() or not path.is_file():
+            foreign.append(f"{name} (not written by qwenperf tiny-model)")
+        elif (digest := _sha256(path.read_bytes())) not in accepted[name]:
+            foreign.append(f"{name} (changed since qwenperf tiny-model wrote it)")
+        else:
+            digests[name] = digest
+    return _Contents(fingerprint, frozenset(accepted), digests, tuple(foreign))
+
+
+def write_tiny_model(directory: Path, spec: TinyModelSpec = TinyModelSpec()) -> Path:
+    """Write every model file for ``spec`` into ``directory`` (created if missing), and :data:`MARKER`.
+
+    Never overwrites anyone else's file: a folder that holds anything not written here, or
+    changed since, is refused with :class:`TinyModelFolderError` naming those files. A
+    folder written here before is reused as it is when it holds this spec complete, and
+    rewritten otherwise (another seed, a file missing). Each file is written atomically and
+    fsynced, the marker before the others (no spec yet, accepting a file's old and new
+    contents while they change) and after them (the spec, only the new contents), so an
+    interrupted write leaves a folder that is still known to be ours and is rewritten next
+    time, and once :func:`ensure_tiny_model` renames the folder into place it holds no
+    truncated file.
     """
     directory = Path(directory)
-    directory.mkdir(parents=True, exist_ok=True)
-    for name, data in _model_files(spec).items():
-        with open(directory / name, "wb") as fh:
-            fh.write(data)
-            fh.flush()
-            os.fsync(fh.fileno())
+    if directory.exists() and not directory.is_dir():
+        raise TinyModelFolderError(f"{directory}: is a file, not a folder; give a new or empty folder for the model")
+    try:
+        directory.mkdir(parents=True, exist_ok=True)
+    except OSError as exc:
+        raise TinyModelFolderError(f"{directory}: cannot create the folder: {exc.strerror}") from None
+    found = _contents(directory)
+    if found.foreign:
+        raise TinyModelFolderError(
+            f"{directory}: not written, the folder holds files that are not the tiny model's: "
+            + ", ".join(found.foreign)
+            + "; give a new or empty folder (nothing was changed)"
+        )
+    if found.complete(spec):
+        return directory
+    files = _model_files(spec)
+    new = {name: [_sha256(data)] for name, data in files.items()}
+    during = {name: sorted({*new[name], found.digests[name]}) if name in found.digests else new[name] for name in new}
+    write_bytes_atomically(directory / MARKER, _marker_bytes(spec, during, complete=False))
+    for name, data in files.items():
+        write_bytes_atomically(directory / name, data)
+    write_bytes_atomically(directory / MARKER, _marker_bytes(spec, new, complete=True))
     return directory
 
 
@@ -404,6 +500,7 @@ def ensure_tiny_model(spec: TinyModelSpec = TinyModelSpec(), cache: Path | None 
     root.mkdir(parents=True, exist_ok=True)
     tmp = Path(tempfile.mkdtemp(prefix=f".{target.name}.tmp-", dir=root))
     try:
+        tmp.chmod(0o777 & ~umask())  # mkdtemp's 0700 would hide the model from a server run as another user
         write_tiny_model(tmp, spec)
         try:
             os.rename(tmp, target)

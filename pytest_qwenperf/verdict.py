@@ -10,16 +10,24 @@ baseline a run may be worse by):
   the log of the samples (confidence 95 % by default), so it is an interval for the
   ratio of geometric means. Logs, because performance noise is multiplicative and a
   ratio's interval must be the same whichever side is called the baseline.
-* **regression**: the whole interval lies beyond the worse bound; **improvement**: the
-  whole interval lies beyond the better bound; **noisy**: the interval straddles the
-  worse bound, so the spread cannot tell a regression from a pass; **pass** otherwise.
+* **regression**: the point estimate (the ratio of the centres) and the whole interval
+  lie beyond the worse bound; **noisy**: the point estimate lies beyond the worse bound
+  but the interval reaches back inside it, so it looks like a regression the noise cannot
+  confirm; **improvement**: the whole interval lies beyond the better bound; **pass**
+  otherwise: a point estimate within the tolerance passes however wide its interval
+  (the detail states the interval), and so does one beyond the better bound that the
+  noise cannot confirm.
 
-Why the whole interval: a red build must mean "worse than the tolerance, and not by
-chance". Requiring only the point estimate beyond the tolerance would turn a true
-change right at the tolerance red half of the nights; requiring only significance
-would flag changes smaller than anyone cares about. Asking the interval to clear the
-bound asks for both at once, and "noisy" says out loud when the data cannot decide
-(more rounds, or pinning the client and the server apart, are the cure).
+Why the whole interval for a regression: a red build must mean "worse than the
+tolerance, and not by chance". Requiring only the point estimate beyond the tolerance
+would turn a true change right at the tolerance red half of the nights; requiring only
+significance would flag changes smaller than anyone cares about. Asking the interval to
+clear the bound asks for both at once, and "noisy" says out loud when the data point at
+a regression but cannot decide (more rounds, or pinning the client and the server apart,
+are the cure). Why the point estimate for "noisy": the same samples on both sides, or a
+repeat of the same build, have a ratio near 1; however wide their spread, nothing points
+at a regression, so they pass (a wide interval means the run could not have seen a small
+change: that is what the interval in the detail says).
 
 Sample sizes: with one sample on one side (a published figure) its spread is taken to
 be the other side's per-sample spread, with that side's degrees of freedom. With one
@@ -27,13 +35,24 @@ sample on each side there is no spread to test, and the ratio alone is compared 
 the bounds; the detail says so. Samples that include zero (a hit rate of 0) have no
 logarithm: the ratio of their means is compared with the bounds alone.
 
-Metrics whose direction is "none" are never gated. A run that is not comparable with
-its baseline (different identity), has no baseline, or was client-bound gets that
-verdict for every metric, never "regression".
+Metrics whose direction is "none" are never gated. A run is judged whole before any
+metric is (:func:`judge_run`):
+
+* **invalid**: the run lost data, so no number of it is a verdict on vLLM: failed
+  requests, client and server token totals that disagree, a client that could not keep
+  up (``client-bound``: achieved rate below the requested one, or the client's CPU
+  saturated), or, per metric, no value where the baseline has one (a null, a NaN, an
+  absent field). The short reason is shown with the verdict (``invalid: client-bound``)
+  and which side lost the data, when it is the reference run (``qwenperf compare``).
+* **not-comparable** (different identity: model, hardware, argv, workload) and
+  **no-baseline**: nothing to judge against; never a regression.
+* **missing** (``qwenperf compare`` only): the reference has a config × workload the
+  candidate file lacks.
 """
 
 from __future__ import annotations
 
+import dataclasses
 import math
 import re
 import statistics
@@ -41,10 +60,20 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any, ClassVar, Literal
 
-from pytest_qwenperf.baseline import Baseline, StoredMetric, centre, gate, gate_order, parse_run
+from pytest_qwenperf.baseline import (
+    SCALING_METRIC,
+    Baseline,
+    MeasuredRun,
+    StoredMetric,
+    baseline_from_run,
+    centre,
+    gate,
+    gate_order,
+    parse_run,
+)
 from pytest_qwenperf.metrics import Direction
 
-Verdict = Literal["pass", "regression", "improvement", "not-comparable", "no-baseline", "client-bound", "noisy"]
+Verdict = Literal["pass", "regression", "improvement", "noisy", "not-comparable", "no-baseline", "missing", "invalid"]
 
 DEFAULT_CONFIDENCE = 0.95
 
@@ -62,8 +91,14 @@ class Judgement:
     tolerance: float
     verdict: Verdict
     detail: str
+    reason: str = ""  # an invalid verdict's short why ("failed requests", "client-bound (reference)")
 
     HEADER: ClassVar[tuple[str, ...]] = ("metric", "baseline", "now", "ratio", "tolerance", "verdict")
+
+    @property
+    def label(self) -> str:
+        """The verdict as a table shows it: ``regression``, ``invalid: client-bound``."""
+        return f"{self.verdict}: {self.reason}" if self.reason else self.verdict
 
     def row(self) -> tuple[str, ...]:
         """Cells for :data:`HEADER`."""
@@ -73,7 +108,7 @@ class Judgement:
             format_value(self.now),
             "—" if self.ratio is None else f"{self.ratio:.3f}",
             f"{self.tolerance:.0%}",
-            self.verdict,
+            self.label,
         )
 
 
@@ -237,16 +272,43 @@ def judge(
         return x > better_bound if direction == "higher" else x < better_bound
 
     change = f"{ratio - 1:+.1%} ({direction} is better, tolerance {tolerance:.0%}); {interval.how}"
-    if worse(interval.low) and worse(interval.high):
-        return verdict("regression", f"worse than the tolerance: {change}", ratio)
+    if worse(ratio):
+        if worse(interval.low) and worse(interval.high):
+            return verdict("regression", f"worse than the tolerance: {change}", ratio)
+        detail = f"worse than the tolerance bound {worse_bound:.3f}, but the interval reaches back inside it: {change}"
+        return verdict("noisy", detail, ratio)
     if better(interval.low) and better(interval.high):
         return verdict("improvement", f"better than the tolerance: {change}", ratio)
-    if worse(interval.low) or worse(interval.high):
-        return verdict("noisy", f"the interval straddles the tolerance bound {worse_bound:.3f}: {change}", ratio)
+    if better(ratio):
+        detail = f"better than the tolerance bound {better_bound:.3f}, but the interval reaches back inside it: {change}"
+        return verdict("pass", detail, ratio)
     return verdict("pass", f"within tolerance: {change}", ratio)
 
 
 # ------------------------------------------------------------------ a run
+
+
+@dataclass(frozen=True)
+class Loss:
+    """Why a run's numbers are no verdict on vLLM: a short reason for a table cell, and the detail."""
+
+    reason: str
+    detail: str
+
+
+def losses(run: MeasuredRun, side: str = "run") -> tuple[Loss, ...]:
+    """What makes every number of ``run`` untrustworthy; ``side`` names it ("run", "reference")."""
+    suffix = "" if side == "run" else f" ({side})"
+    found = []
+    if run.failed > 0:
+        found.append(Loss(f"failed requests{suffix}", f"{run.failed} request(s) of the {side} failed"))
+    if run.tokens_match is False:
+        detail = f"the {side}'s client and server token totals disagree ({run.token_detail})"
+        found.append(Loss(f"token mismatch{suffix}", detail))
+    if run.client_bound is not None:
+        detail = f"the {side}'s client could not keep up, so its numbers measure the client, not vLLM ({run.client_bound})"
+        found.append(Loss(f"client-bound{suffix}", detail))
+    return tuple(found)
 
 
 def _unjudged(
@@ -256,38 +318,56 @@ def _unjudged(
     spec = stored or gate(name)
     assert spec is not None  # runs only carry gated metrics
     base = stored.value if stored else None
-    now = centre(current)
-    return Judgement(
-        name, spec.unit, spec.direction, base, now, now / base if ratio and base else None, spec.tolerance, verdict, detail
-    )
+    now = centre(current) if current else None
+    judged_ratio = now / base if ratio and base and now is not None else None
+    return Judgement(name, spec.unit, spec.direction, base, now, judged_ratio, spec.tolerance, verdict, detail)
+
+
+def _invalid(j: Judgement, found: Sequence[Loss]) -> Judgement:
+    """``j`` made invalid by ``found``: the reasons joined for the table cell, the details for the notes."""
+    reason = ", ".join(dict.fromkeys(loss.reason for loss in found))
+    return dataclasses.replace(j, verdict="invalid", reason=reason, detail="; ".join(loss.detail for loss in found))
+
+
+def _expected(name: str, run: MeasuredRun) -> bool:
+    """Whether ``run`` should have ``name`` when its baseline has it: every gated metric but a
+    scaling efficiency it never measured (a published multi-node figure)."""
+    return name in run.lost or not SCALING_METRIC.fullmatch(name)
 
 
 def judge_run(baseline: Baseline | None, run: Mapping[str, Any], *, confidence: float = DEFAULT_CONFIDENCE) -> tuple[Judgement, ...]:
     """Every gated metric of ``run`` (a run's JSON) against ``baseline``.
 
-    The stored direction and tolerance of each metric are used. Metrics only the
-    baseline has (multi-node scaling figures, say) are not judged: the run did not
-    measure them. :class:`~pytest_qwenperf.baseline.RunJsonError` for a malformed run.
+    The stored direction and tolerance of each metric are used. A run that lost data is
+    ``invalid`` for every metric, whatever its baseline (see the module docstring); so is
+    a metric the comparable baseline has and the run has no value for. Scaling
+    efficiencies only the baseline has (published multi-node figures) are not judged:
+    the run did not measure them. :class:`~pytest_qwenperf.baseline.RunJsonError` for a
+    malformed run.
     """
     measured = parse_run(run)
-    if baseline is None:
-        return tuple(
-            _unjudged(name, None, samples, "no-baseline", "no stored baseline for this run", ratio=False)
-            for name, samples in measured.samples.items()
-        )
-    differences = baseline.identity.differences(measured.identity)
+    found = losses(measured)
+    differences = baseline.identity.differences(measured.identity) if baseline else ()
+    names = set(measured.samples)
+    if baseline is not None and not differences:
+        names |= {name for name in baseline.metrics if name not in names and _expected(name, measured)}
     judgements = []
-    for name in gate_order(measured.samples):
-        samples = measured.samples[name]
-        stored = baseline.metrics.get(name)
-        if differences:
+    for name in gate_order(names):
+        samples = measured.samples.get(name, ())
+        stored = baseline.metrics.get(name) if baseline else None
+        if found:
+            judgements.append(_invalid(_unjudged(name, stored, samples, "invalid", "", ratio=True), found))
+        elif baseline is None:
+            judgements.append(_unjudged(name, None, samples, "no-baseline", "no stored baseline for this run", ratio=False))
+        elif differences:
             detail = "not comparable (baseline vs run): " + "; ".join(differences)
             judgements.append(_unjudged(name, stored, samples, "not-comparable", detail, ratio=False))
         elif stored is None:
             judgements.append(_unjudged(name, None, samples, "no-baseline", "the baseline has no value for it", ratio=False))
-        elif measured.client_bound is not None:
-            detail = f"the client could not keep up, not a verdict on vLLM: {measured.client_bound}"
-            judgements.append(_unjudged(name, stored, samples, "client-bound", detail, ratio=True))
+        elif not samples:
+            where = measured.lost.get(name, "not in its JSON")
+            loss = Loss("no value", f"the run has no value for it ({where}); the baseline has one")
+            judgements.append(_invalid(_unjudged(name, stored, samples, "invalid", "", ratio=True), (loss,)))
         else:
             judgements.append(
                 judge(
@@ -301,6 +381,34 @@ def judge_run(baseline: Baseline | None, run: Mapping[str, Any], *, confidence: 
                 )
             )
     return tuple(judgements)
+
+
+def judge_against_run(
+    reference: Mapping[str, Any], run: Mapping[str, Any], *, confidence: float = DEFAULT_CONFIDENCE
+) -> tuple[Judgement, ...]:
+    """``run`` against another run's JSON as its baseline (``qwenperf compare``).
+
+    As :func:`judge_run`, and the reference's own losses count too: a reference that lost
+    data makes every comparison with it ``invalid`` (the reason says "(reference)"), and
+    so does a metric the run has and the reference names without a value. A metric the
+    reference does not name at all stays ``no-baseline``.
+    """
+    measured = parse_run(reference)
+    baseline = baseline_from_run(reference, source="reference run") if measured.samples else None
+    judgements = judge_run(baseline, run, confidence=confidence)
+    found = losses(measured, "reference")
+    comparable = not measured.identity.differences(parse_run(run).identity)
+    judged = []
+    for j in judgements:
+        own = [Loss(j.reason, j.detail)] if j.verdict == "invalid" else []
+        if j.verdict == "no-baseline" and j.metric in measured.lost and comparable:
+            lost = Loss("no value (reference)", f"the reference has no value for it ({measured.lost[j.metric]}); the run has one")
+            judged.append(_invalid(j, [*found, lost]))
+        elif found and j.verdict != "no-baseline":
+            judged.append(_invalid(j, [*own, *found]))
+        else:
+            judged.append(j)
+    return tuple(judged)
 
 
 # ------------------------------------------------------------------ tables
@@ -329,7 +437,7 @@ def format_table(header: Sequence[str], rows: Sequence[Sequence[str]], *, markdo
 def render_judgements(judgements: Sequence[Judgement], *, markdown: bool = False) -> str:
     """The table of :attr:`Judgement.HEADER`, then the detail of every verdict that is not a pass."""
     lines = format_table(Judgement.HEADER, [j.row() for j in judgements], markdown=markdown)
-    notes = [f"{j.metric}: {j.verdict}: {j.detail}" for j in judgements if j.verdict != "pass"]
+    notes = [f"{j.metric}: {j.label}: {j.detail}" for j in judgements if j.verdict != "pass"]
     if notes:
         lines.append("")
         lines += [f"- {note}" for note in notes] if markdown else notes

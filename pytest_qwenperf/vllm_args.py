@@ -1,9 +1,11 @@
 """Check serving configs against the installed vLLM's own ``serve`` argument parser.
 
 A removed, renamed or mistyped flag should cost seconds on the runner, not a GPU boot.
-The parser is built in a child Python (``python -m pytest_qwenperf.vllm_args``): importing
-vLLM is slow, sets process-wide state and must not happen inside the pytest process.
-The module paths of ``make_arg_parser`` moved between releases; all known ones are tried.
+The parser is built in a child Python: importing vLLM is slow, sets process-wide state and
+must not happen inside the pytest process. The child runs this file's source (``python -c``),
+which needs nothing but the standard library and vLLM, so the Python may be any with vLLM
+installed, without this package. The module paths of ``make_arg_parser`` moved between
+releases; all known ones are tried.
 """
 
 from __future__ import annotations
@@ -16,8 +18,11 @@ import subprocess
 import sys
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
 
-from pytest_qwenperf.config import ServingConfig
+if TYPE_CHECKING:  # not at run time: the child Python may not have this package
+    from pytest_qwenperf.config import ServingConfig
 
 FORBIDDEN_FLAGS = {
     "--disable-log-stats": "it turns off every stat logger, including the Prometheus vllm:* metrics the suite reads",
@@ -41,6 +46,13 @@ _PARSER_MODULES = (
 _UNRECOGNIZED = re.compile(r"unrecognized arguments: (.*)")
 
 
+class ParserUnavailable(RuntimeError):
+    """vLLM's parser could not be run with the Python given; the message says which Python, why, and what was expected."""
+
+
+_WANTED = "expected a Python interpreter with vLLM installed"
+
+
 @dataclass(frozen=True)
 class ArgCheck:
     """The verdict of vLLM's parser on one config."""
@@ -58,17 +70,7 @@ class ArgCheck:
 def check_configs(configs: Iterable[ServingConfig], *, suite: str, python: str = sys.executable) -> list[ArgCheck]:
     """Parse every config's argv with the vLLM installed for ``python``."""
     argvs = {cfg.id: list(_server_args(cfg)) for cfg in configs}
-    done = subprocess.run(
-        [python, "-m", "pytest_qwenperf.vllm_args"],
-        input=json.dumps(argvs),
-        capture_output=True,
-        text=True,
-        timeout=600,
-    )
-    if done.returncode != 0:
-        tail = "\n".join(done.stderr.strip().splitlines()[-15:])
-        raise RuntimeError(f"could not build vLLM's argument parser with {python}:\n{tail}")
-    reply = json.loads(done.stdout.strip().splitlines()[-1])
+    reply = _ask(python, argvs)
     checks = []
     for config_id, argv in argvs.items():
         error = reply["errors"].get(config_id)
@@ -79,6 +81,32 @@ def check_configs(configs: Iterable[ServingConfig], *, suite: str, python: str =
             error = f"{suite}: config {config_id!r}: {error}"
         checks.append(ArgCheck(config_id, tuple(argv), error, reply["version"]))
     return checks
+
+
+def _ask(python: str, argvs: dict[str, list[str]]) -> dict[str, Any]:
+    """The child's reply: ``{"version": ..., "errors": {config id: message}}``; :class:`ParserUnavailable` otherwise."""
+    try:
+        done = subprocess.run(
+            [python, "-c", Path(__file__).read_text(encoding="utf-8")],
+            input=json.dumps(argvs),
+            capture_output=True,
+            text=True,
+            timeout=600,
+            check=False,
+        )
+    except OSError as exc:  # no such file, not executable
+        raise ParserUnavailable(f"{python}: {exc.strerror}; {_WANTED}") from None
+    lines = done.stdout.strip().splitlines()
+    try:
+        reply = json.loads(lines[-1]) if lines else None
+    except ValueError:
+        reply = None
+    if not isinstance(reply, dict):
+        tail = "\n".join(done.stderr.strip().splitlines()[-15:]) or f"exit status {done.returncode}, no output"
+        raise ParserUnavailable(f"{python}: could not build vLLM's argument parser there:\n{tail}")
+    if "unavailable" in reply:
+        raise ParserUnavailable(f"{python}: cannot import vLLM ({reply['unavailable']}); {_WANTED}")
+    return reply
 
 
 def _server_args(cfg: ServingConfig) -> tuple[str, ...]:
@@ -142,7 +170,12 @@ def _parse_all(argvs: dict[str, Sequence[str]]) -> dict[str, object]:
 def main() -> None:
     argvs = json.loads(sys.stdin.read())
     with contextlib.redirect_stdout(sys.stderr):  # vLLM logs at import; keep stdout for the reply
-        reply = _parse_all(argvs)
+        try:
+            import vllm  # noqa: F401 - whether this Python has vLLM at all
+        except ImportError as exc:
+            reply: dict[str, object] = {"unavailable": str(exc)}
+        else:
+            reply = _parse_all(argvs)
     print(json.dumps(reply))
 
 

@@ -44,7 +44,9 @@ class FakeGpu:
     not_supported: frozenset[str] = frozenset()  # functions that raise NVMLError_NotSupported
     unknown_errors: dict[str, int] = field(default_factory=dict)  # function → first n calls raise NVMLError_Unknown
     lost_from_poll: int | None = None  # from this poll on (0-based; polls start with utilization) calls raise GpuIsLost
+    processes: Sequence[tuple[int, int | None]] = ()  # compute processes: (pid, bytes held or None: not accounted)
     calls: Counter[str] = field(default_factory=Counter)
+    energy_read_at: list[float] = field(default_factory=list)  # perf_counter of each energy reading that succeeded
 
     @property
     def polls(self) -> int:
@@ -118,13 +120,28 @@ def module(gpus: Sequence[FakeGpu], *, event_reasons_api: bool = True) -> Module
         used = _at(gpu.memory_used, poll)
         return SimpleNamespace(total=141 * 2**30, used=used, free=141 * 2**30 - used)
 
+    def nvmlDeviceGetComputeRunningProcesses(gpu: FakeGpu) -> list[SimpleNamespace]:
+        checked(gpu, "nvmlDeviceGetComputeRunningProcesses")
+        return [SimpleNamespace(pid=pid, usedGpuMemory=used) for pid, used in gpu.processes]
+
+    def nvmlDeviceGetGraphicsRunningProcesses(gpu: FakeGpu) -> list[SimpleNamespace]:
+        checked(gpu, "nvmlDeviceGetGraphicsRunningProcesses")
+        return []
+
+    def nvmlSystemGetDriverVersion() -> str:
+        return "580.00.00"
+
+    def nvmlSystemGetCudaDriverVersion_v2() -> int:
+        return 13000
+
     def nvmlDeviceGetPowerUsage(gpu: FakeGpu) -> int:
         checked(gpu, "nvmlDeviceGetPowerUsage")
         return gpu.power_mw
 
     def nvmlDeviceGetTotalEnergyConsumption(gpu: FakeGpu) -> int:
         checked(gpu, "nvmlDeviceGetTotalEnergyConsumption")
-        return 10**9 + int(gpu.power_mw * (time.perf_counter() - state.started))  # mW × s = mJ
+        gpu.energy_read_at.append(time.perf_counter())
+        return 10**9 + int(gpu.power_mw * (gpu.energy_read_at[-1] - state.started))  # mW × s = mJ
 
     def nvmlDeviceGetClockInfo(gpu: FakeGpu, clock: int) -> int:
         checked(gpu, "nvmlDeviceGetClockInfo")

@@ -49,10 +49,22 @@ def end_inner_session(session: subprocess.Popen[bytes]) -> None:
 
 
 @contextmanager
-def busy_loops(cpus: frozenset[int]) -> Iterator[None]:
-    """One spinning process pinned to each of ``cpus``; all killed on the way out, however it ends."""
+def busy_loops(cpus: frozenset[int], per_cpu: int = 1, own_sessions: bool = False) -> Iterator[None]:
+    """``per_cpu`` spinning processes pinned to each of ``cpus``; all killed on the way out, however it ends.
+
+    Where the kernel schedules by session (autogroup, on by default on Linux), each session
+    takes an equal turn on a CPU, shared by its processes. In this process's session (the
+    default) the loops compete with it as its equals, and when it wakes it gets the CPU
+    back at once. ``own_sessions``: each loop in a session of its own, so that each takes a
+    full turn against every other session (a server in its own session gets 1/(n+1) of a
+    CPU with n loops, not half of it).
+    """
     spin = "import os, sys\nos.sched_setaffinity(0, {int(sys.argv[1])})\nwhile True:\n    pass\n"
-    hogs = [subprocess.Popen([sys.executable, "-c", spin, str(cpu)]) for cpu in sorted(cpus)]
+    hogs = [
+        subprocess.Popen([sys.executable, "-c", spin, str(cpu)], start_new_session=own_sessions)
+        for cpu in sorted(cpus)
+        for _ in range(per_cpu)
+    ]
     try:
         yield
     finally:

@@ -14,6 +14,8 @@ give. Each request says what it wants in an extra body key, ``x_schedule`` (a di
 - ``error_after``: send vLLM's in-stream error event (then ``[DONE]``) there instead.
 - ``usage``: false to send no usage at all (default true).
 - ``fast``: send every chunk at once, as fast as possible (CPU-cost benchmark).
+- ``hold_until``: n: the stream's schedule starts only once n streams asking this are open
+  at once (the n-th starts them all): a client that cannot open n at once never gets a token.
 - ``error``: ``{"status": 4xx, "body": <any JSON>}`` answers with that instead of a stream.
 
 Requests without ``x_schedule`` (from clients that cannot add body keys) get the one
@@ -32,13 +34,13 @@ requests queued for 70 ms in the *source*. Here it is ~170 us per one-token requ
 which wakes on a millisecond clock, so a chunk may leave up to ~1 ms after its due time
 (``select()`` would be exact but costs the source twice the CPU with hundreds of
 connections, and CPU is what makes a small VM stall): the source logs when it actually
-sent each chunk and the tests compare the client against that. Run it in its own process
-(:func:`stream_source`), pinned to its own CPU if need be. Connections carry one request
-at a time (no pipelining), as HTTP clients use them.
+sent each chunk (just before and just after each write) and the tests compare the client
+against that. Run it in its own process (:func:`stream_source`), pinned to its own CPU if
+need be. Connections carry one request at a time (no pipelining), as HTTP clients use them.
 
 ``GET /stats`` returns request counts per port, the active and peak number of open
 streams and how late the source was against the schedules; ``GET /sent`` the send log;
-``POST /stats/reset`` clears them.
+``GET /written`` when each chunk's write had returned; ``POST /stats/reset`` clears them.
 """
 
 from __future__ import annotations
@@ -125,15 +127,18 @@ def _prompt_tokens(body: dict[str, Any]) -> int:
 class _Source:
     """What all connections share: the served model, counters and the send log."""
 
-    def __init__(self, model: str, default_schedule: dict[str, Any]) -> None:
+    def __init__(self, model: str, default_schedule: dict[str, Any], answers: dict[str, bytes] | None = None) -> None:
         self.model = model
         self.default_schedule = default_schedule  # for requests without ``x_schedule`` (other clients)
+        self.answers = answers or {}  # GET path -> the body of a 200 answer (e.g. garbage for /version, /metrics)
         self.by_port: Counter[int] = Counter()
         self.active = self.peak_active = 0
-        self.sent: dict[Any, tuple[list[float], list[float]]] = {}  # id -> (due times, [arrived, chunk sends...])
+        self.held: list[_Stream] = []  # streams waiting for ``hold_until`` others
+        # id -> (due times, [arrived, chunk sends...], [after each chunk's write: None if it had to wait for the socket])
+        self.sent: dict[Any, tuple[list[float], list[float], list[float | None]]] = {}
 
     def stats(self) -> dict[str, Any]:
-        late = sorted(at - due for dues, sent in self.sent.values() for due, at in zip(dues, sent[1:]))
+        late = sorted(at - due for dues, sent, _ in self.sent.values() for due, at in zip(dues, sent[1:]))
         return {
             "by_port": {str(port): n for port, n in self.by_port.items()},
             "requests": sum(self.by_port.values()),
@@ -148,13 +153,30 @@ class _Stream:
     """One streamed response: sends its chunks at their due times from a chain of timers."""
 
     def __init__(
-        self, conn: _Connection, fmt: _Format, per_chunk: list[int], texts: list[str], due: list[float], sent: list[float]
+        self,
+        conn: _Connection,
+        fmt: _Format,
+        per_chunk: list[int],
+        texts: list[str],
+        due: list[float],
+        sent: list[float],
+        written: list[float | None],
+        held: bool = False,
     ) -> None:
-        """``texts`` shorter than ``per_chunk``: the stream is cut (``conn.cut``) where the next chunk is due."""
+        """``texts`` shorter than ``per_chunk``: the stream is cut (``conn.cut``) where the next chunk is due.
+        ``held``: the schedule starts at :meth:`release`, not at the request's arrival."""
         self.conn, self.fmt, self.per_chunk, self.texts, self.due, self.sent = conn, fmt, per_chunk, texts, due, sent
+        self.written = written
         self.completion = 0
         self.loop = asyncio.get_running_loop()
-        self.timer = self._at(due[0])
+        self.timer = None if held else self._at(due[0])
+
+    def release(self) -> None:
+        """Start a held stream's schedule now (unless its connection is gone meanwhile)."""
+        if self.conn.stream is self:
+            shift = perf_counter() - self.sent[0]
+            self.due[:] = [due + shift for due in self.due]
+            self.timer = self._at(self.due[0])
 
     def _at(self, due: float) -> asyncio.TimerHandle:
         return self.loop.call_later(due - perf_counter(), self._send)
@@ -177,13 +199,16 @@ class _Stream:
             data += (_frame(self.fmt.final(self.completion)) if self.conn.with_usage else b"") + _END
         self.sent.append(perf_counter())
         transport.write(data)
+        # The kernel took the bytes (and stamped their arrival on loopback) within the write, unless it had to wait.
+        self.written.append(None if transport.get_write_buffer_size() else perf_counter())
         if last:
             self.conn.end_stream()
         else:
             self.timer = self._at(self.due[k + 1])
 
     def cancel(self) -> None:
-        self.timer.cancel()
+        if self.timer is not None:
+            self.timer.cancel()
 
 
 class _Connection(asyncio.Protocol):
@@ -225,6 +250,9 @@ class _Connection(asyncio.Protocol):
         source = self.source
         if method == "POST" and path in ("/v1/completions", "/v1/chat/completions"):
             self._start_stream(path, json.loads(body))
+        elif method == "GET" and path in source.answers:
+            data = source.answers[path]
+            self.transport.write(b"HTTP/1.1 200 OK\r\nContent-Type: text/plain\r\nContent-Length: %d\r\n\r\n%s" % (len(data), data))
         elif path == "/health":
             self.transport.write(_response(200))
         elif path == "/v1/models":
@@ -232,7 +260,9 @@ class _Connection(asyncio.Protocol):
         elif path == "/stats":
             self.transport.write(_response(200, source.stats()))
         elif path == "/sent":
-            self.transport.write(_response(200, {str(key): sent for key, (_, sent) in source.sent.items()}))
+            self.transport.write(_response(200, {str(key): sent for key, (_, sent, _) in source.sent.items()}))
+        elif path == "/written":
+            self.transport.write(_response(200, {str(key): written for key, (_, _, written) in source.sent.items()}))
         elif method == "POST" and path == "/stats/reset":
             source.by_port.clear()
             source.sent.clear()
@@ -273,9 +303,17 @@ class _Connection(asyncio.Protocol):
         due = [self.arrived + sched.get("ttft_ms", 0.0) / 1e3]
         for gap in gaps[1 : len(texts) + 1]:  # one more than sent when aborting: when to cut
             due.append(due[-1] + gap / 1e3)
-        sent = [self.arrived]
-        source.sent[sched.get("id", len(source.sent))] = (due, sent)
-        self.stream = _Stream(self, fmt, per_chunk, texts, due, sent)
+        sent, written = [self.arrived], []
+        source.sent[sched.get("id", len(source.sent))] = (due, sent, written)
+        hold = sched.get("hold_until")
+        self.stream = _Stream(self, fmt, per_chunk, texts, due, sent, written, held=hold is not None)
+        if hold is not None:
+            source.held = [stream for stream in source.held if stream.conn.stream is stream]  # still open
+            source.held.append(self.stream)
+            if len(source.held) >= hold:
+                for stream in source.held:
+                    stream.release()
+                source.held.clear()
 
     async def _fast(self, fmt: _Format, per_chunk: list[int], texts: list[str]) -> None:
         """Everything at once in large writes, so that the source outpaces any client."""
@@ -318,10 +356,10 @@ class _Connection(asyncio.Protocol):
         self.end_stream()
 
 
-async def serve(n_ports: int, model: str, default_schedule: dict[str, Any]) -> None:
+async def serve(n_ports: int, model: str, default_schedule: dict[str, Any], answers: dict[str, bytes] | None = None) -> None:
     """Serve on ``n_ports`` free loopback ports, print them as one JSON line, run until SIGTERM."""
     loop = asyncio.get_running_loop()
-    source = _Source(model, default_schedule)
+    source = _Source(model, default_schedule, answers)
     servers = [await loop.create_server(lambda: _Connection(source), "127.0.0.1", 0, backlog=1024) for _ in range(n_ports)]
     stop = asyncio.Event()
     loop.add_signal_handler(signal.SIGTERM, stop.set)
@@ -355,16 +393,28 @@ class StreamSource:
         """Per request ``id``: when the request arrived, then when each chunk was written (``perf_counter``)."""
         return {int(key): times for key, times in json.loads(self._call("/sent")).items()}
 
+    def written(self) -> dict[int, list[float | None]]:
+        """Per request ``id``: when each token chunk's write had returned (``perf_counter``; None: the socket made it wait)."""
+        return {int(key): times for key, times in json.loads(self._call("/written")).items()}
+
     def reset(self) -> None:
         self._call("/stats/reset", "POST")
 
 
 @contextmanager
 def stream_source(
-    n_ports: int = 1, cpus: set[int] | None = None, model: str = MODEL, default_schedule: dict[str, Any] | None = None
+    n_ports: int = 1,
+    cpus: set[int] | None = None,
+    model: str = MODEL,
+    default_schedule: dict[str, Any] | None = None,
+    answers: dict[str, bytes] | None = None,
 ) -> Iterator[StreamSource]:
-    """Run the source in its own process (pinned to ``cpus`` if given) for the duration."""
+    """Run the source in its own process (pinned to ``cpus`` if given) for the duration.
+
+    ``answers``: GET paths answered 200 with these bodies instead (a server whose /version or /metrics is garbage)."""
     cmd = [sys.executable, __file__, "--ports", str(n_ports), "--model", model, "--schedule", json.dumps(default_schedule or {})]
+    if answers:
+        cmd += ["--answers", json.dumps({path: body.hex() for path, body in answers.items()})]
     if cpus:
         cmd += ["--cpus", ",".join(map(str, sorted(cpus)))]
     proc = subprocess.Popen(cmd, stdout=subprocess.PIPE)
@@ -389,10 +439,11 @@ def main() -> None:
     parser.add_argument("--model", default=MODEL)
     parser.add_argument("--cpus", help="comma-separated CPU ids to pin the source to")
     parser.add_argument("--schedule", type=json.loads, default={}, help="x_schedule for requests that carry none (JSON)")
+    parser.add_argument("--answers", type=json.loads, default={}, help="GET path -> hex of the body of a 200 answer (JSON)")
     args = parser.parse_args()
     if args.cpus:
         os.sched_setaffinity(0, {int(cpu) for cpu in args.cpus.split(",")})
-    asyncio.run(serve(args.ports, args.model, args.schedule))
+    asyncio.run(serve(args.ports, args.model, args.schedule, {path: bytes.fromhex(body) for path, body in args.answers.items()}))
 
 
 if __name__ == "__main__":

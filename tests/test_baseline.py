@@ -17,6 +17,7 @@ from pytest_qwenperf.baseline import (
     BaselineRefused,
     Context,
     Identity,
+    PublishedBaselineKept,
     find_baseline,
     load_baseline,
     parse_baseline,
@@ -255,6 +256,33 @@ def test_a_run_that_is_not_comparable_is_refused(tmp_path: Path) -> None:
     with pytest.raises(BaselineRefused, match=r"not comparable with the stored baseline \(stored vs run: argv_sha256: "):
         write_baseline(tmp_path, changed, git_commit="c")
     assert path.read_bytes() == before
+
+
+def test_an_update_keeps_each_stored_tolerance_and_takes_the_runs_for_new_metrics(tmp_path: Path) -> None:
+    path = _stored(tmp_path)
+    data = json.loads(path.read_text())
+    data["metrics"]["p99_ttft_ms"]["tolerance"] = 0.6  # set by hand: the file's tolerance is authoritative
+    del data["metrics"]["p99_tpot_ms"]
+    path.write_text(json.dumps(data))
+    stored = load_baseline(write_baseline(tmp_path, make_run(ttft=210.0), git_commit="c"))
+    assert stored.metrics["p99_ttft_ms"].tolerance == 0.6 and stored.metrics["p99_ttft_ms"].value == 210.0
+    assert stored.metrics["p99_tpot_ms"].tolerance == GATE_TOLERANCES["p99_tpot_ms"]
+    assert stored.history[0].metrics["p99_ttft_ms"].tolerance == 0.6
+
+
+def test_a_published_baseline_is_replaced_only_when_asked(tmp_path: Path) -> None:
+    path = _stored(tmp_path)
+    data = json.loads(path.read_text())
+    data["provenance"] = {"kind": "published", "source": "https://example.com/figures"}
+    path.write_text(json.dumps(data))
+    before = path.read_bytes()
+    with pytest.raises(PublishedBaselineKept, match=r"not updated: it holds published figures") as caught:
+        write_baseline(tmp_path, make_run(total=20_000.0), git_commit="c")
+    assert isinstance(caught.value, BaselineRefused) and str(caught.value).startswith(f"{path}: ")
+    assert path.read_bytes() == before
+    stored = load_baseline(write_baseline(tmp_path, make_run(total=20_000.0), git_commit="c", replace_published=True))
+    assert stored.provenance.kind == "measured" and stored.metrics["total_token_throughput"].value == 20_000.0
+    assert [h.provenance.source for h in stored.history] == ["https://example.com/figures"]
 
 
 def test_runs_carry_gated_metrics_from_metrics_server_and_samples() -> None:

@@ -8,11 +8,15 @@ from __future__ import annotations
 
 import json
 import math
+from pathlib import Path
 
 import pytest
 
 from pytest_qwenperf.benchmark_glue import flat_metrics, record, seconds_per_million_tokens, vllm_installed
 from pytest_qwenperf.hardware import detect
+
+# A real run of the CPU suite (three repeats), as --qwenperf-json wrote it.
+SESSION = Path(__file__).parents[1] / "docs" / "upgrade-gate" / "first.json"
 
 RUN = {
     "identity": {"suite": "cpu", "config": "base", "workload": "isl128-osl128", "hardware": "cpu"},
@@ -38,11 +42,16 @@ def test_two_rounds(benchmark):
 
 def test_one_run(benchmark):
     record_run(benchmark, SPEC["run"])
+
+
+def test_repeated_run(benchmark):
+    record_run(benchmark, SPEC["repeated"])
 """
 
 
 def run_inner(pytester: pytest.Pytester, seconds: list[float], *args: str) -> pytest.RunResult:
-    (pytester.path / "spec.json").write_text(json.dumps({"run": RUN, "seconds": seconds}))
+    repeated = json.loads(SESSION.read_text())["runs"][0]
+    (pytester.path / "spec.json").write_text(json.dumps({"run": RUN, "seconds": seconds, "repeated": repeated}))
     return pytester.runpytest_subprocess("-p", "no:cacheprovider", *args, timeout=120)
 
 
@@ -76,7 +85,7 @@ def test_json_entry_holds_the_given_seconds_and_the_run(inner: pytest.Pytester) 
     assert extra["steady_state_total_token_throughput"] == 520_000.0
     assert extra["unit"].startswith("seconds per 1,000,000 total tokens")
 
-    one = entries["test_one_run"]
+    one = entries["test_one_run"]  # a run without samples: its single value, one round
     assert (one["group"], one["name"], one["stats"]["data"]) == ("cpu/base", "isl128-osl128", [2.0])
     assert one["params"] == {"suite": "cpu", "config": "base", "workload": "isl128-osl128"}
 
@@ -86,6 +95,19 @@ def test_json_entry_holds_the_given_seconds_and_the_run(inner: pytest.Pytester) 
     assert machine["cpu_count"] == hw.cpu_count
     assert (machine["vllm_distribution"], machine["vllm_version"]) == vllm_installed()
     assert {"gpu_driver", "cuda_version"} <= set(machine)
+
+
+def test_a_run_of_several_repeats_is_one_round_per_repeat(inner: pytest.Pytester) -> None:
+    """pytest-benchmark's statistics (and --benchmark-compare-fail) see the run-to-run spread, not one summary value."""
+    result = run_inner(inner, [2.0], "--benchmark-json=out.json", "-k", "repeated")
+    assert result.ret == 0, result.stdout.str()
+    (entry,) = json.loads((inner.path / "out.json").read_text())["benchmarks"]
+    throughputs = json.loads(SESSION.read_text())["runs"][0]["samples"]["total_token_throughput"]
+    assert len(throughputs) == 3
+    assert entry["stats"]["rounds"] == len(throughputs)
+    assert entry["stats"]["data"] == [1e6 / t for t in throughputs]
+    assert entry["stats"]["stddev"] > 0
+    assert (entry["group"], entry["name"]) == ("cpu/base", "isl128-osl128")
 
 
 def test_compare_fail_on_the_median_gates_throughput(inner: pytest.Pytester) -> None:
@@ -125,11 +147,11 @@ def test_saved_run_from_other_hardware_is_a_loud_warning(inner: pytest.Pytester)
 
 def test_disabled_benchmarks_still_run_the_test_and_skip_skips_it(inner: pytest.Pytester) -> None:
     disabled = run_inner(inner, [2.0], "--benchmark-disable", "--benchmark-json=out.json")
-    disabled.assert_outcomes(passed=2)
+    disabled.assert_outcomes(passed=3)
     assert not (inner.path / "out.json").exists()
 
     skipped = run_inner(inner, [2.0], "--benchmark-skip")
-    skipped.assert_outcomes(skipped=2)
+    skipped.assert_outcomes(skipped=3)
 
 
 def test_seconds_per_million_tokens() -> None:

@@ -56,7 +56,8 @@ def test_a_regression_fails_only_when_asked_to(tmp_path: Path, capsys: pytest.Ca
     status, out, err = compare(capsys, old, new, "--fail-on", "regression")
     assert status == 1
     assert _rows(out)["total_token_throughput"][-2:] == ["-20.0%", "regression"]
-    assert "0.33.0: total_token_throughput: regression: worse than the tolerance: -20.0%" in out
+    # Same verdict and detail (both -20.0 %, one sample each): one line naming both metrics.
+    assert "0.33.0: total_token_throughput, output_throughput: regression: worse than the tolerance: -20.0%" in out
     assert "failing on 2 regression" in err
     assert compare(capsys, old, new)[0] == 0
 
@@ -123,12 +124,66 @@ def test_client_bound_runs_and_rows_only_some_files_have(tmp_path: Path, capsys:
         [make_run(version="0.33.0", total=5_000.0, bound="client busy 99% of the run (limit 95%)", extra=telemetry),
          make_run("seqs-32", version="0.33.0")],
     )
-    status, out, _ = compare(capsys, old, new, "--fail-on", "regression")
-    assert status == 0
+    status, out, err = compare(capsys, old, new, "--fail-on", "regression")
+    assert status == 1 and "failing on 4 invalid" in err  # a client that could not keep up is no pass
     base, seqs = out[: out.index("cpu/seqs-32")], out[out.index("cpu/seqs-32") :]
-    assert _rows(base)["total_token_throughput"][-1] == "client-bound"
+    assert _rows(base)["total_token_throughput"][-3:] == ["-50.0%", "invalid:", "client-bound"]
     assert _rows(base)["gpu_utilization"] == ["gpu_utilization", "(fraction)", "0.93", "0.93", "+0.0%"]
+    assert "the run's client could not keep up, so its numbers measure the client, not vLLM (client busy 99%" in base
     assert _rows(seqs)["total_token_throughput"] == ["total_token_throughput", "(tok/s)", "—", "10,000", "—", "no-baseline"]
+    assert compare(capsys, old, new)[0] == 0  # no --fail-on: a report, not a gate
+
+
+def test_a_config_the_candidate_lacks_is_missing_and_fails_unless_allowed(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    old = session_file(tmp_path / "old.json", [make_run("base"), make_run("ctx-short")])
+    new = session_file(tmp_path / "new.json", [make_run("base", version="0.33.0")])
+    status, out, err = compare(capsys, old, new, "--fail-on", "regression")
+    assert status == 1 and "failing on 4 missing" in err
+    lacking = out[out.index("cpu/ctx-short") :]
+    assert _rows(lacking)["total_token_throughput"] == ["total_token_throughput", "(tok/s)", "10,000", "—", "—", "missing"]
+    assert "0.33.0: total_token_throughput, output_throughput, p99_ttft_ms, p99_tpot_ms: missing: new.json has no run" in lacking
+    assert out.rstrip().endswith("verdicts against 0.32.0: 4 missing, 4 pass")
+    assert compare(capsys, old, new, "--fail-on", "regression", "--allow", "missing")[0] == 0
+    status, _, err = compare(capsys, old, new, "--fail-on", "missing", "--allow", "missing")
+    assert status == 2 and "--allow missing contradicts --fail-on missing" in err
+
+
+def test_a_failure_in_one_pooled_repeat_makes_the_pool_invalid(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    old = benchmark_file(tmp_path / "old.json", [make_run(total=t) for t in (10_000.0, 10_100.0, 9_900.0)])
+    repeats = [make_run(version="0.33.0", total=10_000.0), make_run(version="0.33.0", total=10_050.0, failed=2)]
+    without = make_run(version="0.33.0", total=9_950.0)
+    del without["metrics"]["p99_ttft_ms"]
+    new = benchmark_file(tmp_path / "new.json", repeats)
+    status, out, _ = compare(capsys, old, new, "--fail-on", "regression")
+    assert status == 1 and _rows(out)["total_token_throughput"][-4:] == ["+0.3%", "invalid:", "failed", "requests"]
+    assert "2 request(s) of the run failed" in out
+    gap = benchmark_file(tmp_path / "gap.json", [repeats[0], without])
+    status, out, _ = compare(capsys, old, gap, "--fail-on", "regression")
+    assert status == 1 and _rows(out)["p99_ttft_ms"][-4:] == ["—", "invalid:", "no", "value"]
+    assert "the run has no value for it (samples.p99_ttft_ms[1] is null)" in out
+
+
+def test_json_holds_every_group_row_value_and_judgement(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    old = session_file(tmp_path / "old.json", [make_run("base"), make_run("ctx-short")])
+    new = session_file(tmp_path / "new.json", [make_run("base", version="0.33.0", failed=1)])
+    status, out, _ = compare(capsys, old, new, "--json", "--fail-on", "regression")
+    assert status == 1
+    document = json.loads(out)
+    assert document["schema"] == "qwenperf-compare/1"
+    assert document["files"] == [{"label": "0.32.0", "path": str(old)}, {"label": "0.33.0", "path": str(new)}]
+    base, lacking = document["groups"]
+    assert (base["suite"], base["config"], base["workload"]) == ("cpu", "base", "isl128-osl128")
+    row = base["rows"][0]
+    assert (row["metric"], row["unit"], row["values"]) == ("total_token_throughput", "tok/s", [10_000.0, 10_000.0])
+    (judged,) = row["judgements"]
+    assert judged["file"] == "0.33.0" and judged["verdict"] == "invalid" and judged["reason"] == "failed requests"
+    assert judged["detail"] == "1 request(s) of the run failed" and judged["ratio"] == 1.0 and judged["tolerance"] == 0.05
+    assert lacking["rows"][0]["values"] == [10_000.0, None] and lacking["rows"][0]["judgements"][0]["verdict"] == "missing"
+    assert document["verdicts"] == {"invalid": 4, "missing": 4}
+    with pytest.raises(SystemExit):
+        main(["compare", str(old), str(new), "--json", "--markdown"])
 
 
 def test_unknown_metric_is_a_usage_error(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:

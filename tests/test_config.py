@@ -76,7 +76,7 @@ def test_bad_suite_names_file_key_and_expectation(tmp_path: Path, change: tuple[
 
 
 def test_unreadable_and_invalid_toml(tmp_path: Path) -> None:
-    with pytest.raises(SuiteError, match="cannot read suite file"):
+    with pytest.raises(SuiteError, match="cannot read the suite file: No such file or directory"):
         load_suite(tmp_path / "missing.toml")
     with pytest.raises(SuiteError, match="not valid TOML"):
         load_suite(write(tmp_path, "[suite\n"))
@@ -144,8 +144,8 @@ def test_workloads_carry_arrival_warmup_selection_slo_and_floors(tmp_path: Path)
     ("change", "message"),
     [
         (("load = { concurrency = 4 }", ""), r"workload 'chat'.load: expected a table such as"),
-        (("load = { concurrency = 4 }", "load = { concurrency = 0 }"), r"workload 'chat'.load: expected concurrency = N"),
-        (("load = { concurrency = 4 }", "load = { rate = 1, bursty = 2 }"), r"workload 'chat'.load: .*unexpected keyword argument 'bursty'"),
+        (("load = { concurrency = 4 }", "load = { concurrency = 0 }"), r"workload 'chat'.load.concurrency: expected a whole number of requests in flight >= 1, got 0$"),
+        (("load = { concurrency = 4 }", "load = { rate = 1, bursty = 2 }"), r"workload 'chat'.load.bursty: unknown key for an open loop \(rate = R\); expected only \['rate', 'distribution', 'burstiness', 'seed', 'max_concurrency'\]$"),
         (("warmup = 8", "warmup = 40"), r"workload 'chat'.warmup: expected a whole number of requests below num_prompts \(40\)"),
         (('configs = ["short", "spec"]', 'configs = ["nope"]'), r"workload 'chat'.configs: expected ids of configs of this suite"),
         (('slo = "ttft:500 tpot:50"', 'slo = "ttft=500"'), r"workload 'chat'.slo: .*has no ':'"),
@@ -176,3 +176,57 @@ def test_b200_ladder_is_the_write_ups() -> None:
     assert last[last.index("--speculative-config") + 1] == '{"method":"mtp","num_speculative_tokens":1}'
     assert suite.config("tp8").vllm_args[suite.config("tp8").vllm_args.index("--max-model-len") + 1] == "131072"
     assert suite.model == "Qwen/Qwen3.5-27B-FP8" and suite.gpus == 8
+
+
+@pytest.mark.parametrize(
+    ("change", "message"),
+    [
+        (("concurrency = 4", "concurrency = 8.5"), r"workload 'chat'.load.concurrency: expected a whole number of requests in flight >= 1, got 8.5$"),
+        (("concurrency = 4", "concurrency = true"), r"workload 'chat'.load.concurrency: expected a whole number of requests in flight >= 1, got True$"),
+        (("concurrency = 4", "concurrency = 4, rate = 2"), r"workload 'chat'.load.rate: unknown key for a closed loop \(concurrency = N\); expected only \['concurrency'\]$"),
+        (("rate = 5.0", "rate = inf"), r"workload\[1\].load.rate: expected a finite number of requests per second > 0, got inf$"),
+        (("rate = 5.0", "rate = nan"), r"workload\[1\].load.rate: expected a finite number of requests per second > 0, got nan$"),
+        (("rate = 5.0", 'rate = "5"'), r"workload\[1\].load.rate: expected a finite number of requests per second > 0, got '5'$"),
+        (('distribution = "constant"', 'distribution = "uniform"'), r"workload\[1\].load.distribution: expected one of \['poisson', 'constant', 'gamma'\], got 'uniform'$"),
+        (('distribution = "constant"', "max_concurrency = 2.5"), r"workload\[1\].load.max_concurrency: expected a whole number of requests in flight >= 1, got 2.5$"),
+        (('distribution = "constant"', "max_concurrency = true"), r"workload\[1\].load.max_concurrency: expected a whole number of requests in flight >= 1, got True$"),
+        (('distribution = "constant"', "seed = -1"), r"workload\[1\].load.seed: expected a whole number >= 0, got -1$"),
+        (('distribution = "constant"', "burstiness = 2.0"), r"workload\[1\].load.burstiness: expected 1 unless distribution is 'gamma', got 2.0$"),
+        (("output_throughput = {", "output_throughput_typo = {"), r"workload 'chat'.floors.output_throughput_typo: expected a metric with a floor, one of \[.*'server_cpu_busy'.*\] or scaling_efficiency_n<N>, got 'output_throughput_typo'$"),
+        (("output_throughput = {", "p99_ttft_ms = {"), r"workload 'chat'.floors.p99_ttft_ms: expected a metric with a floor"),
+        (("short = 100.0", "shrot = 100.0"), r"workload 'chat'.floors.output_throughput.shrot: expected a config this workload runs on \['short', 'spec'\] or \"\*\", got 'shrot'$"),
+        (("short = 100.0", "base = 100.0"), r"workload 'chat'.floors.output_throughput.base: expected a config this workload runs on"),
+        (("short = 100.0", "short = inf"), r"workload 'chat'.floors.output_throughput.short: expected a finite number \(the minimum\), got inf$"),
+        (('name = "chat"', 'name = ".."'), r"workload\[0\].name: expected an id of letters, digits.*got '\.\.'$"),
+    ],
+)
+def test_bad_load_and_floors_name_the_key_and_expectation(tmp_path: Path, change: tuple[str, str], message: str) -> None:
+    path = write(tmp_path, LADDER + WORKLOADS.replace(*change, 1))
+    with pytest.raises(SuiteError, match=message) as excinfo:
+        load_suite(path)
+    assert str(excinfo.value).startswith(f"{path}: ")
+
+
+@pytest.mark.parametrize(
+    ("change", "message"),
+    [
+        (('id = "spec"', 'id = ".."'), r"config\[2\].id: expected an id of letters, digits, '.', '_' and '-'.*got '\.\.'$"),
+        (('id = "spec"', 'id = "a/b"'), r"config\[2\].id: expected an id of .*got 'a/b'$"),
+        (('id = "spec"', 'id = "-x"'), r"config\[2\].id: expected an id of .*got '-x'$"),
+        (('id = "spec"', 'id = "Short"'), r"config: ids 'short' and 'Short' map to the same baseline file name 'Short'; expected ids that differ"),
+    ],
+)
+def test_config_ids_are_distinct_safe_file_names(tmp_path: Path, change: tuple[str, str], message: str) -> None:
+    path = write(tmp_path, LADDER.replace(*change, 1))
+    with pytest.raises(SuiteError, match=message):
+        load_suite(path)
+
+
+def test_a_suite_that_is_not_utf8_names_the_byte_and_offset(tmp_path: Path) -> None:
+    path = tmp_path / "suite.toml"
+    path.write_bytes(LADDER.encode().replace(b"shorter", b"sh\xf6rter"))
+    offset = LADDER.encode().index(b"shorter") + 2
+    with pytest.raises(SuiteError, match=rf"^{path}: not UTF-8 text \(byte 0xf6 at offset {offset}\); expected a TOML suite file"):
+        load_suite(path)
+    path.write_bytes(b"\xef\xbb\xbf" + LADDER.encode())  # a byte-order mark, as Windows editors write
+    assert [c.id for c in load_suite(path).configs] == ["base", "short", "spec"]

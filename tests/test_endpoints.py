@@ -11,7 +11,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from pytest_qwenperf.endpoints import EndpointSet, EndpointSets, EndpointsFileError, load_endpoint_sets
-from pytest_qwenperf.options import endpoints_file
+from pytest_qwenperf.options import endpoint_url, endpoints_file
 
 VALID = """\
 model = "Qwen/Qwen3.5-27B-FP8"
@@ -23,7 +23,7 @@ replicas = 1
 urls = ["http://10.0.0.5:8000/"]
 [[set]]
 replicas = 2
-urls = ["http://10.0.0.5:8000", "https://10.0.0.6:8000"]
+urls = ["http://10.0.0.5:8000", "http://10.0.0.6:8000"]
 """
 
 
@@ -41,13 +41,13 @@ def test_valid_file(tmp_path: Path) -> None:
         path,
         (
             EndpointSet(1, ("http://10.0.0.5:8000",)),
-            EndpointSet(2, ("http://10.0.0.5:8000", "https://10.0.0.6:8000")),
+            EndpointSet(2, ("http://10.0.0.5:8000", "http://10.0.0.6:8000")),
             EndpointSet(12, ("http://vllm-dp8.perf.svc.cluster.local:8000",)),
         ),
         "Qwen/Qwen3.5-27B-FP8",
     )
     assert loaded.replica_counts == (1, 2, 12)
-    assert loaded.for_replicas(2).urls == ("http://10.0.0.5:8000", "https://10.0.0.6:8000")
+    assert loaded.for_replicas(2).urls == ("http://10.0.0.5:8000", "http://10.0.0.6:8000")
     with pytest.raises(EndpointsFileError, match=r"endpoints\.toml: set: no set with replicas = 3; the file has \[1, 2, 12\]"):
         loaded.for_replicas(3)
     assert endpoints_file(str(path)) == loaded  # the argparse type gives the same
@@ -82,6 +82,10 @@ BAD = {  # file content -> (field named in the message, what it says was expecte
     "url not a string": ("[[set]]\nreplicas = 1\nurls = [8000]\n", "set[0].urls[0]", "expected a base URL such as http://10.0.0.5:8000, got 8000"),
     "url without scheme": (_toml([(1, ["http://a:1"]), (2, ["http://a:1", "10.0.0.6:8000"])]), "set[1].urls[1]", URL_RULE),
     "url with /v1": (_toml([(1, ["http://a:1/v1"])]), "set[0].urls[0]", "give the server's base URL without /v1"),
+    "https url": (_toml([(1, ["https://a:1"])]), "set[0].urls[0]", "expected an http:// URL, got 'https://a:1': the load generator speaks plain HTTP"),
+    "url with credentials": (_toml([(1, ["http://u:s3cret@a:1"])]), "set[0].urls[0]", "expected a URL without user:password@, got 'http://u:***@a:1'"),
+    "urls a string with credentials": ('[[set]]\nreplicas = 1\nurls = "http://u:s3cret@a:1"\n', "set[0].urls", "got 'http://u:***@a:1'"),
+    "set a table with credentials": ('[set]\nreplicas = 1\nurls = ["http://u:s3cret@a:1"]\n', "set", "got {'replicas': 1, 'urls': ['http://u:***@a:1']}"),
     "more urls than replicas": (_toml([(1, ["http://a:1", "http://b:1"])]), "set[0].urls", "expected at most 1 URLs (one per replica"),
 }
 
@@ -95,6 +99,7 @@ def test_errors_name_the_file_the_field_and_the_expectation(tmp_path: Path, case
         load_endpoint_sets(path)
     message = str(error.value)
     assert message.startswith(f"{path}: {field}: " if field else f"{path}: ") and expected in message, message
+    assert "s3cret" not in message
     with pytest.raises(argparse.ArgumentTypeError) as as_option:  # as --option, argparse shows the same message
         endpoints_file(str(path))
     assert str(as_option.value) == message
@@ -108,7 +113,7 @@ def test_unreadable_file(tmp_path: Path) -> None:
         load_endpoint_sets(tmp_path)
     binary = tmp_path / "binary.toml"
     binary.write_bytes(b"\xff\xfe")
-    with pytest.raises(EndpointsFileError, match=rf"^{binary}: expected a TOML file of \[\[set\]\] tables: "):
+    with pytest.raises(EndpointsFileError, match=rf"^{binary}: not UTF-8 text \(byte 0xff at offset 0\); expected a TOML file of \[\[set\]\] tables$"):
         load_endpoint_sets(binary)
 
 
@@ -142,3 +147,14 @@ def test_any_order_of_sets_loads_the_same(
     loaded = load_endpoint_sets(path)
     assert loaded.sets == tuple(EndpointSet(n, tuple(urls)) for n, urls in sorted(sets))
     assert all(loaded.for_replicas(n).urls == tuple(urls) for n, urls in sets)
+
+
+@settings(max_examples=300, deadline=None)
+@given(secret=st.text(min_size=1, max_size=20), host=st.sampled_from(["10.0.0.5:8000", "[::1]:8000", "vllm.svc", "h:port", "[::1"]))
+def test_a_password_in_a_url_never_reaches_a_message(secret: str, host: str) -> None:
+    """Whatever the password holds ('@', '/', quotes, '#'), the URL is refused and the message masks it."""
+    password = f"Zq9{secret}"
+    for url in (f"http://perf:{password}@{host}", f"https://perf:{password}@{host}", f"perf:{password}@{host}"):
+        with pytest.raises(argparse.ArgumentTypeError) as refused:
+            endpoint_url(url)
+        assert "Zq9" not in str(refused.value) and "***@" in str(refused.value), str(refused.value)

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import dataclasses
 import json
+import re
 import subprocess
 import sys
 from pathlib import Path
@@ -98,3 +99,43 @@ def test_bad_requests_are_clear_errors() -> None:
     assert done.returncode == 2 and "--replicas: expected a whole number >= 1" in done.stderr
     with pytest.raises(SuiteError, match="generated on the machine that runs the suite"):
         render_manifests(load_suite(SUITES / "cpu.toml"), "base", 1)
+
+
+def _suite_with_ids(tmp_path: Path, *ids: str, name: str = "gpu") -> Path:
+    path = tmp_path / "suite.toml"
+    configs = "".join(f'[[config]]\nid = "{config_id}"\n' for config_id in ids)
+    path.write_text(f'[suite]\nname = "{name}"\nhardware = "b200"\nmodel = "Qwen/Qwen3-8B"\n{configs}')
+    return path
+
+
+def test_object_names_are_refused_not_cut_short_or_shared(tmp_path: Path) -> None:
+    suite = load_suite(_suite_with_ids(tmp_path, "dp8.fp8", "dp8-fp8", "x" * 60))
+    with pytest.raises(SuiteError, match=r"config 'dp8-fp8': its Kubernetes object name 'qwenperf-gpu-dp8-fp8' is also config 'dp8.fp8'"):
+        render_manifests(suite, "dp8-fp8", 1)
+    with pytest.raises(SuiteError, match=rf"config '{'x' * 60}': the Kubernetes object name 'qwenperf-gpu-x+' has 73 characters; expected at most 63"):
+        render_manifests(suite, "x" * 60, 1)
+    suite = load_suite(_suite_with_ids(tmp_path, "dp8", name="my suite"))
+    with pytest.raises(SuiteError, match=r"suite.name: expected a Kubernetes label value .* got 'my suite'"):
+        render_manifests(suite, "dp8", 1)
+
+
+def test_object_names_and_labels_are_what_kubernetes_accepts() -> None:
+    """RFC 1035 names (a Service's rule: a letter first, at most 63), label values within their rule."""
+    for path in (B200, SUITES / "h200.toml"):
+        loaded = load_suite(path)
+        for cfg in loaded.configs:
+            deployment, service = render_manifests(loaded, cfg.id, 1)
+            for manifest in (deployment, service):
+                name = manifest["metadata"]["name"]
+                assert len(name) <= 63 and re.fullmatch(r"[a-z]([-a-z0-9]*[a-z0-9])?", name), name
+                for value in manifest["metadata"]["labels"].values():
+                    assert len(value) <= 63 and re.fullmatch(r"[A-Za-z0-9]([-A-Za-z0-9_.]*[A-Za-z0-9])?", value), value
+
+
+@pytest.mark.parametrize("namespace", ["Perf", "perf_tests", "-perf", "p" * 64, ""])
+def test_a_bad_namespace_fails_at_argument_parsing(namespace: str) -> None:
+    done = cli("render-k8s", str(B200), "--config", "dp8", f"--namespace={namespace}")
+    assert done.returncode == 2 and "Traceback" not in done.stderr
+    assert "argument --namespace: expected a Kubernetes namespace (at most 63 lowercase letters, digits and '-'" in done.stderr
+    with pytest.raises(ValueError, match="namespace: expected a Kubernetes namespace"):
+        render_manifests(load_suite(B200), "dp8", 1, namespace=namespace or "-")

@@ -67,3 +67,15 @@ def test_replicas_combine_and_unavailable_stays_unavailable() -> None:
 @pytest.mark.parametrize("name", sorted(COUNTERS))
 def test_counter_aliases_start_with_the_current_name(name: str) -> None:
     assert COUNTERS[name][0].startswith("vllm:") and not COUNTERS[name][0].startswith("vllm:gpu_")
+
+
+def test_a_page_that_is_not_prometheus_text_is_unreadable_not_empty() -> None:
+    """Another exporter's page has none of vLLM's quantities; an error page or binary is unreadable, and says so."""
+    from pytest_qwenperf.telemetry.server_metrics import MetricsUnreadable, page_text
+
+    assert all(value is None for value in parse_metrics("# TYPE up gauge\nup 1\n").values.values())
+    with pytest.raises(MetricsUnreadable, match=r"^not Prometheus text \(invalid metric name.*; it begins '<html><body>502"):
+        parse_metrics("<html><body>502 Bad Gateway</body></html>")
+    with pytest.raises(MetricsUnreadable, match=r"^not UTF-8 text \(byte 0xff at offset 3\)$"):
+        page_text(b"up \xff")
+    assert parse_metrics((DATA / "vllm-0.32.0-prefix-cache-after.prom").read_text())["prompt_tokens"] is not None

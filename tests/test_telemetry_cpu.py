@@ -46,22 +46,36 @@ def cpu_seconds(pid: int) -> float:
     return times.user + times.system
 
 
-def test_a_busy_process_is_one_core_and_an_idle_one_none(spawn) -> None:
+def await_first_sample(sampler: CpuSampler) -> None:
+    """Wait until the sampler has polled twice: its counters now start before anything read after this."""
+    deadline = time.monotonic() + 30
+    while not sampler.samples:
+        assert time.monotonic() < deadline, "the sampler never polled"
+        time.sleep(0.01)
+
+
+# How much of a core a busy loop gets depends on what else runs on the machine (one core when
+# idle, a fraction on a loaded CI runner), so no test asserts a share of a core. What the
+# sampler counts is asserted exactly: the CPU time the OS reports for the same processes,
+# between what they used inside the polled span and what they used around it.
+
+
+def test_a_busy_process_is_counted_with_its_cpu_time_and_an_idle_one_as_none(spawn) -> None:
     burner, sleeper = spawn(BURN), spawn(IDLE)
-    before = cpu_seconds(burner.pid)
+    outer = cpu_seconds(burner.pid)
     with CpuSampler({"busy": [burner.pid], "idle": [sleeper.pid]}, interval_s=0.1) as sampler:
+        await_first_sample(sampler)
+        inner = cpu_seconds(burner.pid)
         time.sleep(1.5)
-    used = cpu_seconds(burner.pid) - before
+        inner = cpu_seconds(burner.pid) - inner
+    outer = cpu_seconds(burner.pid) - outer
     summary = sampler.summary()
     busy, idle = summary.groups["busy"], summary.groups["idle"]
 
-    # Near one core (less when other work shares this machine's cores) ...
-    assert 0.4 < busy.cores_busy.mean <= 1.1
-    # ... and exactly the CPU time the process used, which the OS reports independently.
-    assert busy.cpu_seconds == pytest.approx(used, rel=0.15)
-    assert idle.cores_busy.max < 0.05
+    assert 0 < inner <= busy.cpu_seconds + 1e-9 and busy.cpu_seconds <= outer + 1e-9
+    assert busy.cores_busy.mean > 0 and idle.cores_busy.max < 0.05
     assert busy.max_processes == idle.max_processes == 1
-    assert summary.health.polls >= 10 and summary.health.failed_polls == 0
+    assert summary.health.polls >= 5 and summary.health.failed_polls == 0  # 16 on time
 
 
 def test_a_poll_right_after_another_extends_the_interval_before(spawn, monkeypatch) -> None:
@@ -71,40 +85,53 @@ def test_a_poll_right_after_another_extends_the_interval_before(spawn, monkeypat
     now = [0.0]
     monkeypatch.setattr("pytest_qwenperf.telemetry.cpu.CLOCK", lambda: now[0])
     sampler = CpuSampler({"busy": [burner.pid]}, interval_s=0.1)
-    before = cpu_seconds(burner.pid)
+    outer = cpu_seconds(burner.pid)
     sampler._poll()
+    inner = cpu_seconds(burner.pid)
     time.sleep(0.3)
     now[0] = 0.3
     sampler._poll()
-    time.sleep(0.02)  # at least one tick of CPU time lands in the short interval
+    time.sleep(0.02)  # a tick of CPU time lands in the short interval (on an idle machine: when loaded, maybe not)
     now[0] = 0.3005
+    inner = cpu_seconds(burner.pid) - inner
     sampler._poll()
-    used = cpu_seconds(burner.pid) - before
+    outer = cpu_seconds(burner.pid) - outer
 
     [sample] = sampler.samples
     assert sample.seconds == pytest.approx(0.3005)
-    assert sample.busy[0] * sample.seconds == pytest.approx(used, abs=0.021)  # two ticks read outside the polls
+    assert inner <= sample.busy[0] * sample.seconds + 1e-9 <= outer + 2e-9  # the CPU time of both intervals
 
 
 def test_descendants_that_appear_later_are_counted(spawn) -> None:
+    """A child born during the run counts with all its CPU time, from its start."""
     parent = spawn(LATE_CHILD)
+    parent_cpu = cpu_seconds(parent.pid)
     with CpuSampler({"server": [parent.pid]}, interval_s=0.1, discover_every_s=0.1) as sampler:
         time.sleep(2.0)
+        (child,) = psutil.Process(parent.pid).children()
+        child_cpu = cpu_seconds(child.pid)
+    parent_cpu = cpu_seconds(parent.pid) - parent_cpu
     early = [s for s in sampler.samples if s.processes[0] == 1]
     late = [s for s in sampler.samples if s.processes[0] == 2]
     assert early and late, "the child should appear while sampling"
     assert max(s.busy[0] for s in early) < 0.3  # the parent only sleeps (after starting up)
-    assert sum(s.busy[0] for s in late) / len(late) > 0.4
+    late_cpu = sum(s.busy[0] * s.seconds for s in late)
+    assert 0 < child_cpu <= late_cpu + 1e-9 and late_cpu <= cpu_seconds(child.pid) + parent_cpu + 1e-9
     assert sampler.summary().groups["server"].max_processes == 2
 
 
 def test_servers_started_by_the_client_count_as_server_not_client(spawn) -> None:
     server = spawn(BURN)  # a child of this (client) process
+    outer, own = cpu_seconds(server.pid), cpu_seconds(os.getpid())
     with CpuSampler({"server": [server.pid], "client": [os.getpid()]}, interval_s=0.1) as sampler:
+        await_first_sample(sampler)
+        inner = cpu_seconds(server.pid)
         time.sleep(1.0)
+        inner = cpu_seconds(server.pid) - inner
+    outer, own = cpu_seconds(server.pid) - outer, cpu_seconds(os.getpid()) - own
     groups = sampler.summary().groups
-    assert groups["server"].cores_busy.mean > 0.4
-    assert groups["client"].cores_busy.mean < 0.3  # this process sleeps; the burner is not its CPU time
+    assert 0 < inner <= groups["server"].cpu_seconds + 1e-9 and groups["server"].cpu_seconds <= outer + 1e-9
+    assert groups["client"].cpu_seconds <= own + 1e-9  # this process (it sleeps; its sampler thread polls), not the burner
     assert groups["server"].max_processes == 1  # counted once, in the first group that claims it
 
 

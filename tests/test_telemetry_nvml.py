@@ -88,10 +88,10 @@ def test_visible_gpus_are_sampled_with_every_field(monkeypatch: pytest.MonkeyPat
     assert dict(device.field_errors) == {}
     assert not device.lost
 
-    # Energy: the counter grows at 500 W in real time, so each GPU used 500 J per second sampled.
-    samples = sampler.samples(UUIDS[1])
-    seconds = samples[-1].at - samples[0].at
-    assert device.energy_j == pytest.approx(500 * seconds, rel=0.1)
+    # Energy: the counter grows at 500 W in real time, so each GPU used 500 J per second between its
+    # first reading and its last (the counter counts whole mJ).
+    read_at = gpus[1].energy_read_at
+    assert device.energy_j == pytest.approx(500 * (read_at[-1] - read_at[0]), abs=0.002)
     assert summary.energy_j == pytest.approx(sum(d.energy_j for d in summary.devices))
     assert summary.tokens_per_joule == pytest.approx(1_000 / summary.energy_j)
     assert summary.mean_of("utilization") == pytest.approx(0.9)
@@ -109,7 +109,8 @@ def test_a_window_selects_samples_and_interpolates_energy(monkeypatch: pytest.Mo
     device = sampler.summary(window).devices[0]
     assert device.utilization.min == 1.0
     assert device.samples == len(samples) - 10
-    assert device.energy_j == pytest.approx(500 * (window[1] - window[0]), rel=0.1)
+    read_at = gpu.energy_read_at  # one reading per sample
+    assert device.energy_j == pytest.approx(500 * (read_at[-1] - read_at[10]), abs=0.002)
     # a window the samples do not cover gets no energy (a partial figure would flatter tokens/J)
     assert sampler.summary((samples[0].at - 1, samples[-1].at)).devices[0].energy_j is None
 
@@ -254,11 +255,13 @@ def test_telemetry_samples_alongside_an_event_loop_and_gives_one_json_block(monk
         window = (started, time.perf_counter())
     block = telemetry.summary(window, tokens=2_000).as_json()
 
-    assert lag < 0.1  # generous: other work shares this machine's cores
+    # The samplers run in their own threads. The loop still waits on the scheduler: up to 36 ms were
+    # measured here with four busy loops on the 2-core machine, so the bound sits far above that.
+    assert lag < 0.5
     assert set(block) == {"window_s", "gpu", "cpu", "server_gauges"}
     assert block["window_s"] == pytest.approx(window[1] - window[0])
     assert len(block["gpu"]["devices"]) == 2 and block["gpu"]["tokens_per_joule"] > 0
-    assert block["cpu"]["groups"]["client"]["cores_busy"]["count"] >= 5
+    assert block["cpu"]["groups"]["client"]["cores_busy"]["count"] >= 3  # 10 when every poll is on time
     assert block["server_gauges"] is None  # no metrics URLs given
     assert not telemetry.gpu.running and not telemetry.cpu.running
 
@@ -270,4 +273,4 @@ def test_telemetry_without_nvml_still_runs_the_other_samplers(monkeypatch: pytes
     block = telemetry.summary().as_json()
     assert block["gpu"]["devices"] == [] and "nvidia-ml-py" in block["gpu"]["sampler"]["unavailable"]
     assert block["gpu"]["energy_j"] is None and block["gpu"]["tokens_per_joule"] is None
-    assert block["cpu"]["sampler"]["polls"] >= 2
+    assert block["cpu"]["sampler"]["polls"] >= 1  # the first poll comes before the sampler looks at stop

@@ -18,6 +18,7 @@ import pytest
 from pytest_qwenperf import tiny_model
 from pytest_qwenperf.tiny_model import (
     CHAT_TEMPLATE,
+    MARKER,
     SPECIAL_TOKENS,
     TinyModelSpec,
     cache_dir,
@@ -35,6 +36,7 @@ EXPECTED_FILES = {
     "special_tokens_map.json",
     "chat_template.jinja",
     "model.safetensors",
+    MARKER,
 }
 
 
@@ -415,3 +417,57 @@ def test_ensure_concurrent_processes(tmp_path: Path, model_dir: Path) -> None:
     (final,) = paths
     _assert_same_files(model_dir, final)
     assert [p.name for p in cache.iterdir()] == [final.name]
+
+
+def test_cache_folder_is_readable_as_the_umask_allows(tmp_path: Path) -> None:
+    """mkdtemp makes 0700 folders; a server running as another user must still read the model."""
+    code = "from pytest_qwenperf.tiny_model import ensure_tiny_model; print(ensure_tiny_model())"
+    done = subprocess.run(
+        [sys.executable, "-c", code],
+        check=True,
+        capture_output=True,
+        text=True,
+        env=_subprocess_env(QWENPERF_CACHE=str(tmp_path)),
+        umask=0o022,
+        timeout=120,
+    )
+    folder = Path(done.stdout.strip())
+    assert folder.stat().st_mode & 0o777 == 0o755
+    assert {p.stat().st_mode & 0o777 for p in folder.iterdir()} == {0o644}
+
+
+# --------------------------------------------------------------------------- #
+# A folder of ours, and anyone else's
+# --------------------------------------------------------------------------- #
+
+
+def test_an_interrupted_rewrite_leaves_a_folder_still_known_to_be_ours(
+    monkeypatch: pytest.MonkeyPatch, tmp_path: Path
+) -> None:
+    target = write_tiny_model(tmp_path / "model")
+    real_write = tiny_model.write_bytes_atomically
+
+    def interrupted(path: Path, data: bytes) -> None:
+        if path.name == "model.safetensors":
+            raise KeyboardInterrupt  # Ctrl-C half-way: config and tokenizer are seed 1, the weights seed 0
+        real_write(path, data)
+
+    monkeypatch.setattr(tiny_model, "write_bytes_atomically", interrupted)
+    with pytest.raises(KeyboardInterrupt):
+        write_tiny_model(target, TinyModelSpec(seed=1))
+    monkeypatch.undo()
+    assert write_tiny_model(target, TinyModelSpec(seed=1)) == target
+    _assert_same_files(target, write_tiny_model(tmp_path / "fresh", TinyModelSpec(seed=1)))
+
+
+def test_a_folder_of_someone_else_is_refused_naming_each_file(tmp_path: Path) -> None:
+    target = tmp_path / "model"
+    (target / "sub").mkdir(parents=True)
+    (target / MARKER).write_text("not json")
+    with pytest.raises(tiny_model.TinyModelFolderError) as caught:
+        write_tiny_model(target)
+    assert f"{MARKER} (unreadable, so no file here is known to be ours)" in str(caught.value)
+    (target / MARKER).unlink()
+    with pytest.raises(tiny_model.TinyModelFolderError, match=r"sub \(not written by qwenperf tiny-model\)"):
+        write_tiny_model(target)
+    assert [p.name for p in target.iterdir()] == ["sub"]

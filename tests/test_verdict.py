@@ -10,7 +10,7 @@ from hypothesis import strategies as st
 
 from pytest_qwenperf.baseline import baseline_from_run, centre
 from pytest_qwenperf.metrics import Direction
-from pytest_qwenperf.verdict import Judgement, judge, judge_run, render_judgements, t_quantile
+from pytest_qwenperf.verdict import Judgement, judge, judge_against_run, judge_run, render_judgements, t_quantile
 from tests.test_baseline import make_run
 
 directions = st.sampled_from(["higher", "lower"])
@@ -28,9 +28,31 @@ def _samples(value: float, factors: list[float]) -> list[float]:
 
 
 @given(samples=st.lists(st.floats(min_value=0.0, max_value=1e9), min_size=1, max_size=10), direction=directions, tolerance=tolerances)
-def test_identical_samples_never_regress(samples: list[float], direction: Direction, tolerance: float) -> None:
-    verdict = judge("m", samples, list(samples), direction=direction, tolerance=tolerance).verdict
-    assert verdict not in ("regression", "improvement")
+def test_identical_samples_always_pass(samples: list[float], direction: Direction, tolerance: float) -> None:
+    """However wide their spread: a file compared with itself is never noisy (nothing points at a change)."""
+    assert judge("m", samples, list(samples), direction=direction, tolerance=tolerance).verdict == "pass"
+
+
+@given(
+    before=st.lists(values, min_size=1, max_size=6),
+    after=st.lists(values, min_size=1, max_size=6),
+    direction=directions,
+    tolerance=tolerances,
+)
+def test_the_point_estimate_decides_between_pass_and_a_change_the_interval_between_it_and_noisy(
+    before: list[float], after: list[float], direction: Direction, tolerance: float
+) -> None:
+    j = judge("m", before, after, direction=direction, tolerance=tolerance)
+    assert j.ratio is not None
+    worse = j.ratio < 1 - tolerance if direction == "higher" else j.ratio > 1 + tolerance
+    better = j.ratio > 1 + tolerance if direction == "higher" else j.ratio < 1 - tolerance
+    if worse:
+        assert j.verdict in ("regression", "noisy"), j.detail
+        assert (j.verdict == "noisy") == ("reaches back inside it" in j.detail)
+    elif better:
+        assert j.verdict in ("improvement", "pass"), j.detail
+    else:
+        assert j.verdict == "pass" and "within tolerance" in j.detail, j.detail
 
 
 @given(
@@ -87,11 +109,15 @@ def _changed(run: dict[str, Any], field: str) -> dict[str, Any]:
     bound=st.sampled_from([None, "client busy 99% of the run (limit 95%)"]),
 )
 def test_a_run_that_is_not_comparable_never_regresses(field: str, factor: float, bound: str | None) -> None:
+    """Not comparable, or invalid when it also lost data (a run that lost data never passes): never a regression."""
     baseline = baseline_from_run(make_run(), source="test")
     run = _changed(make_run(total=10_000 * factor, ttft=200 / factor, tpot=20 / factor, bound=bound), field)
     judgements = judge_run(baseline, run)
-    assert judgements and {j.verdict for j in judgements} == {"not-comparable"}
-    assert all(j.ratio is None and field.split("_")[0] in j.detail for j in judgements)
+    if bound is None:
+        assert judgements and {j.verdict for j in judgements} == {"not-comparable"}
+        assert all(j.ratio is None and field.split("_")[0] in j.detail for j in judgements)
+    else:
+        assert judgements and {j.label for j in judgements} == {"invalid: client-bound"}
 
 
 # ------------------------------------------------------------------ examples
@@ -111,10 +137,19 @@ def test_a_clear_slowdown_over_repeats_is_a_regression_with_its_interval() -> No
     assert "95% interval 0.888–0.913" in j.detail and "Welch" in j.detail
 
 
-def test_a_small_change_with_a_wide_spread_is_noisy() -> None:
-    j = judge("total_token_throughput", [100, 110, 90], [94, 104, 86], direction="higher", tolerance=0.05)
-    assert j.verdict == "noisy"
-    assert "straddles the tolerance bound 0.950" in j.detail
+def test_a_change_beyond_the_tolerance_that_the_spread_cannot_confirm_is_noisy() -> None:
+    j = judge("total_token_throughput", [100, 110, 90], [90, 99, 81], direction="higher", tolerance=0.05)
+    assert j.verdict == "noisy" and j.ratio == pytest.approx(0.9)
+    assert "worse than the tolerance bound 0.950, but the interval reaches back inside it: -10.0%" in j.detail
+
+
+def test_a_small_change_with_a_wide_spread_passes_and_states_its_interval() -> None:
+    j = judge("total_token_throughput", [100, 110, 90], [97, 106.7, 87.3], direction="higher", tolerance=0.05)
+    assert j.verdict == "pass" and j.ratio == pytest.approx(0.97)
+    assert "within tolerance: -3.0%" in j.detail
+    assert "95% interval 0.7" in j.detail  # reaches far below the 0.950 bound: said, not hidden
+    better = judge("total_token_throughput", [90, 99, 81], [100, 110, 90], direction="higher", tolerance=0.05)
+    assert better.verdict == "pass" and "better than the tolerance bound 1.050, but the interval reaches back" in better.detail
 
 
 def test_one_sample_each_side_is_decided_on_the_tolerance_alone_and_says_so() -> None:
@@ -143,7 +178,7 @@ def test_a_zero_baseline_gives_no_ratio() -> None:
 
 @pytest.mark.parametrize(
     "bad",
-    [dict(tolerance=1.0), dict(tolerance=-0.1), dict(confidence=1.0), dict(baseline_samples=[]), dict(current_samples=[-1.0])],
+    [{"tolerance": 1.0}, {"tolerance": -0.1}, {"confidence": 1.0}, {"baseline_samples": []}, {"current_samples": [-1.0]}],
 )
 def test_invalid_parameters_are_rejected(bad: dict[str, Any]) -> None:
     arguments: dict[str, Any] = {"baseline_samples": [1.0], "current_samples": [1.0], "tolerance": 0.05, **bad}
@@ -164,16 +199,65 @@ def test_judge_run_without_a_baseline_or_with_a_client_bound_run() -> None:
     assert {j.verdict for j in judge_run(None, make_run())} == {"no-baseline"}
     baseline = baseline_from_run(make_run(), source="test")
     bound = judge_run(baseline, make_run(total=1_000.0, bound="sent 3 req/s, below 95% of the requested 10 req/s"))
-    assert {j.verdict for j in bound} == {"client-bound"}
-    assert all("sent 3 req/s" in j.detail for j in bound)
+    assert {j.label for j in bound} == {"invalid: client-bound"}
+    assert all("client could not keep up" in j.detail and "sent 3 req/s" in j.detail for j in bound)
     assert next(j for j in bound if j.metric == "total_token_throughput").ratio == pytest.approx(0.1)
+
+
+@pytest.mark.parametrize(
+    ("lossy", "label", "detail"),
+    [
+        (make_run(failed=3), "invalid: failed requests", "3 request(s) of the run failed"),
+        (make_run(tokens_match=False), "invalid: token mismatch", "the run's client and server token totals disagree"),
+        (
+            make_run(failed=1, bound="client busy 99% of the run (limit 95%)"),
+            "invalid: failed requests, client-bound",
+            "1 request(s) of the run failed; the run's client could not keep up",
+        ),
+    ],
+    ids=["failed", "tokens", "both"],
+)
+def test_a_run_that_lost_data_is_invalid_with_or_without_a_baseline(lossy: dict[str, Any], label: str, detail: str) -> None:
+    for baseline in (baseline_from_run(make_run(), source="test"), None):
+        judgements = judge_run(baseline, lossy)
+        assert judgements and {j.label for j in judgements} == {label}
+        assert all(j.detail.startswith(detail) for j in judgements), judgements[0].detail
+
+
+@pytest.mark.parametrize("value", [None, float("nan")], ids=["null", "nan"])
+def test_a_metric_without_a_value_where_the_baseline_has_one_is_invalid(value: float | None) -> None:
+    baseline = baseline_from_run(make_run(samples={"total_token_throughput": [9_900.0, 10_000.0, 10_100.0]}), source="test")
+    run = make_run(samples={"total_token_throughput": [9_900.0, value, 10_100.0]})  # type: ignore[list-item]
+    judgements = {j.metric: j for j in judge_run(baseline, run)}
+    lost = judgements["total_token_throughput"]
+    assert (lost.label, lost.now, lost.ratio) == ("invalid: no value", None, None)
+    assert f"samples.total_token_throughput[1] is {'null' if value is None else 'NaN'}" in lost.detail
+    assert judgements["output_throughput"].verdict == "pass"
+    absent = make_run()
+    del absent["metrics"]["p99_ttft_ms"]
+    assert {j.metric: j.label for j in judge_run(baseline, absent)}["p99_ttft_ms"] == "invalid: no value"
+
+
+def test_a_reference_run_that_lost_data_makes_the_comparison_invalid_naming_it() -> None:
+    reference = make_run(bound="client busy 99% of the run (limit 95%)")
+    judgements = judge_against_run(reference, make_run(failed=2))
+    assert {j.label for j in judgements} == {"invalid: failed requests, client-bound (reference)"}
+    assert all("the reference's client could not keep up" in j.detail for j in judgements)
+    lost = make_run(samples={"p99_ttft_ms": [float("nan")]})
+    by_metric = {j.metric: j for j in judge_against_run(lost, make_run())}
+    assert by_metric["p99_ttft_ms"].label == "invalid: no value (reference)"
+    assert "the reference has no value for it (samples.p99_ttft_ms[0] is NaN)" in by_metric["p99_ttft_ms"].detail
+    assert by_metric["total_token_throughput"].verdict == "pass"
+    assert {j.verdict for j in judge_against_run(make_run(), make_run())} == {"pass"}
 
 
 def test_a_metric_the_baseline_lacks_has_no_baseline_and_one_only_the_baseline_has_is_skipped() -> None:
     baseline = baseline_from_run(make_run(samples={"scaling_efficiency_n2": [0.99]}), source="test")
     judgements = {j.metric: j.verdict for j in judge_run(baseline, make_run(hit_rate=0.5))}
     assert judgements["prefix_cache_hit_rate"] == "no-baseline"
-    assert "scaling_efficiency_n2" not in judgements
+    assert "scaling_efficiency_n2" not in judgements  # a published multi-node figure: the run did not measure it
+    lost = judge_run(baseline, make_run(samples={"scaling_efficiency_n2": [None]}))  # type: ignore[list-item]
+    assert {j.metric: j.label for j in lost}["scaling_efficiency_n2"] == "invalid: no value"
 
 
 def test_the_table_shows_each_judgement_and_the_detail_of_what_did_not_pass() -> None:

@@ -8,12 +8,33 @@ flight then complete and count). Warm-up requests always go as a closed loop fir
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass
-from typing import Literal
+from typing import Literal, get_args
 
 import numpy as np
 
 Distribution = Literal["poisson", "constant", "gamma"]
+
+
+class ArrivalError(ValueError):
+    """A parameter of a loop that cannot be used; ``field``, ``expected`` and ``got`` let a caller
+    (a suite file, a command line) say where the value came from."""
+
+    def __init__(self, field: str, expected: str, got: object) -> None:
+        super().__init__(f"{field}: expected {expected}, got {got!r}")
+        self.field = field
+        self.expected = expected
+        self.got = got
+
+
+def _whole(value: object, minimum: int) -> bool:
+    """An int of at least ``minimum``; a bool is not a number here (TOML's ``true`` is a Python int)."""
+    return isinstance(value, int) and not isinstance(value, bool) and value >= minimum
+
+
+def _finite_positive(value: object) -> bool:
+    return isinstance(value, (int, float)) and not isinstance(value, bool) and math.isfinite(value) and value > 0
 
 
 @dataclass(frozen=True)
@@ -26,8 +47,8 @@ class ClosedLoop:
     concurrency: int
 
     def __post_init__(self) -> None:
-        if self.concurrency < 1:
-            raise ValueError(f"concurrency must be at least 1, got {self.concurrency}")
+        if not _whole(self.concurrency, 1):
+            raise ArrivalError("concurrency", "a whole number of requests in flight >= 1", self.concurrency)
 
 
 @dataclass(frozen=True)
@@ -47,16 +68,18 @@ class OpenLoop:
     max_concurrency: int | None = None
 
     def __post_init__(self) -> None:
-        if not self.rate > 0:
-            raise ValueError(f"rate must be positive, got {self.rate}")
-        if self.distribution not in ("poisson", "constant", "gamma"):
-            raise ValueError(f"unknown distribution {self.distribution!r}")
-        if not self.burstiness > 0:
-            raise ValueError(f"burstiness must be positive, got {self.burstiness}")
+        if not _finite_positive(self.rate):
+            raise ArrivalError("rate", "a finite number of requests per second > 0", self.rate)
+        if self.distribution not in get_args(Distribution):
+            raise ArrivalError("distribution", f"one of {list(get_args(Distribution))}", self.distribution)
+        if not _finite_positive(self.burstiness):
+            raise ArrivalError("burstiness", "a finite number > 0 (the gamma shape)", self.burstiness)
         if self.distribution != "gamma" and self.burstiness != 1.0:
-            raise ValueError("burstiness applies to distribution='gamma' only")
-        if self.max_concurrency is not None and self.max_concurrency < 1:
-            raise ValueError(f"max_concurrency must be at least 1, got {self.max_concurrency}")
+            raise ArrivalError("burstiness", "1 unless distribution is 'gamma'", self.burstiness)
+        if not _whole(self.seed, 0):
+            raise ArrivalError("seed", "a whole number >= 0", self.seed)
+        if self.max_concurrency is not None and not _whole(self.max_concurrency, 1):
+            raise ArrivalError("max_concurrency", "a whole number of requests in flight >= 1", self.max_concurrency)
 
     def offsets(self, n: int) -> list[float]:
         """Send times of ``n`` requests, in seconds from the start; the same for the same arguments.

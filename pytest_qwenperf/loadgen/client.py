@@ -30,6 +30,7 @@ from time import perf_counter
 from typing import Any
 from urllib.parse import urlsplit
 
+from pytest_qwenperf.apikey import ApiKey
 from pytest_qwenperf.loadgen.arrivals import Arrival, ClosedLoop, OpenLoop, warmup_concurrency
 from pytest_qwenperf.loadgen.request import RequestSpec
 from pytest_qwenperf.loadgen.stamped_socket import StampedConnection
@@ -189,6 +190,9 @@ class LoadOptions:
     with equally many in flight everywhere request ``i`` goes where round-robin sends it.
     The client only knows its own requests: with several worker processes
     (:mod:`~pytest_qwenperf.loadgen.workers`) each balances its own share, not the total.
+
+    ``api_key``: sent with every request as ``Authorization: Bearer`` (servers run with
+    vLLM's ``--api-key``); its ``repr`` does not show it.
     """
 
     warmup: int = 0
@@ -196,6 +200,7 @@ class LoadOptions:
     timeout_s: float = DEFAULT_TIMEOUT_S
     continuous_usage: bool = True
     routing: str = "round-robin"
+    api_key: ApiKey | None = None
 
     def __post_init__(self) -> None:
         if self.warmup < 0:
@@ -383,19 +388,20 @@ class _Endpoint:
     """A base URL (``http://host:port[/prefix]``), its idle keep-alive connections and how many
     of this client's requests to it are in flight."""
 
-    def __init__(self, url: str) -> None:
+    def __init__(self, url: str, api_key: ApiKey | None = None) -> None:
         parts = urlsplit(url)
         if parts.scheme != "http" or not parts.hostname:
             raise ValueError(f"endpoint must be an http:// URL, got {url!r}")
         self.url, self.host, self.port = url, parts.hostname, parts.port or 80
         self.prefix = parts.path.rstrip("/")
+        self.auth = api_key.header_line() if api_key else ""
         self.idle: list[_Connection] = []
         self.in_flight = 0
 
     def head(self, path: str, length: int) -> bytes:
         return (
             f"POST {self.prefix}{path} HTTP/1.1\r\nHost: {self.host}:{self.port}\r\nUser-Agent: pytest-qwenperf\r\n"
-            f"Content-Type: application/json\r\nContent-Length: {length}\r\n\r\n"
+            f"{self.auth}Content-Type: application/json\r\nContent-Length: {length}\r\n\r\n"
         ).encode()
 
     async def connection(self) -> _Connection:
@@ -448,7 +454,7 @@ class _Client:
     """Sends one request and records it."""
 
     def __init__(self, endpoints: Sequence[str], model: str, options: LoadOptions, progress: Progress | None) -> None:
-        self.endpoints = [_Endpoint(url) for url in endpoints]
+        self.endpoints = [_Endpoint(url, options.api_key) for url in endpoints]
         # the endpoints in round-robin order from each one: ``min`` over them keeps the first of equals
         self.orders = [self.endpoints[k:] + self.endpoints[:k] for k in range(len(self.endpoints))]
         self.least_outstanding = options.routing == "least-outstanding"

@@ -10,6 +10,13 @@ request's position in the whole workload, so round-robin sends request ``i`` to
 requests in flight, as it cannot see the other workers'.
 Records come back as each request finishes (a CLI can draw progress) and are merged by
 ``sent_at``: ``perf_counter`` is CLOCK_MONOTONIC, comparable across processes.
+
+Stopping is the parent's job alone. Workers ignore SIGINT (a terminal's Ctrl-C reaches
+the whole process group; they would otherwise die mid-import with a traceback each), and
+the parent SIGTERMs every worker at once when its wait ends for any reason (Ctrl-C,
+SIGTERM turned into an interrupt, a failed worker), so none sends another request. A
+parent that dies without running that (SIGKILL) is noticed by each worker's
+:func:`~pytest_qwenperf.proctree.exit_with_parent` watch.
 """
 
 from __future__ import annotations
@@ -18,10 +25,14 @@ import asyncio
 import multiprocessing
 import os
 import queue
+import signal
+import threading
+import time
 import traceback
 from collections.abc import Iterable, Sequence
 from dataclasses import replace
 from multiprocessing.synchronize import Barrier
+from types import FrameType
 from typing import Any
 
 from pytest_qwenperf.loadgen.arrivals import Arrival, ClosedLoop
@@ -35,9 +46,11 @@ from pytest_qwenperf.loadgen.client import (
     split_warmup,
 )
 from pytest_qwenperf.loadgen.request import RequestSpec
+from pytest_qwenperf.proctree import exit_with_parent
 from pytest_qwenperf.records import RequestRecord
 
 BARRIER_TIMEOUT_S = 120.0  # a worker that never arrives (crashed while starting) breaks the barrier
+STOP_GRACE_S = 10.0  # after SIGTERM, before SIGKILL
 
 
 def pin_current_process(cpus: Iterable[int]) -> set[int]:
@@ -58,6 +71,7 @@ def _share(total: int, n: int, k: int) -> int:
 
 def _worker(
     k: int,
+    parent: int,
     barrier: Barrier,
     results: multiprocessing.Queue[Any],
     cpus: set[int] | None,
@@ -69,7 +83,14 @@ def _worker(
     offsets: list[float] | None,
     options: LoadOptions,
 ) -> None:
-    """One worker process: its own event loop and connections; sends each record as it finishes."""
+    """One worker process: its own event loop and connections; sends each record as it finishes.
+
+    ``parent`` is the pid of the process that started it: a parent SIGKILLed while this one
+    was still importing is gone before the watch begins, and the watch would guard init.
+    """
+    exit_with_parent(parent)
+    signal.signal(signal.SIGINT, signal.SIG_IGN)
+    signal.pthread_sigmask(signal.SIG_UNBLOCK, {signal.SIGINT})  # blocked by the parent while it started us
     try:
         if cpus:
             pin_current_process(cpus)
@@ -97,6 +118,48 @@ def _worker_arrival(arrival: Arrival, n: int, k: int) -> Arrival:
     if arrival.max_concurrency is None:
         return arrival
     return replace(arrival, max_concurrency=max(1, _share(arrival.max_concurrency, n, k)))
+
+
+def _start(procs: Sequence[multiprocessing.process.BaseProcess]) -> None:
+    """Start the workers; a Ctrl-C meanwhile interrupts only the parent, and only once they are all started.
+
+    SIGINT is blocked while a worker is started, so it begins life with SIGINT blocked (the
+    mask survives exec) until it ignores it. The parent's own SIGINT handler (and SIGTERM,
+    which the CLI routes through it) waits until the last ``start`` returned: an interrupt
+    between starting a process and sending it its arguments would leave it reading a closed
+    pipe, and a worker that no ``Process`` records, which nobody would stop.
+    """
+    deferred: list[FrameType | None] = []
+    current = signal.getsignal(signal.SIGINT)
+    handler = current if callable(current) and threading.current_thread() is threading.main_thread() else None
+    if handler is not None:
+        signal.signal(signal.SIGINT, lambda signum, frame: deferred.append(frame))
+    mask = signal.pthread_sigmask(signal.SIG_BLOCK, {signal.SIGINT})
+    try:
+        for proc in procs:
+            proc.start()
+    finally:
+        signal.pthread_sigmask(signal.SIG_SETMASK, mask)
+        if handler is not None:
+            signal.signal(signal.SIGINT, handler)
+    if handler is not None and deferred:
+        handler(signal.SIGINT, deferred[0])
+
+
+def _stop(procs: Sequence[multiprocessing.process.BaseProcess], *, now: bool) -> None:
+    """Wait for the workers to exit; ``now`` (interrupted or failing): SIGTERM all of them first, at once,
+    rather than one after another's exit. Whatever is left after :data:`STOP_GRACE_S` is killed."""
+    started = [proc for proc in procs if proc.pid is not None]
+    if now:
+        for proc in started:
+            proc.terminate()
+    deadline = time.monotonic() + STOP_GRACE_S
+    for proc in started:
+        proc.join(timeout=max(0.0, deadline - time.monotonic()))
+    for proc in started:
+        if proc.is_alive():
+            proc.kill()
+            proc.join()
 
 
 def run_load_in_workers(
@@ -127,6 +190,7 @@ def run_load_in_workers(
     for k in range(n_workers):
         args = (
             k,
+            os.getpid(),
             barrier,
             results,
             set(cpus) if cpus is not None else None,
@@ -142,8 +206,7 @@ def run_load_in_workers(
     records: list[RequestRecord] = []
     done: dict[int, tuple[float, float, tuple[int, ...]]] = {}
     try:
-        for proc in procs:
-            proc.start()
+        _start(procs)
         while len(done) < n_workers:
             try:
                 message = results.get(timeout=1.0)
@@ -161,13 +224,7 @@ def run_load_in_workers(
             else:
                 raise RuntimeError(f"load generator worker {message[1]} failed:\n{message[2]}")
     finally:
-        for proc in procs:
-            if len(done) < n_workers and proc.is_alive():  # failing: stop the others too
-                proc.terminate()
-            proc.join(timeout=10)
-            if proc.is_alive():
-                proc.kill()
-                proc.join()
+        _stop(procs, now=len(done) < n_workers)
     records.sort(key=lambda record: record.sent_at)
     spans = [done[k] for k in range(n_workers)]
     return LoadResult(

@@ -24,7 +24,7 @@ from pytest_qwenperf.telemetry.sampling import (
     counter_increase,
     inside,
 )
-from pytest_qwenperf.telemetry.server_metrics import COUNTERS, GAUGES, series_values, snapshot_of
+from pytest_qwenperf.telemetry.server_metrics import COUNTERS, GAUGES, page_text, series_values, snapshot_of
 
 DEFAULT_INTERVAL_S = 1.0
 DEFAULT_TIMEOUT_S = 5.0
@@ -109,7 +109,7 @@ class MetricsPoller(PeriodicSampler):
             if status != 200:
                 self._note_failure(f"{url}/metrics returned HTTP {status}")
                 return  # a sum that misses a replica would read as a drop in load
-            pages.append(body.decode())
+            pages.append(page_text(body))  # not text: MetricsUnreadable, noted as this poll's failure
         self.samples.append(gauge_sample((began + CLOCK()) / 2, pages))
 
     def summary(self, window: Window | None = None) -> GaugeSummary:

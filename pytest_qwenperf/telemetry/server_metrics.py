@@ -2,7 +2,9 @@
 
 Parsed with ``prometheus_client``'s own text parser. Metric names drift between vLLM
 releases, so every quantity is looked up through a list of aliases (newest first), and a
-quantity the server does not expose is ``None`` (unavailable), never an error.
+quantity the server does not expose is ``None`` (unavailable), never an error. A page
+that is not Prometheus text at all (an error page from a proxy, binary) raises
+:class:`MetricsUnreadable` saying what it is instead; callers treat it as no ``/metrics``.
 """
 
 from __future__ import annotations
@@ -11,6 +13,7 @@ from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from types import MappingProxyType
 
+from prometheus_client.metrics_core import Metric
 from prometheus_client.parser import text_string_to_metric_families
 
 from pytest_qwenperf.http import http_get
@@ -47,19 +50,49 @@ class MetricsSnapshot:
 _FAMILIES = frozenset(name for names in (*COUNTERS.values(), *GAUGES.values()) for name in names)
 
 
+class MetricsUnreadable(ValueError):
+    """A ``/metrics`` page that is not Prometheus text; the message says what it is instead."""
+
+
+def excerpt(data: bytes | str, limit: int = 60) -> str:
+    """The start of an answer, for messages about what it was instead of what was expected."""
+    text = data.decode("utf-8", "replace") if isinstance(data, bytes) else data
+    return repr(text[:limit]) + ("..." if len(text) > limit else "")
+
+
+def page_text(body: bytes) -> str:
+    """A ``/metrics`` body as text; :class:`MetricsUnreadable` when it is not UTF-8 (the exposition format's encoding)."""
+    try:
+        return body.decode()
+    except UnicodeDecodeError as exc:
+        raise MetricsUnreadable(f"not UTF-8 text (byte 0x{body[exc.start]:02x} at offset {exc.start})") from None
+
+
+def metric_families(text: str) -> list[Metric]:
+    """Every family of a page; :class:`MetricsUnreadable` when the parser cannot read it."""
+    try:
+        return list(text_string_to_metric_families(text))
+    except ValueError as exc:  # the parser's only error: a line it cannot read
+        raise MetricsUnreadable(f"not Prometheus text ({exc}; it begins {excerpt(text)})") from None
+
+
 def series_values(text: str) -> dict[str, list[float]]:
     """Family name (counters without ``_total``) → the value of each labelled series (engine).
 
     Only the lines of the families above reach the parser: a vLLM page has hundreds of
     lines (histogram buckets, process metrics) and parsing all of them takes ~15 ms of the
-    interpreter, which a poller shares with the load generator.
+    interpreter, which a poller shares with the load generator. A page with none of them
+    is parsed whole: another exporter's page gives no values, one that is not Prometheus
+    text raises :class:`MetricsUnreadable`.
     """
     wanted = "\n".join(line for line in text.splitlines() if _family_of(line) in _FAMILIES)
     series: dict[str, list[float]] = {}
-    for family in text_string_to_metric_families(wanted):
+    for family in metric_families(wanted):
         for sample in family.samples:
             # A counter's value is its _total sample (with or without a matching TYPE line).
             series.setdefault(sample.name.removesuffix("_total"), []).append(sample.value)
+    if not series:
+        metric_families(text)
     return series
 
 
@@ -105,13 +138,20 @@ def counter_deltas(before: MetricsSnapshot, after: MetricsSnapshot) -> dict[str,
 
 
 def scrape_each(base_urls: Iterable[str], timeout: float = 10.0) -> list[MetricsSnapshot]:
-    """Fetch ``/metrics`` of every server, one snapshot each (blocking; call it off the event loop)."""
+    """Fetch ``/metrics`` of every server, one snapshot each (blocking; call it off the event loop).
+
+    Raises ``OSError`` when a server does not answer 200 and :class:`MetricsUnreadable` when
+    it answers with something else than Prometheus text.
+    """
     snapshots = []
     for url in base_urls:
         status, body = http_get(f"{url}/metrics", timeout=timeout)
         if status != 200:
             raise OSError(f"{url}/metrics returned HTTP {status}")
-        snapshots.append(parse_metrics(body.decode()))
+        try:
+            snapshots.append(parse_metrics(page_text(body)))
+        except MetricsUnreadable as exc:
+            raise MetricsUnreadable(f"{url}/metrics answered 200 but is {exc}") from None
     return snapshots
 
 

@@ -15,7 +15,13 @@ pytestmark = pytest.mark.e2e
 
 
 def _boot_failure(spec: ServerSpec, log_dir: Path) -> tuple[str, float]:
-    """Start ``spec``, expect a boot error; return its message and seconds since the log last changed."""
+    """Start ``spec``, expect a boot error; return its message and seconds since the log last changed.
+
+    Failing fast means at vLLM's exit (a few seconds after its last log line, while it shuts
+    down), not at the 600 s boot timeout: the tests allow a quarter of the timeout, which no
+    amount of load on the machine stretches a shutdown to, and which a failure seen only at
+    the timeout would be far beyond.
+    """
     server = ManagedServer(spec, log_dir)
     with pytest.raises(ServerBootError) as excinfo:
         server.start()
@@ -31,7 +37,7 @@ def test_bad_model_path_fails_with_vllms_error(tmp_path: Path) -> None:
     headline = message.splitlines()[0]
     assert "exited with code 1" in headline
     assert "no-such-model" in headline, "the headline should carry vLLM's error line"
-    assert lag < 30
+    assert lag < spec.boot_timeout_s / 4
 
 
 def test_unknown_flag_fails_with_argparse_error(tmp_path: Path) -> None:
@@ -39,4 +45,4 @@ def test_unknown_flag_fails_with_argparse_error(tmp_path: Path) -> None:
     message, lag = _boot_failure(spec, tmp_path)
     assert "exited with code 2" in message.splitlines()[0]
     assert "unrecognized arguments: --no-such-flag" in message.splitlines()[0]
-    assert lag < 30
+    assert lag < spec.boot_timeout_s / 4

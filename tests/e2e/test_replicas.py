@@ -7,6 +7,7 @@ import dataclasses
 import os
 import signal
 import threading
+import time
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -57,8 +58,12 @@ def test_two_replicas_share_the_load_and_their_scaling_is_reported_and_gated(tmp
     assert sorted(result.requests_per_server.values()) == [48, 48]
     scaling = run["scaling"]
     assert set(scaling["replicas"]) == {"1", "2"} and scaling["request_spread"] == 0
+    # Each repeat's two-replica throughput over twice its one-replica reference. How far that is from 1
+    # is this machine's (two replicas and the client share two cores, and other load shifts it either way).
+    one, two = scaling["replicas"]["1"]["throughput"], scaling["replicas"]["2"]["throughput"]
+    assert two == run["samples"]["total_token_throughput"] and len(one) == 2 and min(one + two) > 0
     efficiencies = scaling["replicas"]["2"]["efficiency"]
-    assert len(efficiencies) == 2 and all(0.3 < e < 1.5 for e in efficiencies), efficiencies
+    assert efficiencies == pytest.approx([t2 / (2 * t1) for t1, t2 in zip(one, two)]), (one, two, efficiencies)
     assert list(result.samples["scaling_efficiency_n2"]) == efficiencies
 
     # Gated like every baseline metric: recorded, then a run that scales like one replica doing
@@ -97,13 +102,18 @@ def test_the_nginx_route_spreads_the_load_end_to_end(tmp_path: Path, nginx: str,
         assert replicas.router is not None
         assert replicas.load_urls == (replicas.router.base_url,) and replicas.router.base_url not in replicas.base_urls
         result = measure(replicas, behind_nginx, WORKLOAD, suite="e2e")
-        routed = replicas.router.requests_per_upstream()
+        served = result.requests_per_server
+        # What nginx says it sent each replica is what each replica says it finished (plus readiness probes).
+        # nginx logs a request when it is done with the connection, which can be a moment after the client is.
+        deadline = time.monotonic() + 30
+        while not all((routed := replicas.router.requests_per_upstream()).get(url, 0) >= n for url, n in served.items()):
+            assert time.monotonic() < deadline, (routed, served)
+            time.sleep(0.05)
 
     assert result.summary.values()["failed"] == 0
     assert result.tokens.matches, result.tokens.describe()  # /metrics read from the replicas, not through nginx
-    served = result.requests_per_server
     assert sum(served.values()) == 96 and all(count > 0 for count in served.values()), served
-    # What nginx says it sent each replica is what each replica says it finished (plus readiness probes).
-    assert all(routed[url] >= served[url] for url in served), (routed, served)
-    assert result.scaling is not None and result.scaling.request_spread() is not None
-    assert result.scaling.request_spread() <= 0.25, served  # least_conn over equal replicas stays near even
+    # How even the spread is follows the replicas' speeds (least_conn favours a replica whose core is less
+    # busy), which is this machine's load: the figure must only be the served counts'.
+    assert result.scaling is not None
+    assert result.scaling.request_spread() == pytest.approx(abs(next(iter(served.values())) - 48) / 48), served

@@ -1,6 +1,7 @@
 """A stand-in launcher for lifecycle tests: a real HTTP server process that answers the
-readiness endpoints like vLLM and misbehaves on request (children that ignore SIGTERM,
-a grandchild that leaves the process group, dying during boot).
+readiness endpoints like vLLM (requiring ``VLLM_API_KEY`` where vLLM does, when it is set)
+and misbehaves on request (children that ignore SIGTERM, a grandchild that leaves the
+process group, dying during boot).
 
 It exists because vLLM itself cannot be told to misbehave; every test of the happy path
 uses real vLLM.
@@ -17,6 +18,8 @@ import sys
 import time
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 
+GUARDED = ("/v1", "/v2", "/inference", "/cohere")  # what vLLM 0.32's AuthenticationMiddleware guards
+
 
 def main() -> None:
     parser = argparse.ArgumentParser()
@@ -30,6 +33,7 @@ def main() -> None:
     parser.add_argument("--ready-after", type=float, default=0.0)
     parser.add_argument("--exit-during-boot", type=int, help="exit with this code instead of serving")
     parser.add_argument("--pid-file", help="append every pid of the tree to this file")
+    parser.add_argument("--api-key", nargs="+", help="as vLLM's: wins over VLLM_API_KEY (the first key is checked)")
     args = parser.parse_args()
 
     if args.ignore_sigterm:
@@ -61,6 +65,7 @@ def main() -> None:
 
     name = args.served_model_name or args.model
     booted_at = time.monotonic() + args.ready_after
+    api_key = (args.api_key or [os.environ.get("VLLM_API_KEY")])[0]  # as vLLM: a non-empty key guards GUARDED paths
 
     class Handler(BaseHTTPRequestHandler):
         def log_message(self, fmt: str, *a: object) -> None:
@@ -77,6 +82,8 @@ def main() -> None:
         def do_GET(self) -> None:
             if time.monotonic() < booted_at:
                 self._send(503, "{}")
+            elif api_key and self.path.startswith(GUARDED) and self.headers.get("Authorization") != f"Bearer {api_key}":
+                self._send(401, json.dumps({"error": "Unauthorized"}))
             elif self.path == "/health":
                 self._send(200, "")
             elif self.path == "/v1/models":
