@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import os
 import shlex
 import signal
 import sys
@@ -264,6 +265,9 @@ def main(argv: Sequence[str] | None = None) -> int:
         received = signal.SIGTERM if terminated else signal.SIGINT
         print(f"qwenperf: interrupted by {received.name}{f' {exc}' if str(exc) else ''}", file=sys.stderr)
         return 128 + received
+    except BrokenPipeError:  # `qwenperf compare ... | head`: the reader left; end quietly, as SIGPIPE would
+        os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
+        return 128 + signal.SIGPIPE
     finally:
         signal.signal(signal.SIGTERM, previous)
 

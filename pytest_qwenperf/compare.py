@@ -40,6 +40,7 @@ from typing import Any, cast, get_args
 
 from pytest_qwenperf.baseline import SCALING_METRIC, RunJsonError, centre, gate, gate_order, number_at, parse_run
 from pytest_qwenperf.report import SCHEMA as SESSION_SCHEMA
+from pytest_qwenperf.textfiles import read_text
 from pytest_qwenperf.report import json_safe
 from pytest_qwenperf.verdict import Judgement, Verdict, format_table, format_value, judge_against_run, judge_run
 
@@ -138,11 +139,10 @@ def _pooled(path: Path, key: RunKey, runs: list[Mapping[str, Any]]) -> Mapping[s
 
 def load_runs(path: Path) -> RunSet:
     """Read one input file; :class:`CompareError` names the file, the field and what was expected."""
+    text = read_text(Path(path), "results file", _EXPECTED, CompareError)
     try:
-        data = json.loads(Path(path).read_text())
-    except OSError as exc:
-        raise CompareError(f"{path}: cannot read: {exc.strerror}; expected {_EXPECTED}") from None
-    except (json.JSONDecodeError, UnicodeDecodeError) as exc:
+        data = json.loads(text)
+    except json.JSONDecodeError as exc:
         raise CompareError(f"{path}: not valid JSON ({exc}); expected {_EXPECTED}") from None
     by_key: dict[RunKey, list[Mapping[str, Any]]] = {}
     versions: set[str] = set()
