@@ -16,8 +16,8 @@ import sys
 import threading
 import time
 import uuid
-from dataclasses import dataclass, field
 from collections.abc import Iterable, Mapping, Sequence
+from dataclasses import dataclass, field
 from pathlib import Path
 
 import psutil

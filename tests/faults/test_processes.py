@@ -53,20 +53,16 @@ def _guarded_tree(tmp_path: Path, script: str, size: int) -> tuple[subprocess.Po
     """A process that starts a tree of ``size`` processes (guard included) through
     :func:`proctree.spawn_tree` and then waits: the tree's starter, which the tests kill."""
     ready = tmp_path / "ready"
-    starter = subprocess.Popen(
-        [
-            sys.executable,
-            "-c",
-            "import sys, time\n"
-            "from pathlib import Path\n"
-            "from pytest_qwenperf import proctree\n"
-            f"proctree.spawn_tree([sys.executable, '-c', {script!r}], log_path=Path({str(tmp_path / 'log')!r}),"
-            " env={}, tag=proctree.new_tag())\n"
-            f"Path({str(ready)!r}).write_text('up')\n"
-            "time.sleep(600)\n",
-        ],
-        cwd=Path(__file__).parents[2],
+    start = (
+        "import sys, time\n"
+        "from pathlib import Path\n"
+        "from pytest_qwenperf import proctree\n"
+        f"proctree.spawn_tree([sys.executable, '-c', {script!r}], log_path=Path({str(tmp_path / 'log')!r}),"
+        " env={}, tag=proctree.new_tag())\n"
+        f"Path({str(ready)!r}).write_text('up')\n"
+        "time.sleep(600)\n"
     )
+    starter = subprocess.Popen([sys.executable, "-c", start], cwd=Path(__file__).parents[2])
     deadline = time.monotonic() + GONE_WITHIN_S
     while not ready.exists() or len(tree := proctree.tagged_processes(f"{starter.pid}-")) < size:
         assert starter.poll() is None and time.monotonic() < deadline, "the starter never started its tree"
@@ -81,21 +77,17 @@ _CHILD_AND_GRANDCHILD = (
 )
 
 
-def test_sigkill_of_the_starter_takes_the_tree_down(tmp_path: Path) -> None:
-    starter, tree = _guarded_tree(tmp_path, _CHILD_AND_GRANDCHILD, 3)  # guard, child, grandchild
-    try:
-        starter.kill()
-        starter.wait()
-        assert _describe(_wait_all_gone(tree)) == []
-    finally:
-        for proc in tree:
-            if alive(proc):
-                proc.kill()
+_IGNORES_SIGTERM = "import signal, time\nsignal.signal(signal.SIGTERM, signal.SIG_IGN)\ntime.sleep(600)\n"
 
 
-def test_a_tree_whose_server_ignores_sigterm_is_killed_after_the_grace(tmp_path: Path) -> None:
-    stubborn = "import signal, time\nsignal.signal(signal.SIGTERM, signal.SIG_IGN)\ntime.sleep(600)\n"
-    starter, tree = _guarded_tree(tmp_path, stubborn, 2)
+@pytest.mark.parametrize(
+    ("script", "size"),
+    [(_CHILD_AND_GRANDCHILD, 3), (_IGNORES_SIGTERM, 2)],  # sizes count the guard
+    ids=["child-and-grandchild", "ignores-sigterm"],
+)
+def test_sigkill_of_the_starter_takes_the_tree_down(tmp_path: Path, script: str, size: int) -> None:
+    """Also a server deaf to SIGTERM: the guard's grace ends in SIGKILL."""
+    starter, tree = _guarded_tree(tmp_path, script, size)
     try:
         starter.kill()
         starter.wait()
