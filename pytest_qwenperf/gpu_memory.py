@@ -34,7 +34,7 @@ class GpuHolder:
 
     def describe(self) -> str:
         held = f"{self.used_bytes / 2**30:.1f} GiB" if self.used_bytes is not None else "an unknown amount of memory"
-        return f"GPU {self.gpu}: pid {self.pid} ({self.command[:80]}) holds {held}"
+        return f"GPU {self.gpu}: pid {self.pid} ({self.command[:200]}) holds {held}"
 
 
 def holders(visible: Sequence[str | None]) -> tuple[GpuHolder, ...]:

@@ -347,7 +347,7 @@ def pytest_sessionstart(session: pytest.Session) -> None:
     survivors = proctree.stop_leftovers(found)
     _say(session.config, f"qwenperf: stopped {len(found)} process(es) left running by a session that died:", red=True)
     for leftover in found:
-        command = " ".join(redact_argv(leftover.argv))[:120]
+        command = " ".join(redact_argv(leftover.argv))[:200]
         _say(session.config, f"  pid {leftover.pid} (started by pid {leftover.owner_pid}, gone): {command}", red=True)
     if survivors:
         raise pytest.UsageError(f"qwenperf: processes left by an earlier session survived SIGKILL: {survivors}")
@@ -615,7 +615,7 @@ def _fail_on_leftovers(session: pytest.Session) -> None:
     leftovers = proctree.tagged_processes(proctree.owner_prefix())
     if not leftovers:
         return
-    described = [f"{p.pid} {' '.join(redact_argv(proctree.command_of(p)))[:120]}" for p in leftovers]
+    described = [f"{p.pid} {' '.join(redact_argv(proctree.command_of(p)))[:200]}" for p in leftovers]
     for proc in leftovers:
         proc.kill()
     reporter = session.config.pluginmanager.get_plugin("terminalreporter")

@@ -293,7 +293,7 @@ def _port_owner(port: int) -> str:
         for conn in psutil.net_connections(kind="inet"):
             if conn.laddr and conn.laddr.port == port and conn.status == psutil.CONN_LISTEN and conn.pid:
                 proc = psutil.Process(conn.pid)
-                return f" by pid {conn.pid} ({' '.join(redact_argv(proc.cmdline()))[:120]})"
+                return f" by pid {conn.pid} ({' '.join(redact_argv(proc.cmdline()))[:300]})"
     except (psutil.Error, OSError):
         pass
     return ""

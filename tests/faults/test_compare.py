@@ -1,4 +1,4 @@
-"""``qwenperf compare --fail-on regression`` never passes a candidate that lost data (issue 12, item 4).
+"""``qwenperf compare --fail-on regression`` never passes a candidate that lost data.
 
 Each case takes a real session of the CPU suite (``docs/upgrade-gate/first.json``: six
 config x workload points, three repeats each), damages it the way a run loses data, and
