@@ -90,6 +90,11 @@ def is_api_key_option(arg: str) -> bool:
     return len(name) >= _SHORTEST_PREFIX and _OPTION.startswith(name)
 
 
+def shown_command(argv: Iterable[str], limit: int = 200) -> str:
+    """``argv`` as one line for a message about a process: any key masked, cut at ``limit`` characters."""
+    return " ".join(redact_argv(argv))[:limit]
+
+
 def redact_argv(argv: Iterable[str]) -> list[str]:
     """``argv`` with every key given to ``--api-key`` replaced by :data:`REDACTED`:
     ``--api-key K [K ...]`` (vLLM takes several; each value up to the next option) and ``--api-key=K``."""

@@ -39,7 +39,7 @@ from typing import Any, Literal, get_args
 from pytest_qwenperf.apikey import redact_argv
 from pytest_qwenperf.config import Suite, SuiteError
 from pytest_qwenperf.metrics import Direction, metric_spec
-from pytest_qwenperf.report import write_atomically
+from pytest_qwenperf.files import write_atomically
 from pytest_qwenperf.textfiles import read_text
 
 SCHEMA = "qwenperf-baseline/1"
@@ -617,9 +617,7 @@ def _leaf(tree: Mapping[str, Any], path: Sequence[str]) -> object:
 def number_at(tree: Mapping[str, Any], path: Sequence[str]) -> float | None:
     """The finite number at ``path`` in nested JSON objects; None where a step is missing or
     not an object, or the value is not a finite number (a quantity the run did not measure)."""
-    node: Any = tree
-    for key in path:
-        node = node.get(key) if isinstance(node, Mapping) else None
+    node = _leaf(tree, path)
     if isinstance(node, (int, float)) and not isinstance(node, bool) and math.isfinite(node):
         return float(node)
     return None

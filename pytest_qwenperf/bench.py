@@ -28,7 +28,7 @@ from pathlib import Path
 from typing import TextIO
 
 from pytest_qwenperf.apikey import ApiKey, ApiKeyError, resolve_api_key
-from pytest_qwenperf.files import unwritable
+from pytest_qwenperf.files import unwritable, write_atomically
 from pytest_qwenperf.loadgen.arrivals import Arrival, ClosedLoop, OpenLoop
 from pytest_qwenperf.loadgen.client import DEFAULT_TIMEOUT_S, LoadOptions, run_load_sync
 from pytest_qwenperf.loadgen.request import RequestSpec
@@ -37,7 +37,7 @@ from pytest_qwenperf.loadgen.workloads import KINDS, Workload, workload_from_dic
 from pytest_qwenperf.metrics import GoodputSLO, inter_token_latencies
 from pytest_qwenperf.options import cpu_list, endpoint_url, fraction, positive_rate, positive_seconds, whole_number
 from pytest_qwenperf.records import RequestRecord
-from pytest_qwenperf.report import json_safe, write_atomically
+from pytest_qwenperf.report import json_safe
 from pytest_qwenperf.run import Observation, observe
 from pytest_qwenperf.server import ServerAuthError, ServerInfo, describe, probe_ready
 

@@ -40,8 +40,8 @@ from typing import Any, cast, get_args
 
 from pytest_qwenperf.baseline import SCALING_METRIC, RunJsonError, centre, gate, gate_order, number_at, parse_run
 from pytest_qwenperf.report import SCHEMA as SESSION_SCHEMA
-from pytest_qwenperf.textfiles import read_text
 from pytest_qwenperf.report import json_safe
+from pytest_qwenperf.textfiles import read_text
 from pytest_qwenperf.verdict import Judgement, Verdict, format_table, format_value, judge_against_run, judge_run
 
 SCHEMA = "qwenperf-compare/1"

@@ -16,7 +16,7 @@ from typing import Any
 
 import psutil
 
-from pytest_qwenperf.apikey import redact_argv
+from pytest_qwenperf.apikey import shown_command
 from pytest_qwenperf.telemetry.nvml import select_devices
 
 DRAIN_TIMEOUT_S = 30.0
@@ -34,7 +34,7 @@ class GpuHolder:
 
     def describe(self) -> str:
         held = f"{self.used_bytes / 2**30:.1f} GiB" if self.used_bytes is not None else "an unknown amount of memory"
-        return f"GPU {self.gpu}: pid {self.pid} ({self.command[:200]}) holds {held}"
+        return f"GPU {self.gpu}: pid {self.pid} ({self.command}) holds {held}"
 
 
 def holders(visible: Sequence[str | None]) -> tuple[GpuHolder, ...]:
@@ -74,7 +74,7 @@ def _on(nv: Any, index: int, handle: Any) -> list[GpuHolder]:
 def _command(pid: int) -> str:
     """The holder's command line, with any API key in it masked."""
     try:
-        return " ".join(redact_argv(psutil.Process(pid).cmdline())) or psutil.Process(pid).name()
+        return shown_command(psutil.Process(pid).cmdline()) or psutil.Process(pid).name()
     except (psutil.NoSuchProcess, psutil.AccessDenied, psutil.ZombieProcess):
         return "?"
 

@@ -31,8 +31,12 @@ import signal
 import subprocess
 import sys
 import time
+from typing import TYPE_CHECKING
 
 from pytest_qwenperf.options import cpu_list, positive_seconds
+
+if TYPE_CHECKING:
+    import psutil
 
 DEFAULT_GRACE_S = 5.0
 """After the starter died: how long the tree may take to shut down before SIGKILL. Short,
@@ -49,10 +53,11 @@ def _parser() -> argparse.ArgumentParser:
 
 
 def main(argv: list[str]) -> int:
-    args = _parser().parse_args(argv)
+    parser = _parser()
+    args = parser.parse_args(argv)
     command = args.command[1:] if args.command[:1] == ["--"] else args.command
     if not command:
-        _parser().error("a command to run is required after --")
+        parser.error("a command to run is required after --")
     if args.cpus:
         os.sched_setaffinity(0, args.cpus)
     try:
@@ -97,9 +102,7 @@ def _read_or_eof(fd: int) -> bool:
 
 def _take_down(child: subprocess.Popen[bytes], grace: float) -> None:
     """The starter is gone: stop the tree as :func:`proctree.stop_tree` would, from inside it."""
-    import psutil  # only when there is a tree to take down
-
-    from pytest_qwenperf import proctree
+    from pytest_qwenperf import proctree  # psutil: only when there is a tree to take down
 
     tag = os.environ.get(proctree.TAG_ENV, "")
     me = os.getpid()

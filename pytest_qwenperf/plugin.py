@@ -22,7 +22,7 @@ from typing import TypeVar
 import pytest
 
 from pytest_qwenperf import gpu_memory, proctree
-from pytest_qwenperf.apikey import CLIENT_ENVS, ApiKey, ApiKeyError, key_from_environment, redact_argv
+from pytest_qwenperf.apikey import CLIENT_ENVS, ApiKey, ApiKeyError, key_from_environment, shown_command
 from pytest_qwenperf.config import ServingConfig, Suite, SuiteError, SuiteWorkload, load_suite
 from pytest_qwenperf.hardware import Hardware, detect
 from pytest_qwenperf.loadgen.workloads import SharedPrefixWorkload
@@ -347,7 +347,7 @@ def pytest_sessionstart(session: pytest.Session) -> None:
     survivors = proctree.stop_leftovers(found)
     _say(session.config, f"qwenperf: stopped {len(found)} process(es) left running by a session that died:", red=True)
     for leftover in found:
-        command = " ".join(redact_argv(leftover.argv))[:200]
+        command = shown_command(leftover.argv)
         _say(session.config, f"  pid {leftover.pid} (started by pid {leftover.owner_pid}, gone): {command}", red=True)
     if survivors:
         raise pytest.UsageError(f"qwenperf: processes left by an earlier session survived SIGKILL: {survivors}")
@@ -376,6 +376,7 @@ def pytest_collection_finish(session: pytest.Session) -> None:
 
 
 def _say(config: pytest.Config, text: str, red: bool = False) -> None:
+    """A line on pytest's terminal, or on stdout when its reporter is off (``-p no:terminal``)."""
     reporter = config.pluginmanager.get_plugin("terminalreporter")
     if reporter is not None:
         reporter.write_line(text, red=red)
@@ -579,16 +580,8 @@ def pytest_sessionfinish(session: pytest.Session) -> None:
 
 def _update_baselines(session: pytest.Session, settings: QwenperfSettings, report: SessionReport) -> None:
     """Record the session's runs as baselines, only when no test failed; say what was written and refused."""
-    reporter = session.config.pluginmanager.get_plugin("terminalreporter")
-
-    def say(text: str, red: bool = False) -> None:
-        if reporter is not None:
-            reporter.write_line(text, red=red)
-        else:  # -p no:terminal
-            print(text)
-
     if session.testsfailed:
-        say(f"qwenperf: baselines not updated: {session.testsfailed} test(s) failed", red=True)
+        _say(session.config, f"qwenperf: baselines not updated: {session.testsfailed} test(s) failed", red=True)
         return
     named_files = {Path(name).resolve() for name in settings.replace_published}
     for run in report.runs:
@@ -600,22 +593,23 @@ def _update_baselines(session: pytest.Session, settings: QwenperfSettings, repor
                 settings.baselines, data, source="pytest --qwenperf-update-baselines", replace_published=replace
             )
         except PublishedBaselineKept as exc:
-            say(
+            _say(
+                session.config,
                 f"qwenperf: {exc}; to replace them, name the config or the file: "
                 f"--qwenperf-replace-published {run.config.key} or --qwenperf-replace-published {target}",
                 red=True,
             )
         except (BaselineRefused, BaselineError) as exc:
-            say(f"qwenperf: {exc}", red=True)
+            _say(session.config, f"qwenperf: {exc}", red=True)
         else:
-            say(f"qwenperf: baseline written: {path}")
+            _say(session.config, f"qwenperf: baseline written: {path}")
 
 
 def _fail_on_leftovers(session: pytest.Session) -> None:
     leftovers = proctree.tagged_processes(proctree.owner_prefix())
     if not leftovers:
         return
-    described = [f"{p.pid} {' '.join(redact_argv(proctree.command_of(p)))[:200]}" for p in leftovers]
+    described = [f"{p.pid} {shown_command(proctree.command_of(p))}" for p in leftovers]
     for proc in leftovers:
         proc.kill()
     reporter = session.config.pluginmanager.get_plugin("terminalreporter")

@@ -22,6 +22,8 @@ from pathlib import Path
 
 import psutil
 
+from pytest_qwenperf.options import format_cpu_list
+
 TAG_ENV = "QWENPERF_PROCESS_TAG"
 """Environment variable that marks every process of a tree started by this package.
 
@@ -103,8 +105,6 @@ def spawn_tree(
     The tree dies with this process, even when this process is SIGKILLed. Output goes to a
     file, never to a pipe: nobody would read a pipe and the server would block once it filled.
     """
-    from pytest_qwenperf.options import format_cpu_list  # options is a leaf; kept lazy for import order
-
     watch = _lifeline()
     pin = ["--cpus", format_cpu_list(cpus)] if cpus else []
     guarded = [sys.executable, "-m", "pytest_qwenperf.guard", "--watch-fd", str(watch), *pin, "--", *argv]
@@ -161,15 +161,21 @@ class Leftover:
     process: psutil.Process = field(compare=False, repr=False)  # knows its start time: a recycled pid is not it
 
 
-def _owner_alive(tag: str) -> bool:
-    """Whether the process named at the head of ``tag`` still runs (the same process, not a recycled pid)."""
+def _owner(tag: str) -> tuple[int | None, int | None]:
+    """(pid, start ticks) of the process named at the head of ``tag`` (see :data:`TAG_ENV`); None where absent."""
     pid, _, rest = tag.partition("-")
     ticks = rest.partition("-")[0]
-    if not pid.isdigit():
+    return (int(pid) if pid.isdigit() else None), (int(ticks) if ticks.isdigit() else None)
+
+
+def _owner_alive(tag: str) -> bool:
+    """Whether the process named at the head of ``tag`` still runs (the same process, not a recycled pid)."""
+    pid, ticks = _owner(tag)
+    if pid is None:
         return False
-    if not ticks.isdigit():  # no start time in the tag: the pid alone decides
-        return psutil.pid_exists(int(pid))
-    return _start_ticks(int(pid)) == int(ticks)
+    if ticks is None:  # no start time in the tag: the pid alone decides
+        return psutil.pid_exists(pid)
+    return _start_ticks(pid) == ticks
 
 
 def _ours(proc: psutil.Process) -> bool:
@@ -193,7 +199,7 @@ def leftovers() -> list[Leftover]:
             orphaned.add(tag)
     found: dict[int, Leftover] = {}
     for tag in orphaned:
-        owner = int(tag.partition("-")[0]) if tag.partition("-")[0].isdigit() else 0
+        owner = _owner(tag)[0] or 0
         for proc in tagged_processes(tag):
             if _ours(proc) and proc.pid != os.getpid():
                 found.setdefault(proc.pid, Leftover(proc.pid, tuple(command_of(proc)), owner, proc))

@@ -29,7 +29,7 @@ from typing import Protocol, Self
 import psutil
 
 from pytest_qwenperf import proctree
-from pytest_qwenperf.apikey import CLIENT_ENVS, SERVER_ENV, ApiKey, redact_argv
+from pytest_qwenperf.apikey import CLIENT_ENVS, SERVER_ENV, ApiKey, redact_argv, shown_command
 from pytest_qwenperf.http import http_get
 from pytest_qwenperf.telemetry.capacity import KvCapacity, read_kv_capacity
 from pytest_qwenperf.telemetry.server_metrics import MetricsUnreadable, excerpt, metric_families, page_text
@@ -293,7 +293,7 @@ def _port_owner(port: int) -> str:
         for conn in psutil.net_connections(kind="inet"):
             if conn.laddr and conn.laddr.port == port and conn.status == psutil.CONN_LISTEN and conn.pid:
                 proc = psutil.Process(conn.pid)
-                return f" by pid {conn.pid} ({' '.join(redact_argv(proc.cmdline()))[:300]})"
+                return f" by pid {conn.pid} ({shown_command(proc.cmdline(), 300)})"
     except (psutil.Error, OSError):
         pass
     return ""
