@@ -21,9 +21,10 @@ import sys
 import tempfile
 from pathlib import Path
 
-from pytest_qwenperf.config import tiny_cpu_config
-from pytest_qwenperf.embedded import TINY_MODEL_NAME, resolve_model
-from pytest_qwenperf.server import DEFAULT_LAUNCHER, ManagedServer
+from pytest_qwenperf.serving.pool import server_spec
+from pytest_qwenperf.serving.server import DEFAULT_LAUNCHER, ManagedServer
+from pytest_qwenperf.suite.config import tiny_cpu_config
+from pytest_qwenperf.suite.embedded import TINY_MODEL_NAME, resolve_model
 
 HERE = Path(__file__).resolve().parent
 TOLERANCE = 0.05
@@ -38,12 +39,12 @@ SERVER = tiny_cpu_config("tiny-no-prefix-cache", ("--no-enable-prefix-caching",)
 
 def tiny_server(cpus: frozenset[int], log_dir: Path) -> ManagedServer:
     """The benchmarks' server (:data:`SERVER`) pinned to ``cpus``; use it as a context manager."""
-    return ManagedServer(SERVER.server_spec(launcher=DEFAULT_LAUNCHER, boot_timeout_s=600, cpus=cpus), log_dir)
+    return ManagedServer(server_spec(SERVER, launcher=DEFAULT_LAUNCHER, boot_timeout_s=600, cpus=cpus), log_dir)
 
 
 def ours(url: str, client_cpu: int, out: Path) -> float:
     w = WORKLOAD
-    argv = [sys.executable, "-m", "pytest_qwenperf.cli", "bench", "--endpoint", url, "--progress", "off"]
+    argv = [sys.executable, "-m", "pytest_qwenperf.cli.main", "bench", "--endpoint", url, "--progress", "off"]
     argv += ["--input-len", str(w["input_len"]), "--output-len", str(w["output_len"]), "--num-prompts", str(w["num_prompts"])]
     argv += ["--warmup", str(w["warmup"]), "--max-concurrency", str(w["concurrency"]), "--json", str(out)]
     argv += ["--no-continuous-usage"]  # the same requests as vllm bench serve sends

@@ -53,7 +53,10 @@ def chunks_per_cpu_second(url: str, model: str, client: str, chunks: int = CHUNK
         return sum(len(r.chunk_tokens) for r in load.records) / cpu
 
     import aiohttp
-    from vllm.benchmarks.lib.endpoint_request_func import RequestFuncInput, async_request_openai_completions
+    from vllm.benchmarks.lib.endpoint_request_func import (
+        RequestFuncInput,
+        async_request_openai_completions,
+    )
 
     async def theirs() -> tuple[int, float]:
         request = RequestFuncInput(

@@ -23,12 +23,12 @@ import tempfile
 from pathlib import Path
 
 from benchmarks.agreement import SERVER, WORKLOAD, tiny_server
-from pytest_qwenperf.embedded import resolve_model
 from pytest_qwenperf.loadgen.arrivals import ClosedLoop
 from pytest_qwenperf.loadgen.client import LoadOptions
 from pytest_qwenperf.loadgen.tokenizer import PromptTokenizer
-from pytest_qwenperf.loadgen.workloads import RandomWorkload
-from pytest_qwenperf.run import observe
+from pytest_qwenperf.measure.run import observe
+from pytest_qwenperf.suite.embedded import resolve_model
+from pytest_qwenperf.suite.workloads import RandomWorkload
 
 ARMS = ("sampling on", "sampling off")
 

@@ -14,7 +14,8 @@ import warnings
 
 import pytest
 
-from pytest_qwenperf.verdict import Judgement, render_judgements
+from pytest_qwenperf.core.verdict import Judgement
+from pytest_qwenperf.gate.judge import render_judgements
 
 
 def test_no_regression_against_baseline(qwenperf_judgements: tuple[Judgement, ...]) -> None:

@@ -4,8 +4,8 @@ one round per repeat of the run, so its statistics are the run-to-run spread."""
 
 from __future__ import annotations
 
-from pytest_qwenperf.benchmark_glue import record_run
-from pytest_qwenperf.run import RunResult
+from pytest_qwenperf.measure.run import RunResult
+from pytest_qwenperf.plugin.benchmark import record_run
 
 
 def test_recorded_for_pytest_benchmark(qwenperf_run: RunResult, benchmark) -> None:

@@ -14,9 +14,10 @@ import statistics
 
 import pytest
 
-from pytest_qwenperf.config import ServingConfig, SuiteWorkload
-from pytest_qwenperf.run import RunResult
-from pytest_qwenperf.verdict import Judgement, render_judgements
+from pytest_qwenperf.core.verdict import Judgement
+from pytest_qwenperf.gate.judge import render_judgements
+from pytest_qwenperf.measure.run import RunResult
+from pytest_qwenperf.suite.config import ServingConfig, SuiteWorkload
 
 pytestmark = [pytest.mark.scaling, pytest.mark.qwenperf_select("scaling")]
 

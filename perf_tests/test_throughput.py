@@ -2,8 +2,8 @@
 
 from __future__ import annotations
 
-from pytest_qwenperf.config import ServingConfig, SuiteWorkload
-from pytest_qwenperf.run import RunResult
+from pytest_qwenperf.measure.run import RunResult
+from pytest_qwenperf.suite.config import ServingConfig, SuiteWorkload
 
 
 def test_run_is_complete_and_trustworthy(qwenperf_run: RunResult) -> None:

@@ -10,8 +10,8 @@ from __future__ import annotations
 
 import pytest
 
-from pytest_qwenperf.config import ServingConfig, Suite, SuiteWorkload
-from pytest_qwenperf.run import RunResult
+from pytest_qwenperf.measure.run import RunResult
+from pytest_qwenperf.suite.config import ServingConfig, Suite, SuiteWorkload
 
 
 @pytest.mark.qwenperf_select("utilization")

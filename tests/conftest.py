@@ -5,7 +5,7 @@ import os
 import pytest
 from hypothesis import settings
 
-from pytest_qwenperf.router import NGINX_ENV, RouterUnavailable, find_nginx
+from pytest_qwenperf.serving.router import NGINX_ENV, RouterUnavailable, find_nginx
 
 settings.register_profile("ci", derandomize=True, deadline=None, print_blob=True)
 settings.register_profile("dev", deadline=None)

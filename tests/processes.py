@@ -11,7 +11,7 @@ from pathlib import Path
 
 import psutil
 
-from pytest_qwenperf import proctree
+from pytest_qwenperf.serving import proctree
 
 
 def alive(proc: int | psutil.Process) -> bool:

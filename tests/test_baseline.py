@@ -10,30 +10,29 @@ from typing import Any
 
 import pytest
 
-from pytest_qwenperf.baseline import (
+from pytest_qwenperf.core.formats import json_safe
+from pytest_qwenperf.core.summary import RunSummary, TokenCrossCheck
+from pytest_qwenperf.gate.baseline import (
     GATE_TOLERANCES,
     SCHEMA,
     BaselineError,
     BaselineRefused,
     Context,
-    Identity,
     PublishedBaselineKept,
+    RunJsonError,
     find_baseline,
     load_baseline,
     parse_baseline,
-    RunJsonError,
     parse_run,
     published_baseline,
     write_baseline,
 )
-from pytest_qwenperf.config import Suite, load_suite
-from pytest_qwenperf.hardware import Hardware
+from pytest_qwenperf.gate.judge import judge_run
+from pytest_qwenperf.measure.run import RunResult
+from pytest_qwenperf.serving.hardware import Hardware
+from pytest_qwenperf.serving.server import ServerInfo
+from pytest_qwenperf.suite.config import Suite, load_suite
 from pytest_qwenperf.telemetry import TelemetrySummary
-from pytest_qwenperf.metrics import RunSummary, TokenCrossCheck
-from pytest_qwenperf.report import json_safe
-from pytest_qwenperf.run import RunResult
-from pytest_qwenperf.server import ServerInfo
-from pytest_qwenperf.verdict import judge_run
 
 SUITES = Path(__file__).parents[1] / "perf_tests" / "suites"
 BASELINES = Path(__file__).parents[1] / "baselines"
@@ -106,7 +105,7 @@ def test_round_trip_keeps_identity_context_metrics_and_provenance(tmp_path: Path
     path = write_baseline(tmp_path, run, source="nightly", git_commit="abc123")
     assert path == tmp_path / "cpu-test-cpu-2c" / "embedded-tiny" / "base" / "isl128-osl128.json"  # CPU model and cores
     stored = load_baseline(path)
-    assert stored.identity == Identity.of(suite("cpu"), "base", "isl128-osl128", hardware="cpu-test-cpu-2c")
+    assert stored.identity == suite("cpu").identity("base", "isl128-osl128", hardware="cpu-test-cpu-2c")
     assert stored.context == Context(
         vllm_version="0.32.0", gpu_count=0, cpu_model="Test CPU", cpu_count=2, date="2026-04-01T02:00:00+00:00", git_commit="abc123"
     )
@@ -140,7 +139,7 @@ def test_each_write_moves_the_previous_metrics_to_history_newest_last(tmp_path: 
 
 
 def test_find_baseline_is_none_until_one_is_written(tmp_path: Path) -> None:
-    identity = Identity.of(suite("cpu"), "base", "isl128-osl128", hardware="cpu-test-cpu-2c")
+    identity = suite("cpu").identity("base", "isl128-osl128", hardware="cpu-test-cpu-2c")
     assert find_baseline(tmp_path, identity) is None
     write_baseline(tmp_path, make_run(), git_commit="c")
     found = find_baseline(tmp_path, identity)
@@ -349,11 +348,11 @@ PUBLISHED_CONTEXT = Context(vllm_version="0.18.0", gpu_name="NVIDIA B200", gpu_c
 @pytest.mark.parametrize(("config", "workload"), list(PUBLISHED))
 def test_seeded_b200_baselines_are_the_published_figures_with_the_suites_identity(config: str, workload: str) -> None:
     """When the b200 suite changes a rung's argv or the workload, this fails; regenerate the file with
-    ``save_baseline(Path("baselines"), published_baseline(suite, config, workload, values, source=..., context=...))``."""
+    ``save_baseline(Path("baselines"), published_baseline(suite.identity(config, workload), values, source=..., context=...))``."""
     values, source = PUBLISHED[(config, workload)]
-    expected = published_baseline(suite("b200"), config, workload, values, source=source, context=PUBLISHED_CONTEXT)
+    expected = published_baseline(suite("b200").identity(config, workload), values, source=source, context=PUBLISHED_CONTEXT)
     stored = load_baseline(expected.identity.path(BASELINES))
-    assert stored.identity == Identity.of(suite("b200"), config, workload)
+    assert stored.identity == suite("b200").identity(config, workload)
     assert stored == expected
     assert stored.provenance.kind == "published"
 

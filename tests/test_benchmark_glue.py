@@ -12,8 +12,13 @@ from pathlib import Path
 
 import pytest
 
-from pytest_qwenperf.benchmark_glue import flat_metrics, record, seconds_per_million_tokens, vllm_installed
-from pytest_qwenperf.hardware import detect
+from pytest_qwenperf.plugin.benchmark import (
+    flat_metrics,
+    record,
+    seconds_per_million_tokens,
+    vllm_installed,
+)
+from pytest_qwenperf.serving.hardware import detect
 
 # A real run of the CPU suite (three repeats), as --qwenperf-json wrote it.
 SESSION = Path(__file__).parents[1] / "docs" / "upgrade-gate" / "first.json"
@@ -30,7 +35,7 @@ INNER = """
 import json
 from pathlib import Path
 
-from pytest_qwenperf.benchmark_glue import record, record_run
+from pytest_qwenperf.plugin.benchmark import record, record_run
 
 SPEC = json.loads(Path("spec.json").read_text())
 
@@ -140,7 +145,7 @@ def test_saved_run_from_other_hardware_is_a_loud_warning(inner: pytest.Pytester)
         ["*qwenperf: hardware mismatch*", "*COMPARING ACROSS DIFFERENT HARDWARE*measured on 8x NVIDIA H200*", "*HardwareMismatchWarning*"]
     )
 
-    strict = run_inner(inner, [2.0, 2.0], "--benchmark-compare", "-W", "error::pytest_qwenperf.benchmark_glue.HardwareMismatchWarning")
+    strict = run_inner(inner, [2.0, 2.0], "--benchmark-compare", "-W", "error::pytest_qwenperf.plugin.benchmark.HardwareMismatchWarning")
     assert strict.ret != 0
     assert "COMPARING ACROSS DIFFERENT HARDWARE" in strict.stdout.str() + strict.stderr.str()
 

@@ -8,7 +8,12 @@ from pathlib import Path
 
 import pytest
 
-from pytest_qwenperf.telemetry.capacity import KvCapacity, combine_capacities, parse_kv_capacity, read_kv_capacity
+from pytest_qwenperf.telemetry.capacity import (
+    KvCapacity,
+    combine_capacities,
+    parse_kv_capacity,
+    read_kv_capacity,
+)
 
 DATA = Path(__file__).parent / "data"
 PREFIX = "INFO 11-21 06:16:11 [kv_cache_utils.py:2327]"

@@ -21,11 +21,18 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from benchmarks.fidelity import STREAMS, TOKENS, streams_run
+from pytest_qwenperf.core.records import RequestRecord
 from pytest_qwenperf.loadgen.arrivals import Arrival, ClosedLoop, OpenLoop
-from pytest_qwenperf.loadgen.client import ROUTINGS, LoadOptions, Progress, StreamParser, _Connection, run_load_sync
+from pytest_qwenperf.loadgen.client import (
+    ROUTINGS,
+    LoadOptions,
+    Progress,
+    StreamParser,
+    _Connection,
+    run_load_sync,
+)
 from pytest_qwenperf.loadgen.request import Api, RequestSpec
 from pytest_qwenperf.loadgen.workers import run_load_in_workers
-from pytest_qwenperf.records import RequestRecord
 from tests.stream_source import MODEL, StreamSource, _Format, stream_source
 
 _CPUS = sorted(os.sched_getaffinity(0))

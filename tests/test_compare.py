@@ -9,7 +9,7 @@ from typing import Any
 
 import pytest
 
-from pytest_qwenperf.cli import main
+from pytest_qwenperf.cli.main import main
 from tests.test_baseline import make_run
 
 

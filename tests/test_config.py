@@ -9,7 +9,7 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
-from pytest_qwenperf.config import SuiteError, load_suite, render_flags
+from pytest_qwenperf.suite.config import SuiteError, load_suite, render_flags
 
 LADDER = """
 [suite]

@@ -1,4 +1,4 @@
-"""Endpoint sets files (pytest_qwenperf/endpoints.py) and their argparse type."""
+"""Endpoint sets files (pytest_qwenperf/serving/endpoints.py) and their argparse type."""
 
 from __future__ import annotations
 
@@ -10,8 +10,14 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from pytest_qwenperf.endpoints import EndpointSet, EndpointSets, EndpointsFileError, load_endpoint_sets
-from pytest_qwenperf.options import endpoint_url, endpoints_file
+from pytest_qwenperf.core.options import endpoint_url
+from pytest_qwenperf.serving.endpoints import (
+    EndpointSet,
+    EndpointSets,
+    EndpointsFileError,
+    endpoints_file,
+    load_endpoint_sets,
+)
 
 VALID = """\
 model = "Qwen/Qwen3.5-27B-FP8"

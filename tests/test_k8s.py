@@ -14,8 +14,8 @@ import pytest
 import yaml
 from kubernetes.client import ApiClient
 
-from pytest_qwenperf.config import SuiteError, load_suite
-from pytest_qwenperf.k8s import container_args, render_manifests
+from pytest_qwenperf.serving.k8s import container_args, render_manifests
+from pytest_qwenperf.suite.config import SuiteError, load_suite
 
 SUITES = Path(__file__).resolve().parents[1] / "perf_tests" / "suites"
 B200 = SUITES / "b200.toml"
@@ -23,7 +23,7 @@ MODELS = {("apps/v1", "Deployment"): "V1Deployment", ("v1", "Service"): "V1Servi
 
 
 def cli(*args: str) -> subprocess.CompletedProcess[str]:
-    return subprocess.run([sys.executable, "-m", "pytest_qwenperf.cli", *args], capture_output=True, text=True, check=False)
+    return subprocess.run([sys.executable, "-m", "pytest_qwenperf.cli.main", *args], capture_output=True, text=True, check=False)
 
 
 def as_model(manifest: dict[str, Any]) -> Any:

@@ -1,4 +1,4 @@
-"""Tests for pytest_qwenperf.metrics: hand-computed runs, a vLLM reference re-computation, invariants."""
+"""Tests for pytest_qwenperf.core.summary: hand-computed runs, a vLLM reference re-computation, invariants."""
 
 from __future__ import annotations
 
@@ -11,7 +11,8 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
-from pytest_qwenperf.metrics import (
+from pytest_qwenperf.core.records import RequestRecord
+from pytest_qwenperf.core.summary import (
     GoodputSLO,
     Metric,
     client_bound_reason,
@@ -23,7 +24,6 @@ from pytest_qwenperf.metrics import (
     summarize,
     summarize_window,
 )
-from pytest_qwenperf.records import RequestRecord
 
 
 def rec(

@@ -17,7 +17,7 @@ from tests.processes import alive, end_inner_session, wait_for_tree
 STANDIN = f"{shlex.quote(sys.executable)} {shlex.quote(str(Path(__file__).parent / 'standins' / 'openai_standin.py'))}"
 
 CONFIGS = """
-from pytest_qwenperf.config import ServingConfig
+from pytest_qwenperf.suite.config import ServingConfig
 A = ServingConfig(id="cfg-a", model="model-a")
 B = ServingConfig(id="cfg-b", model="model-b")
 BROKEN = ServingConfig(id="broken", model="m", vllm_args=("--exit-during-boot", "3"))
@@ -119,7 +119,7 @@ def test_leftover_process_fails_the_session(pytester: pytest.Pytester) -> None:
     pytester.makepyfile(
         test_leak="""
 import sys
-from pytest_qwenperf import proctree
+from pytest_qwenperf.serving import proctree
 def test_leak(tmp_path):
     proctree.spawn_tree([sys.executable, "-c", "import time; time.sleep(60)"],
                         log_path=tmp_path / "log", env={}, tag=proctree.new_tag())
@@ -232,7 +232,7 @@ def test_bad_suite_file_is_a_usage_error_naming_it(pytester: pytest.Pytester) ->
 
 
 def _settings(**chosen: object):
-    from pytest_qwenperf.plugin import QwenperfSettings
+    from pytest_qwenperf.plugin.hooks import QwenperfSettings
 
     defaults = dict(
         launcher=(), boot_timeout_s=1.0, log_dir=None, endpoints=(), endpoint_sets=None, suites=(), json_path=None,
@@ -242,9 +242,9 @@ def _settings(**chosen: object):
 
 
 def test_cpu_build_places_server_and_client_on_disjoint_cores() -> None:
-    from pytest_qwenperf.config import ServingConfig, tiny_cpu_config
-    from pytest_qwenperf.hardware import detect
-    from pytest_qwenperf.plugin import _placement
+    from pytest_qwenperf.plugin.hooks import _placement
+    from pytest_qwenperf.serving.hardware import detect
+    from pytest_qwenperf.suite.config import ServingConfig, tiny_cpu_config
 
     settings = _settings()
     cpus = sorted(detect().cpu_ids)
@@ -260,9 +260,9 @@ def test_cpu_build_places_server_and_client_on_disjoint_cores() -> None:
 def test_replicas_split_the_server_cores_and_the_client_shares_them_only_when_it_must() -> None:
     import dataclasses
 
-    from pytest_qwenperf.config import tiny_cpu_config
-    from pytest_qwenperf.hardware import detect
-    from pytest_qwenperf.plugin import _placement
+    from pytest_qwenperf.plugin.hooks import _placement
+    from pytest_qwenperf.serving.hardware import detect
+    from pytest_qwenperf.suite.config import tiny_cpu_config
 
     settings = _settings()
     cpus = sorted(detect().cpu_ids)
@@ -275,9 +275,9 @@ def test_replicas_split_the_server_cores_and_the_client_shares_them_only_when_it
 
 
 def test_endpoint_sets_become_routes_and_only_sets_of_replicas_are_scraped(tmp_path: Path) -> None:
-    from pytest_qwenperf.endpoints import load_endpoint_sets
-    from pytest_qwenperf.plugin import _routes, _set_urls
-    from pytest_qwenperf.scaling import Route
+    from pytest_qwenperf.measure.scaling import Route
+    from pytest_qwenperf.plugin.hooks import _routes, _set_urls
+    from pytest_qwenperf.serving.endpoints import load_endpoint_sets
 
     path = tmp_path / "endpoints.toml"
     path.write_text(

@@ -9,14 +9,20 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
-from pytest_qwenperf.config import SuiteError, load_suite
 from pytest_qwenperf.loadgen.arrivals import ClosedLoop, OpenLoop
 from pytest_qwenperf.loadgen.tokenizer import PromptTokenizer
-from pytest_qwenperf.loadgen.workloads import FixedWorkload, RandomWorkload
-from pytest_qwenperf.replicas import ReplicaError, gpus_per_replica, replica_specs, split_cpus, split_gpus
-from pytest_qwenperf.scaling import ScalingSummary, copies_of, times_arrival
-from pytest_qwenperf.server import ServerSpec
-from pytest_qwenperf.tiny_model import ensure_tiny_model
+from pytest_qwenperf.measure.scaling import ScalingSummary, copies_of, times_arrival
+from pytest_qwenperf.serving.replicas import (
+    ReplicaError,
+    gpus_per_replica,
+    replica_specs,
+    split_cpus,
+    split_gpus,
+)
+from pytest_qwenperf.serving.server import ServerSpec
+from pytest_qwenperf.suite.config import SuiteError, load_suite
+from pytest_qwenperf.suite.tiny_model import ensure_tiny_model
+from pytest_qwenperf.suite.workloads import FixedWorkload, RandomWorkload
 
 
 @pytest.fixture(scope="module")

@@ -17,15 +17,15 @@ from typing import Any
 import psutil
 import pytest
 
-from pytest_qwenperf import proctree, server
-from pytest_qwenperf.router import (
+from pytest_qwenperf.serving import proctree, server
+from pytest_qwenperf.serving.router import (
     NGINX_ENV,
     NO_UPSTREAM,
     NginxRouter,
     RouterUnavailable,
     render_nginx_config,
 )
-from pytest_qwenperf.server import PortInUseError, ServerBootError, ServerError
+from pytest_qwenperf.serving.server import PortInUseError, ServerBootError, ServerError
 from tests.processes import alive
 from tests.stream_source import MODEL, StreamSource, stream_source
 

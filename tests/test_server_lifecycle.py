@@ -12,9 +12,8 @@ from pathlib import Path
 import psutil
 import pytest
 
-from pytest_qwenperf import proctree, server
-from tests.processes import alive
-from pytest_qwenperf.server import (
+from pytest_qwenperf.serving import proctree, server
+from pytest_qwenperf.serving.server import (
     ExternalServer,
     ManagedServer,
     PortInUseError,
@@ -22,6 +21,7 @@ from pytest_qwenperf.server import (
     ServerError,
     ServerSpec,
 )
+from tests.processes import alive
 
 STANDIN = (sys.executable, str(Path(__file__).parent / "standins" / "openai_standin.py"))
 

@@ -6,7 +6,13 @@ from pathlib import Path
 
 import pytest
 
-from pytest_qwenperf.telemetry.server_metrics import COUNTERS, GAUGES, combine, counter_deltas, parse_metrics
+from pytest_qwenperf.telemetry.server_metrics import (
+    COUNTERS,
+    GAUGES,
+    combine,
+    counter_deltas,
+    parse_metrics,
+)
 
 DATA = Path(__file__).parent / "data"
 

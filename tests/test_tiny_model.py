@@ -1,4 +1,4 @@
-"""Tests for pytest_qwenperf.tiny_model (no network, no vLLM; a few seconds on 2 cores)."""
+"""Tests for pytest_qwenperf.suite.tiny_model (no network, no vLLM; a few seconds on 2 cores)."""
 
 from __future__ import annotations
 
@@ -15,8 +15,8 @@ import numpy as np
 import platformdirs
 import pytest
 
-from pytest_qwenperf import tiny_model
-from pytest_qwenperf.tiny_model import (
+from pytest_qwenperf.suite import tiny_model
+from pytest_qwenperf.suite.tiny_model import (
     CHAT_TEMPLATE,
     MARKER,
     SPECIAL_TOKENS,
@@ -82,7 +82,7 @@ def test_byte_identical_across_processes_and_thread_counts(
     out = tmp_path / "sub"
     code = (
         "import sys; from pathlib import Path;"
-        "from pytest_qwenperf.tiny_model import write_tiny_model;"
+        "from pytest_qwenperf.suite.tiny_model import write_tiny_model;"
         "write_tiny_model(Path(sys.argv[1]))"
     )
     subprocess.run(
@@ -275,7 +275,7 @@ def test_fingerprint_changes_with_every_field(monkeypatch: pytest.MonkeyPatch) -
 
 
 def test_fingerprint_is_stable_across_processes() -> None:
-    code = "from pytest_qwenperf.tiny_model import TinyModelSpec; print(TinyModelSpec(seed=3).fingerprint())"
+    code = "from pytest_qwenperf.suite.tiny_model import TinyModelSpec; print(TinyModelSpec(seed=3).fingerprint())"
     out = subprocess.run(
         [sys.executable, "-c", code],
         check=True,
@@ -377,7 +377,7 @@ def test_ensure_concurrent_processes(tmp_path: Path, model_dir: Path) -> None:
         """
         import sys, time
         from pathlib import Path
-        from pytest_qwenperf import tiny_model
+        from pytest_qwenperf.suite import tiny_model
         real_write = tiny_model.write_tiny_model
         generated = []
         def slow_write(directory, spec=tiny_model.TinyModelSpec()):
@@ -421,7 +421,7 @@ def test_ensure_concurrent_processes(tmp_path: Path, model_dir: Path) -> None:
 
 def test_cache_folder_is_readable_as_the_umask_allows(tmp_path: Path) -> None:
     """mkdtemp makes 0700 folders; a server running as another user must still read the model."""
-    code = "from pytest_qwenperf.tiny_model import ensure_tiny_model; print(ensure_tiny_model())"
+    code = "from pytest_qwenperf.suite.tiny_model import ensure_tiny_model; print(ensure_tiny_model())"
     done = subprocess.run(
         [sys.executable, "-c", code],
         check=True,

@@ -8,9 +8,10 @@ import pytest
 from hypothesis import assume, given
 from hypothesis import strategies as st
 
-from pytest_qwenperf.baseline import baseline_from_run, centre
-from pytest_qwenperf.metrics import Direction
-from pytest_qwenperf.verdict import Judgement, judge, judge_against_run, judge_run, render_judgements, t_quantile
+from pytest_qwenperf.core.summary import Direction
+from pytest_qwenperf.core.verdict import Judgement, judge, t_quantile
+from pytest_qwenperf.gate.baseline import baseline_from_run, centre
+from pytest_qwenperf.gate.judge import judge_against_run, judge_run, render_judgements
 from tests.test_baseline import make_run
 
 directions = st.sampled_from(["higher", "lower"])

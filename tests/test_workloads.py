@@ -14,7 +14,8 @@ from tokenizers import Tokenizer, models, pre_tokenizers
 
 from pytest_qwenperf.loadgen.request import RequestSpec
 from pytest_qwenperf.loadgen.tokenizer import PromptTokenizer
-from pytest_qwenperf.loadgen.workloads import (
+from pytest_qwenperf.suite.tiny_model import ensure_tiny_model
+from pytest_qwenperf.suite.workloads import (
     FixedWorkload,
     JsonlWorkload,
     RandomWorkload,
@@ -22,7 +23,6 @@ from pytest_qwenperf.loadgen.workloads import (
     length_range,
     workload_from_dict,
 )
-from pytest_qwenperf.tiny_model import ensure_tiny_model
 
 DATA = Path(__file__).parent / "data"
 SHAREGPT = DATA / "sharegpt_small.jsonl"

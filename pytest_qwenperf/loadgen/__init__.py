@@ -1,1 +1,1 @@
-"""Load generation: workloads → requests → streamed HTTP calls → :class:`~pytest_qwenperf.records.RequestRecord`."""
+"""Load generation: workloads → requests → streamed HTTP calls → :class:`~pytest_qwenperf.core.records.RequestRecord`."""

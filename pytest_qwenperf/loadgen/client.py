@@ -2,7 +2,7 @@
 
 Requests are sent according to an :mod:`~pytest_qwenperf.loadgen.arrivals` plan, to the
 endpoints by :attr:`LoadOptions.routing`, and each response becomes a
-:class:`~pytest_qwenperf.records.RequestRecord`.
+:class:`~pytest_qwenperf.core.records.RequestRecord`.
 
 The client is the instrument, so it is lean: CPU it spends per request or per streamed
 chunk delays the timing of every other stream. It speaks HTTP/1.1 itself, on sockets
@@ -30,11 +30,16 @@ from time import perf_counter
 from typing import Any
 from urllib.parse import urlsplit
 
-from pytest_qwenperf.apikey import ApiKey
-from pytest_qwenperf.loadgen.arrivals import Arrival, ClosedLoop, OpenLoop, warmup_concurrency
+from pytest_qwenperf.core.apikey import ApiKey
+from pytest_qwenperf.core.records import RequestRecord
+from pytest_qwenperf.loadgen.arrivals import (
+    Arrival,
+    ClosedLoop,
+    OpenLoop,
+    warmup_concurrency,
+)
 from pytest_qwenperf.loadgen.request import RequestSpec
 from pytest_qwenperf.loadgen.stamped_socket import StampedConnection
-from pytest_qwenperf.records import RequestRecord
 
 DEFAULT_TIMEOUT_S = 600.0
 ROUTINGS = ("round-robin", "least-outstanding")

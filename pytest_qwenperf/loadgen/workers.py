@@ -16,7 +16,7 @@ the whole process group; they would otherwise die mid-import with a traceback ea
 the parent SIGTERMs every worker at once when its wait ends for any reason (Ctrl-C,
 SIGTERM turned into an interrupt, a failed worker), so none sends another request. A
 parent that dies without running that (SIGKILL) is noticed by each worker's
-:func:`~pytest_qwenperf.proctree.exit_with_parent` watch.
+:func:`exit_with_parent` watch.
 """
 
 from __future__ import annotations
@@ -35,6 +35,7 @@ from multiprocessing.synchronize import Barrier
 from types import FrameType
 from typing import Any
 
+from pytest_qwenperf.core.records import RequestRecord
 from pytest_qwenperf.loadgen.arrivals import Arrival, ClosedLoop
 from pytest_qwenperf.loadgen.client import (
     Job,
@@ -46,11 +47,34 @@ from pytest_qwenperf.loadgen.client import (
     split_warmup,
 )
 from pytest_qwenperf.loadgen.request import RequestSpec
-from pytest_qwenperf.proctree import exit_with_parent
-from pytest_qwenperf.records import RequestRecord
 
 BARRIER_TIMEOUT_S = 120.0  # a worker that never arrives (crashed while starting) breaks the barrier
 STOP_GRACE_S = 10.0  # after SIGTERM, before SIGKILL
+
+
+PARENT_POLL_S = 0.1
+
+
+def exit_with_parent(parent: int, poll_s: float = PARENT_POLL_S) -> None:
+    """End this process as soon as ``parent`` (the pid of the process that started it) is
+    gone, however it ended; at once if it is gone already.
+
+    For helpers that have no children of their own (the load generator's workers): a
+    daemon thread notices the re-parenting within ``poll_s`` and exits at once, so a
+    SIGKILLed parent leaves no worker sending load. The pid is passed in because a parent
+    that died while this process was still starting has already handed it to init.
+    Polling rather than ``PR_SET_PDEATHSIG``: that signal follows the *thread* that
+    started the child, which may end long before the process does.
+    """
+    if os.getppid() != parent:
+        os._exit(128 + signal.SIGKILL)
+
+    def watch() -> None:
+        while os.getppid() == parent:
+            time.sleep(poll_s)
+        os._exit(128 + signal.SIGKILL)
+
+    threading.Thread(target=watch, name="qwenperf-parent-watch", daemon=True).start()
 
 
 def pin_current_process(cpus: Iterable[int]) -> set[int]:

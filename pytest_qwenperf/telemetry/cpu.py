@@ -18,7 +18,14 @@ from types import MappingProxyType
 
 import psutil
 
-from pytest_qwenperf.telemetry.sampling import CLOCK, PeriodicSampler, SamplerHealth, Stats, Window, inside
+from pytest_qwenperf.telemetry.sampling import (
+    CLOCK,
+    PeriodicSampler,
+    SamplerHealth,
+    Stats,
+    Window,
+    inside,
+)
 
 DEFAULT_INTERVAL_S = 0.5
 DISCOVER_EVERY_S = 2.0

@@ -14,7 +14,7 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from types import MappingProxyType
 
-from pytest_qwenperf.http import http_get
+from pytest_qwenperf.core.http import http_get
 from pytest_qwenperf.telemetry.sampling import (
     CLOCK,
     PeriodicSampler,
@@ -24,7 +24,13 @@ from pytest_qwenperf.telemetry.sampling import (
     counter_increase,
     inside,
 )
-from pytest_qwenperf.telemetry.server_metrics import COUNTERS, GAUGES, page_text, series_values, snapshot_of
+from pytest_qwenperf.telemetry.server_metrics import (
+    COUNTERS,
+    GAUGES,
+    page_text,
+    series_values,
+    snapshot_of,
+)
 
 DEFAULT_INTERVAL_S = 1.0
 DEFAULT_TIMEOUT_S = 5.0

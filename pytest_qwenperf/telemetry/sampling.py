@@ -19,7 +19,7 @@ from types import TracebackType
 from typing import Self
 
 CLOCK: Callable[[], float] = time.perf_counter
-"""The clock of :class:`~pytest_qwenperf.records.RequestRecord` times; every sample uses it too."""
+"""The clock of :class:`~pytest_qwenperf.core.records.RequestRecord` times; every sample uses it too."""
 
 Window = tuple[float, float]
 

@@ -16,7 +16,7 @@ from types import MappingProxyType
 from prometheus_client.metrics_core import Metric
 from prometheus_client.parser import text_string_to_metric_families
 
-from pytest_qwenperf.http import http_get
+from pytest_qwenperf.core.http import http_get
 
 # canonical name → Prometheus family names, newest first (REFERENCE: metric-name history)
 COUNTERS: Mapping[str, tuple[str, ...]] = {

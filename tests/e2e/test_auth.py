@@ -55,9 +55,9 @@ from pathlib import Path
 
 import psutil
 
-from pytest_qwenperf.apikey import ApiKey
-from pytest_qwenperf.benchmark_glue import record_run
-from pytest_qwenperf.http import http_get
+from pytest_qwenperf.core.apikey import ApiKey
+from pytest_qwenperf.plugin.benchmark import record_run
+from pytest_qwenperf.core.http import http_get
 
 OUT = Path({out!r})
 
@@ -78,7 +78,7 @@ def test_vllm_enforces_the_key_and_bench_sends_it(vllm_server, suite_workload):
     root = psutil.Process(vllm_server.pid)
     assert all(key.value not in " ".join(p.cmdline()) for p in [root, *root.children(recursive=True)])
     cpus = sorted(os.sched_getaffinity(0))
-    argv = [sys.executable, "-m", "pytest_qwenperf.cli", "bench", "--endpoint", url, "--input-len", "32", "--output-len", "16"]
+    argv = [sys.executable, "-m", "pytest_qwenperf.cli.main", "bench", "--endpoint", url, "--input-len", "32", "--output-len", "16"]
     argv += ["--num-prompts", "8", "--max-concurrency", "4", "--progress", "off", "--client-cpus", str(cpus[-1])]
     done = subprocess.run(argv + ["--json", str(OUT / "bench.json"), "--detailed"], capture_output=True, text=True, timeout=300)
     (OUT / "bench.out").write_text(done.stdout + done.stderr)

@@ -10,7 +10,7 @@ from pathlib import Path
 
 import pytest
 
-from pytest_qwenperf.server import ManagedServer
+from pytest_qwenperf.serving.server import ManagedServer
 from tests.e2e.tiny import TINY
 
 pytestmark = [pytest.mark.e2e, pytest.mark.parametrize("serving_config", [TINY], ids=[TINY.id])]
@@ -18,7 +18,7 @@ pytestmark = [pytest.mark.e2e, pytest.mark.parametrize("serving_config", [TINY],
 
 def bench(server: ManagedServer, *args: str) -> subprocess.CompletedProcess[str]:
     cpus = sorted(os.sched_getaffinity(0))
-    argv = [sys.executable, "-m", "pytest_qwenperf.cli", "bench", "--endpoint", server.base_url, "--progress", "off"]
+    argv = [sys.executable, "-m", "pytest_qwenperf.cli.main", "bench", "--endpoint", server.base_url, "--progress", "off"]
     argv += ["--client-cpus", str(cpus[-1])]
     return subprocess.run(argv + list(args), capture_output=True, text=True, timeout=300)
 

@@ -7,8 +7,8 @@ from pathlib import Path
 
 import pytest
 
-from pytest_qwenperf.embedded import resolve_model
-from pytest_qwenperf.server import ManagedServer, ServerBootError, ServerSpec
+from pytest_qwenperf.serving.server import ManagedServer, ServerBootError, ServerSpec
+from pytest_qwenperf.suite.embedded import resolve_model
 from tests.e2e.tiny import TINY
 
 pytestmark = pytest.mark.e2e

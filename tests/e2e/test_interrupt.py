@@ -9,7 +9,7 @@ from pathlib import Path
 
 import pytest
 
-from pytest_qwenperf import proctree
+from pytest_qwenperf.serving import proctree
 from tests.processes import alive, end_inner_session, wait_for_tree
 
 pytestmark = pytest.mark.e2e
@@ -20,7 +20,7 @@ def test_sigint_while_a_server_runs_leaves_no_process(pytester: pytest.Pytester,
     pytester.makepyfile(
         test_hold=f"""
 import time, pytest
-from pytest_qwenperf.config import tiny_cpu_config
+from pytest_qwenperf.suite.config import tiny_cpu_config
 TINY = tiny_cpu_config("interrupted")
 @pytest.mark.parametrize("serving_config", [TINY], ids=[TINY.id])
 def test_hold(vllm_server):

@@ -13,15 +13,16 @@ from pathlib import Path
 
 import pytest
 
-from pytest_qwenperf import proctree
-from pytest_qwenperf.baseline import load_baseline, write_baseline
-from pytest_qwenperf.config import ServingConfig, SuiteWorkload
+from pytest_qwenperf.gate.baseline import load_baseline, write_baseline
+from pytest_qwenperf.gate.judge import judge_run
 from pytest_qwenperf.loadgen.arrivals import ClosedLoop
-from pytest_qwenperf.loadgen.workloads import RandomWorkload
-from pytest_qwenperf.replicas import ReplicaSet, replica_specs
-from pytest_qwenperf.run import measure
-from pytest_qwenperf.server import DEFAULT_LAUNCHER, ServerError
-from pytest_qwenperf.verdict import judge_run
+from pytest_qwenperf.measure.run import measure
+from pytest_qwenperf.serving import proctree
+from pytest_qwenperf.serving.pool import server_spec
+from pytest_qwenperf.serving.replicas import ReplicaSet, replica_specs
+from pytest_qwenperf.serving.server import DEFAULT_LAUNCHER, ServerError
+from pytest_qwenperf.suite.config import ServingConfig, SuiteWorkload
+from pytest_qwenperf.suite.workloads import RandomWorkload
 from tests.e2e.tiny import TINY
 
 pytestmark = pytest.mark.e2e
@@ -34,7 +35,7 @@ WORKLOAD = SuiteWorkload(RandomWorkload(input_len=64, output_len=32, num_prompts
 def pair(config: ServingConfig, log_dir: Path) -> ReplicaSet:
     """Two replicas of ``config``, one core each (on a 2-core machine the client shares them)."""
     cpus = frozenset(sorted(os.sched_getaffinity(0))[:2])
-    spec = config.server_spec(launcher=DEFAULT_LAUNCHER, boot_timeout_s=600, cpus=cpus)
+    spec = server_spec(config, launcher=DEFAULT_LAUNCHER, boot_timeout_s=600, cpus=cpus)
     return ReplicaSet(config.id, replica_specs(spec, 2), log_dir, routing=config.routing)
 
 

@@ -7,12 +7,12 @@ from importlib.metadata import version
 
 import pytest
 
-from pytest_qwenperf.config import SuiteWorkload
 from pytest_qwenperf.loadgen.arrivals import ClosedLoop
-from pytest_qwenperf.loadgen.workloads import RandomWorkload
-from pytest_qwenperf.pool import ServerPool
-from pytest_qwenperf.run import measure
-from pytest_qwenperf.server import ManagedServer
+from pytest_qwenperf.measure.run import measure
+from pytest_qwenperf.serving.pool import ServerPool
+from pytest_qwenperf.serving.server import ManagedServer
+from pytest_qwenperf.suite.config import SuiteWorkload
+from pytest_qwenperf.suite.workloads import RandomWorkload
 from tests.e2e.tiny import TINY, stream_completion
 
 pytestmark = [pytest.mark.e2e, pytest.mark.parametrize("serving_config", [TINY], ids=[TINY.id])]

@@ -6,8 +6,8 @@ import asyncio
 
 import pytest
 
-from pytest_qwenperf.pool import ServerPool
-from pytest_qwenperf.server import ManagedServer
+from pytest_qwenperf.serving.pool import ServerPool
+from pytest_qwenperf.serving.server import ManagedServer
 from tests.e2e.tiny import TINY, stream_completion
 
 pytestmark = [pytest.mark.e2e, pytest.mark.parametrize("serving_config", [TINY], ids=[TINY.id])]

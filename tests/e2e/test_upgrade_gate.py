@@ -24,13 +24,13 @@ from pathlib import Path
 
 import pytest
 
-from pytest_qwenperf.compare import compare, load_runs
-from pytest_qwenperf.config import SuiteWorkload, load_suite
+from pytest_qwenperf.gate.compare import compare, load_runs
 from pytest_qwenperf.loadgen.arrivals import ClosedLoop
-from pytest_qwenperf.loadgen.workloads import RandomWorkload
-from pytest_qwenperf.report import SessionReport
-from pytest_qwenperf.run import measure, reset_prefix_caches
-from pytest_qwenperf.server import Server
+from pytest_qwenperf.measure.report import SessionReport
+from pytest_qwenperf.measure.run import measure, reset_prefix_caches
+from pytest_qwenperf.serving.server import Server
+from pytest_qwenperf.suite.config import SuiteWorkload, load_suite
+from pytest_qwenperf.suite.workloads import RandomWorkload
 from pytest_qwenperf.telemetry.server_metrics import counter_deltas, scrape
 from tests.e2e.tiny import TINY, stream_completion
 from tests.processes import busy_loops
@@ -54,7 +54,7 @@ def session_json(server: Server, path: Path, client_cpus: frozenset[int]) -> Pat
 
 
 def qwenperf_compare(*files: Path) -> subprocess.CompletedProcess[str]:
-    argv = [sys.executable, "-m", "pytest_qwenperf.cli", "compare", *map(str, files), "--fail-on", "regression"]
+    argv = [sys.executable, "-m", "pytest_qwenperf.cli.main", "compare", *map(str, files), "--fail-on", "regression"]
     return subprocess.run(argv, capture_output=True, text=True, timeout=120, check=False)
 
 

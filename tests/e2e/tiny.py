@@ -6,7 +6,7 @@ import json
 
 import aiohttp
 
-from pytest_qwenperf.config import tiny_cpu_config
+from pytest_qwenperf.suite.config import tiny_cpu_config
 
 TINY = tiny_cpu_config("e2e-tiny")
 

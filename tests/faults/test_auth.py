@@ -25,19 +25,24 @@ import psutil
 import pytest
 import yaml
 
-from pytest_qwenperf.apikey import ApiKey, ApiKeyError, key_from_environment, redact_argv, resolve_api_key
-from pytest_qwenperf.baseline import parse_run, write_baseline
-from pytest_qwenperf.config import SuiteError, load_suite
-from pytest_qwenperf.hardware import Hardware
-from pytest_qwenperf.http import http_get
+from pytest_qwenperf.core.apikey import (
+    ApiKey,
+    ApiKeyError,
+    key_from_environment,
+    redact_argv,
+    resolve_api_key,
+)
+from pytest_qwenperf.core.formats import json_safe
+from pytest_qwenperf.core.http import http_get
+from pytest_qwenperf.core.summary import RunSummary, TokenCrossCheck
+from pytest_qwenperf.gate.baseline import parse_run, write_baseline
 from pytest_qwenperf.loadgen.arrivals import ClosedLoop
 from pytest_qwenperf.loadgen.client import LoadOptions, run_load_sync
 from pytest_qwenperf.loadgen.request import RequestSpec
 from pytest_qwenperf.loadgen.workers import run_load_in_workers
-from pytest_qwenperf.metrics import RunSummary, TokenCrossCheck
-from pytest_qwenperf.report import json_safe
-from pytest_qwenperf.run import RunResult
-from pytest_qwenperf.server import (
+from pytest_qwenperf.measure.run import RunResult
+from pytest_qwenperf.serving.hardware import Hardware
+from pytest_qwenperf.serving.server import (
     ExternalServer,
     ManagedServer,
     PortInUseError,
@@ -47,6 +52,7 @@ from pytest_qwenperf.server import (
     free_port,
     probe_ready,
 )
+from pytest_qwenperf.suite.config import SuiteError, load_suite
 from pytest_qwenperf.telemetry import TelemetrySummary
 from tests.test_k8s import assert_valid
 
@@ -63,7 +69,7 @@ def new_key() -> str:
 
 def cli(*args: str, env: dict[str, str] | None = None) -> subprocess.CompletedProcess[str]:
     return subprocess.run(
-        [sys.executable, "-m", "pytest_qwenperf.cli", *args], capture_output=True, text=True, timeout=120, env=env, check=False
+        [sys.executable, "-m", "pytest_qwenperf.cli.main", *args], capture_output=True, text=True, timeout=120, env=env, check=False
     )
 
 
@@ -313,8 +319,8 @@ def test_plugin_boots_servers_with_the_key_from_the_named_variable(
     pytester.makepyfile(
         test_keyed="""
 import os, psutil, pytest
-from pytest_qwenperf.config import ServingConfig
-from pytest_qwenperf.http import http_get
+from pytest_qwenperf.suite.config import ServingConfig
+from pytest_qwenperf.core.http import http_get
 A = ServingConfig(id="cfg-a", model="model-a")
 @pytest.mark.parametrize("serving_config", [A], ids=[A.id])
 def test_server(vllm_server):

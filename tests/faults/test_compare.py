@@ -27,7 +27,7 @@ CTX_SHORT = ("cpu", "ctx-short", "isl128-osl128")  # runs[1]
 
 
 def qwenperf_compare(*args: str | Path) -> subprocess.CompletedProcess[str]:
-    argv = [sys.executable, "-m", "pytest_qwenperf.cli", "compare", *map(str, args)]
+    argv = [sys.executable, "-m", "pytest_qwenperf.cli.main", "compare", *map(str, args)]
     return subprocess.run(argv, capture_output=True, text=True, timeout=120, check=False)
 
 

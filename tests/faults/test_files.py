@@ -22,11 +22,11 @@ from pathlib import Path
 
 import pytest
 
-from pytest_qwenperf import files
-from pytest_qwenperf.baseline import load_baseline
-from pytest_qwenperf.files import write_atomically
-from pytest_qwenperf.report import SessionReport
-from pytest_qwenperf.tiny_model import MARKER, TinyModelSpec
+from pytest_qwenperf.core import files
+from pytest_qwenperf.core.files import write_atomically
+from pytest_qwenperf.gate.baseline import load_baseline
+from pytest_qwenperf.measure.report import SessionReport
+from pytest_qwenperf.suite.tiny_model import MARKER, TinyModelSpec
 
 REPO = Path(__file__).resolve().parents[2]
 QWENPERF = str(Path(sys.executable).parent / "qwenperf")
@@ -124,7 +124,7 @@ def test_tiny_model_reuses_its_own_folder_rewrites_it_for_another_seed_and_refus
 
 RECORD = """
 import pytest
-from pytest_qwenperf.config import ServingConfig
+from pytest_qwenperf.suite.config import ServingConfig
 VERSION = ServingConfig(id="{version}", model="m")
 @pytest.mark.parametrize("serving_config", [VERSION], ids=[VERSION.id])
 def test_boot(vllm_server): pass
@@ -170,7 +170,7 @@ def test_kept_copies_never_collide_where_the_filesystem_has_no_hard_links(
 CONCURRENT = """
 import sys, time
 from pathlib import Path
-from pytest_qwenperf.report import SessionReport
+from pytest_qwenperf.measure.report import SessionReport
 go, n = Path(sys.argv[1]), sys.argv[2]
 while not go.exists():
     time.sleep(0.001)
@@ -196,12 +196,12 @@ def test_writers_finishing_at_the_same_moment_all_keep_their_results(tmp_path: P
 
 RUNS = """
 from pathlib import Path
-from pytest_qwenperf.config import load_suite
-from pytest_qwenperf.hardware import Hardware
-from pytest_qwenperf.metrics import RunSummary, TokenCrossCheck
-from pytest_qwenperf.plugin import _REPORT_KEY
-from pytest_qwenperf.run import RunResult
-from pytest_qwenperf.server import ServerInfo
+from pytest_qwenperf.suite.config import load_suite
+from pytest_qwenperf.serving.hardware import Hardware
+from pytest_qwenperf.core.summary import RunSummary, TokenCrossCheck
+from pytest_qwenperf.plugin.hooks import _REPORT_KEY
+from pytest_qwenperf.measure.run import RunResult
+from pytest_qwenperf.serving.server import ServerInfo
 from pytest_qwenperf.telemetry import TelemetrySummary
 
 SUITES = Path({suites!r})
@@ -307,7 +307,7 @@ def test_replace_published_without_update_baselines_is_a_usage_error(runs: pytes
 
 BOOTS = """
 import pytest
-from pytest_qwenperf.config import ServingConfig
+from pytest_qwenperf.suite.config import ServingConfig
 A = ServingConfig(id="cfg-a", model="m")
 @pytest.mark.parametrize("serving_config", [A], ids=[A.id])
 def test_boot(vllm_server):

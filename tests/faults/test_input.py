@@ -15,9 +15,8 @@ from pathlib import Path
 
 import pytest
 
-from pytest_qwenperf.baseline import Identity
-from pytest_qwenperf.config import load_suite
-from pytest_qwenperf.hardware import detect
+from pytest_qwenperf.serving.hardware import detect
+from pytest_qwenperf.suite.config import load_suite
 from tests.stream_source import stream_source
 
 REPO = Path(__file__).resolve().parents[2]
@@ -122,7 +121,7 @@ def test_a_broken_baseline_found_during_a_session_fails_its_test_in_one_line(tmp
     (tmp_path / "suite.toml").write_text(SUITE)
     (tmp_path / "test_gate.py").write_text("def test_gate(qwenperf_judgements):\n    assert qwenperf_judgements is not None\n")
     baselines = tmp_path / "baselines"
-    baseline = Identity.of(load_suite(tmp_path / "suite.toml"), "base", "w", hardware=detect().id).path(baselines)
+    baseline = load_suite(tmp_path / "suite.toml").identity("base", "w", hardware=detect().id).path(baselines)
     baseline.parent.mkdir(parents=True)
     head = b'{"schema": "qwenperf-baseline/1", "identity": "'
     baseline.write_bytes(head + b'\xe9t\xe9"}')  # Latin-1, not UTF-8

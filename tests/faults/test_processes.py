@@ -3,7 +3,7 @@ earlier death are stopped at the next start, and a GPU already in use fails the 
 before any boot.
 
 Real processes and signals throughout; the two cancellation cases run a real CPU vLLM.
-A dead session's tree is reaped by its guard (:mod:`pytest_qwenperf.guard`), so the
+A dead session's tree is reaped by its guard (:mod:`pytest_qwenperf.serving.guard`), so the
 checks poll psutil up to generous deadlines: the verdict is "gone", never "gone within
 a tight time".
 """
@@ -21,7 +21,7 @@ from pathlib import Path
 import psutil
 import pytest
 
-from pytest_qwenperf import gpu_memory, hardware, proctree
+from pytest_qwenperf.serving import gpu_memory, hardware, proctree
 from tests import fake_pynvml
 from tests.processes import alive, end_inner_session, wait_for_tree
 
@@ -56,7 +56,7 @@ def _guarded_tree(tmp_path: Path, script: str, size: int) -> tuple[subprocess.Po
     start = (
         "import sys, time\n"
         "from pathlib import Path\n"
-        "from pytest_qwenperf import proctree\n"
+        "from pytest_qwenperf.serving import proctree\n"
         f"proctree.spawn_tree([sys.executable, '-c', {script!r}], log_path=Path({str(tmp_path / 'log')!r}),"
         " env={}, tag=proctree.new_tag())\n"
         f"Path({str(ready)!r}).write_text('up')\n"
@@ -240,7 +240,7 @@ def test_free_gpus_let_the_session_boot(pytester: pytest.Pytester, fake_gpus: li
 
 HOLD = """
 import time, pytest
-from pytest_qwenperf.config import tiny_cpu_config
+from pytest_qwenperf.suite.config import tiny_cpu_config
 TINY = tiny_cpu_config("{name}")
 
 @pytest.fixture

@@ -1,0 +1,485 @@
+"""``qwenperf bench``: the load generator against endpoints that are already running.
+
+The same client, workloads and metrics as the perf suite, with ``vllm bench serve``'s
+option names where one exists, so a figure from one can be checked with the other.
+Everything that can be known to fail is checked before the run: endpoints that do not
+answer, a model they do not serve, requests longer than the server's ``max_model_len``,
+and a first request the server rejects (its own message is shown).
+
+Exit status: 0 for a complete run; 1 when more measured requests failed than
+``--max-failed-fraction`` allows (default none) or none completed (the result is still
+written, with the failures grouped by reason); 2 when the run cannot start
+(:class:`BenchError`); 130 / 143 when SIGINT / SIGTERM interrupted it (nothing written).
+"""
+
+from __future__ import annotations
+
+import argparse
+import importlib.metadata
+import json
+import math
+import os
+import sys
+import time
+from collections import Counter
+from collections.abc import Iterable, Sequence
+from dataclasses import dataclass
+from pathlib import Path
+from typing import TextIO
+
+from pytest_qwenperf.core.apikey import ApiKey, ApiKeyError, resolve_api_key
+from pytest_qwenperf.core.files import unwritable, write_atomically
+from pytest_qwenperf.core.formats import json_safe
+from pytest_qwenperf.core.options import (
+    cpu_list,
+    endpoint_url,
+    fraction,
+    positive_rate,
+    positive_seconds,
+    whole_number,
+)
+from pytest_qwenperf.core.records import RequestRecord
+from pytest_qwenperf.core.summary import GoodputSLO, inter_token_latencies
+from pytest_qwenperf.loadgen.arrivals import Arrival, ClosedLoop, OpenLoop
+from pytest_qwenperf.loadgen.client import DEFAULT_TIMEOUT_S, LoadOptions, run_load_sync
+from pytest_qwenperf.loadgen.request import RequestSpec
+from pytest_qwenperf.loadgen.tokenizer import PromptTokenizer
+from pytest_qwenperf.measure.run import Observation, observe
+from pytest_qwenperf.serving.server import (
+    ServerAuthError,
+    ServerInfo,
+    describe,
+    probe_ready,
+)
+from pytest_qwenperf.suite.workloads import KINDS, Workload, workload_from_dict
+
+SCHEMA = "qwenperf-bench/1"
+_AT_LEAST_0, _AT_LEAST_1 = whole_number(0), whole_number(1)
+_SHOWN_REASONS = 10  # failure reasons printed; the JSON has them all
+_MESSAGE_CHARS = 160
+
+
+class BenchError(Exception):
+    """A run that cannot start or cannot be trusted, with what to fix."""
+
+
+@dataclass(frozen=True)
+class FailureReason:
+    """Measured requests that failed the same way."""
+
+    kind: str  # "HTTP 500", or the exception's type when no response came ("ConnectionRefusedError")
+    message: str  # the server's own message, or the exception's, on one line and trimmed
+    count: int
+
+
+@dataclass(frozen=True)
+class BenchPlan:
+    """Everything a run needs, resolved and checked."""
+
+    servers: tuple[ServerInfo, ...]
+    workload: Workload
+    requests: tuple[RequestSpec, ...]
+    arrival: Arrival
+    options: LoadOptions
+    slo: GoodputSLO | None
+    workers: int
+    client_cpus: frozenset[int]
+
+
+def add_arguments(parser: argparse.ArgumentParser) -> None:
+    target = parser.add_argument_group("target")
+    target.add_argument(
+        "--endpoint", type=endpoint_url, action="append", required=True, help="server base URL; repeatable (round-robin per request)"
+    )
+    target.add_argument("--model", help="model name to request (default: the one the endpoints serve)")
+    target.add_argument("--tokenizer", help="folder or hub name of the tokenizer (default: the folder the server loaded)")
+    target.add_argument(
+        "--api-key",
+        metavar="KEY",
+        help="bearer token for servers run with vLLM's --api-key (default: $VLLM_API_KEY, else $OPENAI_API_KEY). "
+        "A key on the command line is visible to every user in ps and stays in shell histories: prefer VLLM_API_KEY",
+    )
+
+    work = parser.add_argument_group("workload")
+    work.add_argument("--dataset-name", default="random", choices=sorted(KINDS), help="default: %(default)s")
+    work.add_argument("--dataset-path", help="JSON-lines file of prompts or conversations (--dataset-name jsonl)")
+    work.add_argument("--input-len", "--random-input-len", type=_AT_LEAST_1, default=1024, help="prompt tokens (default %(default)s)")
+    work.add_argument("--output-len", "--random-output-len", type=_AT_LEAST_1, default=128, help="output tokens (default %(default)s)")
+    work.add_argument("--range-ratio", "--random-range-ratio", type=float, default=0.0, help="lengths vary within +-ratio")
+    work.add_argument("--num-prompts", type=_AT_LEAST_1, default=1000, help="measured requests (default %(default)s)")
+    work.add_argument("--num-prefixes", type=_AT_LEAST_1, default=4, help="shared-prefix: distinct prefixes")
+    work.add_argument("--prefix-len", type=_AT_LEAST_1, default=512, help="shared-prefix: tokens per prefix")
+    work.add_argument("--suffix-len", type=_AT_LEAST_1, default=64, help="shared-prefix: tokens after the prefix")
+    work.add_argument("--prompt", help="fixed: the prompt text")
+    work.add_argument("--endpoint-type", choices=("completions", "chat"), default="completions", help="default: %(default)s")
+    work.add_argument("--seed", type=int, default=0)
+
+    load = parser.add_argument_group("load")
+    load.add_argument("--max-concurrency", type=_AT_LEAST_1, help="requests in flight at most (closed loop without --request-rate)")
+    load.add_argument("--request-rate", type=positive_rate, help="open loop: requests per second (default: closed loop)")
+    load.add_argument("--burstiness", type=float, default=1.0, help="open loop: gamma shape; 1 is Poisson (default)")
+    load.add_argument("--constant-rate", action="store_true", help="open loop: exactly 1/rate between requests")
+    load.add_argument("--warmup", type=_AT_LEAST_0, default=0, help="extra requests sent first and left out of the results")
+    load.add_argument("--duration", type=positive_seconds, help="stop sending after this many seconds")
+    load.add_argument("--timeout", type=positive_seconds, default=DEFAULT_TIMEOUT_S, help="per request (default %(default)s s)")
+    load.add_argument(
+        "--no-continuous-usage",
+        dest="continuous_usage",
+        action="store_false",
+        help="do not ask for usage in every chunk: less server CPU per chunk, but chunks with empty text "
+        "(partial byte tokens) go untimed and speculative chunks count as one token",
+    )
+    load.add_argument("--goodput", nargs="+", metavar="KEY:MS", help="SLOs for goodput, e.g. ttft:500 tpot:50")
+    load.add_argument("--workers", type=_AT_LEAST_1, default=1, help="client processes (default %(default)s)")
+    load.add_argument("--client-cpus", type=cpu_list, help="pin the client to these CPUs, e.g. 1 or 8-15")
+
+    out = parser.add_argument_group("output")
+    out.add_argument("--json", type=Path, help="write the result here (an existing file is never overwritten)")
+    out.add_argument("--detailed", action="store_true", help="with --json: per-request records too")
+    out.add_argument("--progress", choices=("auto", "on", "off"), default="auto", help="progress bar (auto: when stderr is a terminal and not in CI)")
+    out.add_argument(
+        "--max-failed-fraction",
+        type=fraction,
+        default=0.0,
+        metavar="F",
+        help="exit 1 when more than this fraction of the measured requests failed (default %(default)s: any failure)",
+    )
+
+
+def run(args: argparse.Namespace) -> int:
+    if args.json is not None and args.json.is_file():
+        raise BenchError(f"--json {args.json}: the file exists; choose another path (results are never overwritten)")
+    if args.json is not None and (why := unwritable(args.json)):  # before the probes and the run, not after
+        raise BenchError(f"--json {args.json}: cannot write the result there: {why}")
+    plan = plan_from_args(args)
+    progress = _ProgressBar(len(plan.requests), sys.stderr if _show_progress(args.progress) else None)
+    try:
+        seen = observe(
+            [s.base_url for s in plan.servers],
+            plan.servers[0].model,
+            plan.requests,
+            plan.arrival,
+            plan.options,
+            slo=plan.slo,
+            client_cpus=plan.client_cpus,
+            workers=plan.workers,
+            progress=progress,
+        )
+    except KeyboardInterrupt:  # Ctrl-C, or SIGTERM (the command turns it into one): the CLI names which
+        raise KeyboardInterrupt(f"after {progress.done} of {progress.total} requests; no result written") from None
+    finally:
+        progress.close()
+    result = result_json(plan, seen, detailed=args.detailed, max_failed_fraction=args.max_failed_fraction)
+    print_summary(result, sys.stdout)
+    if args.json is not None:
+        args.json.parent.mkdir(parents=True, exist_ok=True)
+        write_atomically(args.json, json.dumps(json_safe(result), indent=2))
+        print(f"result written to {args.json}")
+    return _exit_status(seen, args.max_failed_fraction, sys.stderr)
+
+
+def _exit_status(seen: Observation, max_failed_fraction: float, err: TextIO) -> int:
+    """1, with the reason on ``err``, when no request completed or more failed than allowed; else 0."""
+    values = seen.summary.values()
+    completed, failed = int(values["completed"]), int(values["failed"])
+    if completed == 0:
+        print(f"qwenperf: no measured request completed ({failed} failed)", file=err)
+        return 1
+    if failed / (completed + failed) > max_failed_fraction:
+        print(
+            f"qwenperf: {failed} of {completed + failed} measured requests failed ({failed / (completed + failed):.1%}), "
+            f"more than --max-failed-fraction {max_failed_fraction:g} allows",
+            file=err,
+        )
+        return 1
+    return 0
+
+
+def plan_from_args(args: argparse.Namespace) -> BenchPlan:
+    try:
+        api_key = resolve_api_key(args.api_key, os.environ)
+    except ApiKeyError as exc:
+        raise BenchError(str(exc)) from None
+    servers = _servers(args.endpoint, args.model, api_key)
+    workload = _workload(args)
+    tokenizer = _tokenizer(args.tokenizer, servers[0], needed=workload.kind in ("random", "shared-prefix"))
+    try:
+        requests = workload.build(tokenizer)
+    except (ValueError, OSError) as exc:
+        raise BenchError(f"cannot build the {workload.kind} workload: {exc}") from None
+    if args.warmup >= len(requests):
+        raise BenchError(f"--warmup {args.warmup}: {args.dataset_name} dataset has only {len(requests)} requests")
+    _check_lengths(requests, servers, tokenizer)
+    plan = BenchPlan(
+        servers=servers,
+        workload=workload,
+        requests=requests,
+        arrival=_arrival(args, len(requests) - args.warmup),
+        options=LoadOptions(args.warmup, args.duration, args.timeout, args.continuous_usage, api_key=api_key),
+        slo=_slo(args.goodput),
+        workers=args.workers,
+        client_cpus=args.client_cpus or frozenset(),
+    )
+    _check_first_request(plan)
+    return plan
+
+
+def _servers(endpoints: Sequence[str], model: str | None, api_key: ApiKey | None) -> tuple[ServerInfo, ...]:
+    try:
+        unreachable = [(url, reason) for url in endpoints if (reason := probe_ready(url, model, api_key)) is not None]
+    except ServerAuthError as exc:
+        raise BenchError(f"{exc}{'' if api_key else ', or pass --api-key'}") from None
+    if unreachable:
+        raise BenchError("; ".join(f"endpoint {url} is not ready: {reason}" for url, reason in unreachable))
+    servers = tuple(describe(url, model, api_key=api_key) for url in endpoints)
+    if len({s.model for s in servers}) > 1:
+        raise BenchError("the endpoints serve different models: " + ", ".join(f"{s.base_url}: {s.model}" for s in servers) + "; pass --model")
+    return servers
+
+
+def _workload(args: argparse.Namespace) -> Workload:
+    kind = args.dataset_name
+    count = args.num_prompts + args.warmup  # as in vllm bench serve, --num-prompts counts measured requests
+    fields: dict[str, object] = {"kind": kind}
+    if kind == "random":
+        fields |= {"input_len": args.input_len, "output_len": args.output_len, "num_prompts": count}
+        fields |= {"range_ratio": args.range_ratio, "seed": args.seed, "api": args.endpoint_type}
+    elif kind == "shared-prefix":
+        per_prefix = math.ceil(count / args.num_prefixes)
+        fields |= {"num_prefixes": args.num_prefixes, "prompts_per_prefix": per_prefix, "prefix_len": args.prefix_len}
+        fields |= {"suffix_len": args.suffix_len, "output_len": args.output_len, "seed": args.seed}
+    elif kind == "fixed":
+        if args.prompt is None:
+            raise BenchError("--dataset-name fixed needs --prompt TEXT")
+        fields |= {"prompt": args.prompt, "output_len": args.output_len, "num_prompts": count, "api": args.endpoint_type}
+    else:
+        if args.dataset_path is None:
+            raise BenchError("--dataset-name jsonl needs --dataset-path FILE")
+        fields |= {"path": args.dataset_path, "num_prompts": count, "api": args.endpoint_type}
+    try:
+        return workload_from_dict(fields, source=f"--dataset-name {kind}")
+    except ValueError as exc:
+        raise BenchError(str(exc)) from None
+
+
+def _tokenizer(name: str | None, server: ServerInfo, *, needed: bool) -> PromptTokenizer | None:
+    """The tokenizer the prompts are built with: as given, else from the folder the server loaded."""
+    source = name or server.root or server.model
+    try:
+        return PromptTokenizer.load(source)
+    except (FileNotFoundError, ValueError, ImportError) as exc:
+        if needed:
+            raise BenchError(f"exact prompt lengths need the model's tokenizer: {exc}; pass --tokenizer") from None
+        return None
+
+
+def _check_lengths(requests: Sequence[RequestSpec], servers: Sequence[ServerInfo], tokenizer: PromptTokenizer | None) -> None:
+    """Refuse before sending when a request cannot fit the server's context (vLLM would answer 400)."""
+    limit = min((s.max_model_len for s in servers if s.max_model_len), default=None)
+    if limit is None:
+        return
+    for spec in requests:
+        prompt = spec.expected_prompt_tokens
+        if prompt is None and tokenizer is not None and isinstance(spec.prompt, str) and spec.api == "completions":
+            prompt = len(tokenizer.encode(spec.prompt))
+        if prompt is not None and prompt + spec.max_tokens > limit:
+            raise BenchError(
+                f"request {spec.index}: {prompt} input + {spec.max_tokens} output tokens = {prompt + spec.max_tokens}, "
+                f"more than the server's max_model_len {limit}; lower --input-len/--output-len or start vLLM with a longer --max-model-len"
+            )
+
+
+def _arrival(args: argparse.Namespace, measured: int) -> Arrival:
+    if args.request_rate is None:
+        if args.constant_rate or args.burstiness != 1.0:
+            raise BenchError("--constant-rate and --burstiness need --request-rate")
+        return ClosedLoop(args.max_concurrency or measured)
+    try:
+        if args.constant_rate:
+            return OpenLoop(args.request_rate, "constant", max_concurrency=args.max_concurrency, seed=args.seed)
+        distribution = "poisson" if args.burstiness == 1.0 else "gamma"
+        return OpenLoop(args.request_rate, distribution, args.burstiness, args.seed, args.max_concurrency)
+    except ValueError as exc:
+        raise BenchError(f"--request-rate/--burstiness: {exc}") from None
+
+
+def _slo(goodput: Sequence[str] | None) -> GoodputSLO | None:
+    if not goodput:
+        return None
+    try:
+        return GoodputSLO.parse(" ".join(goodput))
+    except ValueError as exc:
+        raise BenchError(f"--goodput: {exc}") from None
+
+
+def _check_first_request(plan: BenchPlan) -> None:
+    """Send the first request once, as ``vllm bench serve`` does, so a rejected request stops the run here."""
+    first = plan.requests[0]
+    options = LoadOptions(timeout_s=plan.options.timeout_s, api_key=plan.options.api_key)
+    load = run_load_sync([plan.servers[0].base_url], plan.servers[0].model, [first], ClosedLoop(1), options)
+    record = load.records[0]
+    if not record.ok:
+        status = f"HTTP {record.status}" if record.status is not None else "no response"
+        detail = record.error or f"{record.completion_tokens} of {record.expected_output_tokens} output tokens"
+        raise BenchError(f"the first request to {plan.servers[0].base_url} failed ({status}): {detail}")
+
+
+def failure_reasons(records: Iterable[RequestRecord]) -> tuple[FailureReason, ...]:
+    """The measured requests that failed, grouped by how (status or exception, and message), most frequent first."""
+    counts = Counter(_failure(record) for record in records if not record.warmup and not record.ok)
+    return tuple(FailureReason(kind, message, count) for (kind, message), count in counts.most_common())
+
+
+def _failure(record: RequestRecord) -> tuple[str, str]:
+    if record.status is None:  # no response: the client wrote "ExceptionType: message"
+        kind, _, message = (record.error or "no response").partition(": ")
+    elif record.error is not None:
+        kind, message = f"HTTP {record.status}", record.error
+    elif record.expected_output_tokens is None:
+        kind, message = f"HTTP {record.status}", "no output tokens in usage"
+    else:
+        kind, message = f"HTTP {record.status}", f"{record.completion_tokens} of {record.expected_output_tokens} output tokens"
+    message = " ".join(message.split())
+    return kind, message if len(message) <= _MESSAGE_CHARS else message[: _MESSAGE_CHARS - 3] + "..."
+
+
+def result_json(plan: BenchPlan, seen: Observation, *, detailed: bool, max_failed_fraction: float = 0.0) -> dict[str, object]:
+    """Identity (what was measured), context (where, which versions), then the metrics under vLLM's key names."""
+    result: dict[str, object] = {
+        "schema": SCHEMA,
+        "identity": {
+            "model": plan.servers[0].model,
+            "workload": plan.workload.id,
+            "workload_fingerprint": plan.workload.fingerprint(),
+            "arrival": repr(plan.arrival),
+            "warmup": plan.options.warmup,
+            "endpoints": [s.base_url for s in plan.servers],
+        },
+        "context": {
+            "vllm_version": plan.servers[0].version,
+            "qwenperf_version": importlib.metadata.version("pytest-qwenperf"),
+            "servers": [s.as_dict() for s in plan.servers],
+            "client_cpus": [list(cpus) for cpus in seen.load.client_cpus],
+            "workers": plan.workers,
+            "started": seen.started,
+            "host": os.uname().nodename,
+        },
+        "metrics": seen.summary.values(),
+        "steady_state": seen.steady.values() if seen.steady else None,
+        "server": {"deltas": dict(seen.server_deltas)},
+        "token_check": {"matches": seen.tokens.matches, "detail": seen.tokens.describe()},
+        "failures": _failures_json(seen, max_failed_fraction),
+        "client": {"bound": seen.client_bound, "cpu_busy": seen.client_cpu_busy},
+        "telemetry": seen.telemetry.as_json(),
+    }
+    if detailed:
+        result["requests"] = [_request_json(r, seen.load.started_at) for r in seen.load.records if not r.warmup]
+    return result
+
+
+def _failures_json(seen: Observation, max_failed_fraction: float) -> dict[str, object]:
+    values = seen.summary.values()
+    measured = int(values["completed"]) + int(values["failed"])
+    return {
+        "fraction": int(values["failed"]) / measured if measured else None,
+        "max_fraction": max_failed_fraction,
+        "reasons": [{"kind": r.kind, "message": r.message, "count": r.count} for r in failure_reasons(seen.load.records)],
+    }
+
+
+def _request_json(record: RequestRecord, origin: float) -> dict[str, object]:
+    first = record.first_token_at
+    return {
+        "index": record.index,
+        "endpoint": record.endpoint,
+        "start": record.sent_at - origin,
+        "end": record.ended_at - origin,
+        "ttft_ms": (first - record.sent_at) * 1000 if first is not None else None,
+        "itl_ms": [gap * 1000 for gap in inter_token_latencies(record)],
+        "input_tokens": record.prompt_tokens,
+        "output_tokens": record.completion_tokens,
+        "status": record.status,
+        "error": record.error,
+        "ok": record.ok,
+    }
+
+
+def print_summary(result: dict[str, object], out: TextIO) -> None:
+    metrics = result["metrics"]
+    assert isinstance(metrics, dict)
+    identity = result["identity"]
+    assert isinstance(identity, dict)
+    print(f"{'=' * 20} qwenperf bench: {identity['workload']} on {identity['model']} {'=' * 20}", file=out)
+    rows = [
+        ("Successful requests", "completed", "{:d}"),
+        ("Failed requests", "failed", "{:d}"),
+        ("Benchmark duration (s)", "duration", "{:.2f}"),
+        ("Total input tokens", "total_input_tokens", "{:d}"),
+        ("Total generated tokens", "total_output_tokens", "{:d}"),
+        ("Request throughput (req/s)", "request_throughput", "{:.2f}"),
+        ("Request goodput (req/s)", "request_goodput", "{:.2f}"),
+        ("Output token throughput (tok/s)", "output_throughput", "{:.2f}"),
+        ("Total token throughput (tok/s)", "total_token_throughput", "{:.2f}"),
+    ]
+    for family, title in (("ttft", "TTFT"), ("tpot", "TPOT"), ("itl", "ITL"), ("e2el", "E2E latency")):
+        rows += [(f"{stat.capitalize()} {title} (ms)", f"{stat}_{family}_ms", "{:.2f}") for stat in ("mean", "median", "p90", "p99")]
+    for label, key, fmt in rows:
+        if key in metrics and metrics[key] is not None:
+            print(f"{label:<40}{fmt.format(metrics[key]):>14}", file=out)
+    checks = result["token_check"]
+    client = result["client"]
+    assert isinstance(checks, dict) and isinstance(client, dict)
+    print(f"{'Token totals vs /metrics':<40}{checks['detail']}", file=out)
+    context = result["context"]
+    assert isinstance(context, dict)
+    for server in context["servers"]:
+        for name, why in server["unreadable"].items():
+            print(f"UNREADABLE {name} of {server['base_url']}: {why}", file=out)
+    if client["bound"]:
+        print(f"CLIENT-BOUND (not a server figure): {client['bound']}", file=out)
+    failures = result["failures"]
+    assert isinstance(failures, dict)
+    reasons = failures["reasons"]
+    assert isinstance(reasons, list)
+    if reasons:
+        print("Failed requests by reason:", file=out)
+        for reason in reasons[:_SHOWN_REASONS]:
+            print(f"{reason['count']:>8}  {reason['kind']:<22}  {reason['message']}", file=out)
+        if len(reasons) > _SHOWN_REASONS:
+            rest = reasons[_SHOWN_REASONS:]
+            print(f"{sum(r['count'] for r in rest):>8}  ({len(rest)} more reasons, all in --json)", file=out)
+
+
+class _ProgressBar:
+    """Counts finished requests (what an interrupted run reports) and, given ``out`` (a terminal),
+    draws them as one self-overwriting line: requests done, failures, elapsed time."""
+
+    def __init__(self, total: int, out: TextIO | None) -> None:
+        self.total, self.out, self.done, self.failed = total, out, 0, 0
+        self.started = self.last = time.monotonic()
+
+    def __call__(self, record: RequestRecord) -> None:
+        self.done += 1
+        self.failed += not record.ok
+        if self.out is None:
+            return
+        now = time.monotonic()
+        if now - self.last >= 0.2 or self.done == self.total:
+            self.last = now
+            filled = 30 * self.done // max(self.total, 1)
+            self.out.write(
+                f"\r[{'#' * filled}{'.' * (30 - filled)}] {self.done}/{self.total} requests"
+                f"{f', {self.failed} failed' if self.failed else ''}, {now - self.started:.0f} s"
+            )
+            self.out.flush()
+
+    def close(self) -> None:
+        if self.out is not None:
+            self.out.write("\n")
+            self.out.flush()
+
+
+def _show_progress(mode: str) -> bool:
+    if mode != "auto":
+        return mode == "on"
+    return sys.stderr.isatty() and not os.environ.get("CI")

@@ -1,0 +1,76 @@
+"""What a run measured (identity) and where (context): the keys runs and baselines are matched by."""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import re
+from collections.abc import Sequence
+from dataclasses import dataclass, fields
+from pathlib import Path
+
+from pytest_qwenperf.core.apikey import redact_argv
+
+
+def argv_digest(argv: Sequence[str]) -> str:
+    """sha256 of the rendered vLLM argv as compact JSON (a list keeps argument boundaries).
+
+    Of the argv with any ``--api-key`` value redacted: the key is not what was measured, so a
+    new key leaves runs comparable with their baselines."""
+    return hashlib.sha256(json.dumps(redact_argv(argv), separators=(",", ":")).encode()).hexdigest()
+
+
+def slug(text: str) -> str:
+    """A path component: ``Qwen/Qwen3.5-27B-FP8`` → ``Qwen--Qwen3.5-27B-FP8``, ``embedded:tiny`` → ``embedded-tiny``."""
+    component = re.sub(r"[^A-Za-z0-9._-]+", "-", text.replace("/", "--")).strip("-")
+    if not component.strip("."):
+        raise ValueError(f"{text!r} does not make a file name")
+    return component
+
+
+@dataclass(frozen=True)
+class Identity:
+    """What was measured; a run and a baseline compare only when these are equal."""
+
+    hardware: str
+    model: str
+    suite: str
+    config: str
+    argv_sha256: str
+    workload: str
+    workload_fingerprint: str
+
+    def path(self, root: Path) -> Path:
+        """``root/<hardware>/<model-slug>/<config>/<workload>.json``."""
+        return root / slug(self.hardware) / slug(self.model) / slug(self.config) / f"{slug(self.workload)}.json"
+
+    def differences(self, other: Identity) -> tuple[str, ...]:
+        """``"field: 'mine' vs 'other'"`` for every field that differs."""
+        return tuple(
+            f"{f.name}: {getattr(self, f.name)!r} vs {getattr(other, f.name)!r}"
+            for f in fields(self)
+            if getattr(self, f.name) != getattr(other, f.name)
+        )
+
+    def as_json(self) -> dict[str, str]:
+        return {f.name: getattr(self, f.name) for f in fields(self)}
+
+
+@dataclass(frozen=True)
+class Context:
+    """Where and with which versions a baseline was measured (or published)."""
+
+    vllm_version: str | None = None
+    gpu_name: str | None = None
+    gpu_count: int | None = None
+    driver_version: str | None = None
+    cuda_version: str | None = None
+    cpu_model: str | None = None
+    cpu_count: int | None = None
+    date: str | None = None  # ISO 8601
+    git_commit: str | None = None  # this project's commit that measured it
+
+    def as_json(self) -> dict[str, object]:
+        return {f.name: getattr(self, f.name) for f in fields(self)}
+
+

@@ -1,0 +1,28 @@
+"""Text and markdown tables, as every report of this package prints them."""
+
+from __future__ import annotations
+
+import re
+from collections.abc import Sequence
+
+
+def _numeric(cell: str) -> bool:
+    return bool(re.fullmatch(r"[-+]?[\d,.]+%?|—|", cell))
+
+
+def format_table(header: Sequence[str], rows: Sequence[Sequence[str]], *, markdown: bool = False) -> list[str]:
+    """Lines of a table: aligned text or GitHub markdown; columns of numbers align right, others left."""
+    right = [bool(rows) and all(_numeric(row[i]) for row in rows) for i in range(len(header))]
+    if markdown:
+        escaped = [[cell.replace("|", "\\|") for cell in row] for row in (header, *rows)]
+        rule = "|" + "|".join("---:" if r else ":---" for r in right) + "|"
+        return ["| " + " | ".join(escaped[0]) + " |", rule] + ["| " + " | ".join(row) + " |" for row in escaped[1:]]
+    widths = [max(len(row[i]) for row in (header, *rows)) for i in range(len(header))]
+
+    def line(row: Sequence[str]) -> str:
+        cells = [cell.rjust(w) if r else cell.ljust(w) for cell, w, r in zip(row, widths, right, strict=True)]
+        return "  ".join(cells).rstrip()
+
+    return [line(header), "-" * (sum(widths) + 2 * (len(widths) - 1)), *(line(row) for row in rows)]
+
+

@@ -1,0 +1,411 @@
+"""Compare runs across files (vLLM versions, or config changes): one table per config × workload.
+
+Inputs are session JSON (``--qwenperf-json``: ``{"schema": "qwenperf-session/1", "runs":
+[...]}``) and pytest-benchmark JSON (``{"benchmarks": [{"extra_info": {"qwenperf": run}}]}``;
+benchmarks without a run are other tests and are skipped). Each file is a column,
+labelled by the vLLM version its runs report. The first file is the reference: every
+later file's runs are judged against it with the same verdicts as a stored baseline
+(:func:`~pytest_qwenperf.core.verdict.judge_against_run`), so a different argv or workload is
+"not comparable", never a regression, and a run that lost data on either side (failed
+requests, token totals that disagree with the server, a client-bound run, a metric without
+a value) is "invalid" with the reason. A config × workload the reference has and a later
+file lacks is "missing" in that file's column, one verdict per row, so it counts in the
+summary like any other. :data:`LOST_DATA` are the verdicts ``--fail-on`` fails on whatever
+else it names.
+
+Rows: total and output tok/s, p99 TTFT and TPOT, and, when a run has them, prefix-cache
+hit rate, speculative acceptance, multi-node scaling efficiency (``metrics``) and device
+utilization from the run's ``telemetry`` block (:data:`TELEMETRY_ROWS`; shown, not
+judged: utilization explains a throughput change, it is not a goal). Only the rows
+shown are judged.
+
+Runs of the same config × workload that appear more than once in one file are pooled
+as repeats (their samples joined), so rounds recorded separately still give a spread; the
+pool has every repeat's failed requests, token mismatch and client-bound reason, and a
+metric that one repeat lacks has no value in the pool.
+
+:func:`as_json` is the machine-readable form (``schema`` :data:`SCHEMA`).
+"""
+
+from __future__ import annotations
+
+import json
+import math
+from collections import Counter
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
+from pathlib import Path
+from types import MappingProxyType
+from typing import Any, cast, get_args
+
+from pytest_qwenperf.core.formats import SESSION_SCHEMA, json_safe
+from pytest_qwenperf.core.metrics import SCALING_METRIC
+from pytest_qwenperf.core.tables import format_table
+from pytest_qwenperf.core.textfiles import read_text
+from pytest_qwenperf.core.verdict import Judgement, Verdict, format_value
+from pytest_qwenperf.gate.baseline import (
+    RunJsonError,
+    centre,
+    gate,
+    gate_order,
+    number_at,
+    parse_run,
+)
+from pytest_qwenperf.gate.judge import judge_against_run, judge_run
+
+SCHEMA = "qwenperf-compare/1"
+
+CORE_METRICS = ("total_token_throughput", "output_throughput", "p99_ttft_ms", "p99_tpot_ms")
+_WHEN_PRESENT = ("prefix_cache_hit_rate", "spec_decode_acceptance_rate")
+# Utilization rows: name -> (unit, path in the run's "telemetry" block).
+TELEMETRY_ROWS: Mapping[str, tuple[str, tuple[str, ...]]] = MappingProxyType(
+    {
+        "gpu_utilization": ("fraction", ("gpu", "utilization_mean")),
+        "gpu_sm_activity": ("fraction", ("gpu", "sm_activity_mean")),
+        "gpu_tensor_activity": ("fraction", ("gpu", "tensor_activity_mean")),
+        "server_cpu_cores_busy": ("cores", ("cpu", "groups", "server", "cores_busy", "mean")),
+    }
+)
+FAILABLE: tuple[Verdict, ...] = tuple(v for v in get_args(Verdict) if v != "pass")
+LOST_DATA: tuple[Verdict, ...] = ("missing", "invalid")
+"""Verdicts ``--fail-on`` fails on whatever it names (unless ``--allow``-ed): a run that lost data never passes."""
+
+RunKey = tuple[str, str, str]  # suite, config id, workload id
+
+_EXPECTED = (
+    f'a qwenperf session JSON ({{"schema": "{SESSION_SCHEMA}", "runs": [...]}}, from --qwenperf-json) '
+    'or a pytest-benchmark JSON ({"benchmarks": [{"extra_info": {"qwenperf": <run>}}, ...]})'
+)
+
+
+class CompareError(ValueError):
+    """An input cannot be compared (unreadable file, unknown metric, no plotting library); exit status 2."""
+
+
+@dataclass(frozen=True)
+class RunSet:
+    """The runs of one input file, by config × workload."""
+
+    path: Path
+    label: str
+    runs: Mapping[RunKey, Mapping[str, Any]]
+
+
+# ------------------------------------------------------------------ reading
+
+
+def _runs_in(path: Path, data: object) -> list[tuple[str, object]]:
+    """(where, run JSON) pairs of either input format."""
+    if isinstance(data, dict) and data.get("schema") == SESSION_SCHEMA:
+        runs = data.get("runs")
+        if not isinstance(runs, list) or not runs:
+            raise CompareError(f"{path}: runs: expected a non-empty list of runs, got {runs!r:.80}")
+        return [(f"{path}: runs[{i}]", run) for i, run in enumerate(runs)]
+    if isinstance(data, dict) and "schema" in data:
+        raise CompareError(f"{path}: schema: expected {SESSION_SCHEMA!r}, got {data['schema']!r:.80}")
+    if isinstance(data, dict) and isinstance(data.get("benchmarks"), list):
+        found = []
+        for i, bench in enumerate(data["benchmarks"]):
+            extra = bench.get("extra_info") if isinstance(bench, dict) else None
+            if isinstance(extra, dict) and extra.get("qwenperf") is not None:
+                found.append((f"{path}: benchmarks[{i}].extra_info.qwenperf", extra["qwenperf"]))
+        if not found:
+            raise CompareError(
+                f"{path}: benchmarks[*].extra_info.qwenperf: expected at least one benchmark carrying a qwenperf run, "
+                f"found none in {len(data['benchmarks'])} benchmark(s)"
+            )
+        return found
+    raise CompareError(f"{path}: (top level): expected {_EXPECTED}")
+
+
+def _pooled(path: Path, key: RunKey, runs: list[Mapping[str, Any]]) -> Mapping[str, Any]:
+    """Several runs of one key in one file as one run whose samples are all of theirs."""
+    distinct = [run for i, run in enumerate(runs) if run not in runs[:i]]
+    if len(distinct) == 1:
+        return distinct[0]
+    measured = [parse_run(run) for run in distinct]
+    for other in measured[1:]:
+        differences = measured[0].identity.differences(other.identity)
+        if differences:
+            raise CompareError(
+                f"{path}: runs of {'/'.join(key[:2])} on {key[2]}: expected repeats of one setup, but they differ ("
+                + "; ".join(differences)
+                + ")"
+            )
+    names = {name for m in measured for name in (*m.samples, *m.lost)}
+    # A repeat without a number for a metric the others have is a null among the pool's samples.
+    samples = {name: [s for m in measured for s in m.samples.get(name, (None,))] for name in names}
+    bound = "; ".join(m.client_bound for m in measured if m.client_bound) or None
+    tokens = next((run["token_check"] for run, m in zip(distinct, measured, strict=True) if m.tokens_match is False), None)
+    return {
+        **distinct[0],
+        "metrics": {**distinct[0]["metrics"], "failed": sum(m.failed for m in measured)},
+        "token_check": tokens or distinct[0]["token_check"],
+        "samples": samples,
+        "client": {**distinct[0]["client"], "bound": bound},
+    }
+
+
+def load_runs(path: Path) -> RunSet:
+    """Read one input file; :class:`CompareError` names the file, the field and what was expected."""
+    text = read_text(Path(path), "results file", _EXPECTED, CompareError)
+    try:
+        data = json.loads(text)
+    except json.JSONDecodeError as exc:
+        raise CompareError(f"{path}: not valid JSON ({exc}); expected {_EXPECTED}") from None
+    by_key: dict[RunKey, list[Mapping[str, Any]]] = {}
+    versions: set[str] = set()
+    for where, run in _runs_in(path, data):
+        try:
+            measured = parse_run(run, where)  # type: ignore[arg-type]
+        except RunJsonError as exc:
+            raise CompareError(str(exc)) from None
+        identity = measured.identity
+        by_key.setdefault((identity.suite, identity.config, identity.workload), []).append(run)  # type: ignore[arg-type]
+        if measured.context.vllm_version:
+            versions.add(measured.context.vllm_version)
+    label = ", ".join(sorted(versions)) or Path(path).name
+    return RunSet(Path(path), label, {key: _pooled(path, key, runs) for key, runs in by_key.items()})
+
+
+# ------------------------------------------------------------------ comparing
+
+
+@dataclass(frozen=True)
+class Row:
+    metric: str
+    unit: str
+    values: tuple[float | None, ...]  # one per file
+    judgements: tuple[Judgement | None, ...]  # one per file after the first; None: not judged
+
+
+@dataclass(frozen=True)
+class Group:
+    key: RunKey
+    hardware: str
+    rows: tuple[Row, ...]
+    throughput: tuple[float | None, ...]  # total tok/s per file, for the plot whatever the rows
+
+
+@dataclass(frozen=True)
+class Comparison:
+    labels: tuple[str, ...]
+    groups: tuple[Group, ...]
+    paths: tuple[Path, ...]  # one per label
+
+    def judgements(self) -> list[tuple[Group, str, Judgement]]:
+        """(group, file label, judgement) for every judged cell."""
+        return [
+            (group, label, judgement)
+            for group in self.groups
+            for row in group.rows
+            for label, judgement in zip(self.labels[1:], row.judgements, strict=True)
+            if judgement is not None
+        ]
+
+    def verdicts(self) -> Counter[Verdict]:
+        return Counter(judgement.verdict for _, _, judgement in self.judgements())
+
+
+def _utilization(run: Mapping[str, Any]) -> dict[str, float]:
+    """The :data:`TELEMETRY_ROWS` a run has; a missing or null entry is a sampler that did not run."""
+    values = {name: number_at(run, ("telemetry", *path)) for name, (_, path) in TELEMETRY_ROWS.items()}
+    return {name: value for name, value in values.items() if value is not None}
+
+
+def _values(run: Mapping[str, Any]) -> dict[str, float]:
+    """Every metric this comparison can show, as one number (samples at their centre)."""
+    gated = {name: centre(samples) for name, samples in parse_run(run).samples.items()}
+    return {**gated, **_utilization(run)}
+
+
+def _shown(name: str) -> bool:
+    return name in CORE_METRICS or name in _WHEN_PRESENT or name in TELEMETRY_ROWS or bool(SCALING_METRIC.fullmatch(name))
+
+
+def _judged(reference: Mapping[str, Any] | None, run: Mapping[str, Any] | None, path: Path, key: RunKey) -> dict[str, Judgement]:
+    if run is None:
+        return {} if reference is None else _missing(reference, path, key)
+    judgements = judge_run(None, run) if reference is None else judge_against_run(reference, run)
+    return {j.metric: j for j in judgements}
+
+
+def _missing(reference: Mapping[str, Any], path: Path, key: RunKey) -> dict[str, Judgement]:
+    """A "missing" verdict for every gated metric the reference measured (for every one it names,
+    when it has no value at all), so the absence counts."""
+    measured = parse_run(reference)
+    detail = f"{path.name} has no run of {key[0]}/{key[1]} on {key[2]}; the reference has one"
+    judgements = {}
+    for name in gate_order(measured.samples or measured.lost):
+        spec = gate(name)
+        assert spec is not None  # runs only carry gated metrics
+        samples = measured.samples.get(name)
+        base = centre(samples) if samples else None
+        tolerance = measured.tolerances.get(name, spec.tolerance)
+        judgements[name] = Judgement(name, spec.unit, spec.direction, base, None, None, tolerance, "missing", detail)
+    return judgements
+
+
+def compare(sets: Sequence[RunSet], metrics: Sequence[str] = ()) -> Comparison:
+    """Tables of ``metrics`` (default: the standard rows) per config × workload, judged against ``sets[0]``."""
+    keys = list(dict.fromkeys(key for run_set in sets for key in run_set.runs))
+    groups = []
+    for key in keys:
+        runs = [run_set.runs.get(key) for run_set in sets]
+        values = [_values(run) if run is not None else {} for run in runs]
+        judged = [_judged(runs[0], run, run_set.path, key) for run, run_set in zip(runs[1:], sets[1:], strict=True)]
+        present = list(dict.fromkeys(name for v in [*values, *judged] for name in v))
+        names = [m for m in metrics if m in present] if metrics else [m for m in _order(present) if _shown(m)]
+        rows = tuple(
+            Row(
+                name,
+                _unit(name),
+                tuple(v.get(name) for v in values),
+                tuple(j.get(name) for j in judged),
+            )
+            for name in names
+        )
+        first = next(run for run in runs if run is not None)
+        throughput = tuple(v.get("total_token_throughput") for v in values)
+        groups.append(Group(key, str(first["identity"]["hardware"]), rows, throughput))
+    shown = {row.metric for group in groups for row in group.rows}
+    missing = [m for m in metrics if m not in shown]
+    if missing:
+        present = sorted({name for run_set in sets for run in run_set.runs.values() for name in _values(run)})
+        raise CompareError(f"--metric {', '.join(missing)}: no input has it; metrics present: {', '.join(present)}")
+    return Comparison(_unique_labels(sets), tuple(groups), tuple(s.path for s in sets))
+
+
+def _order(names: Sequence[str]) -> list[str]:
+    """Core metrics first, then the others in the order they were met."""
+    return [m for m in CORE_METRICS if m in names] + [m for m in names if m not in CORE_METRICS]
+
+
+def _unit(name: str) -> str:
+    spec = gate(name)
+    return spec.unit if spec else TELEMETRY_ROWS[name][0]
+
+
+def _unique_labels(sets: Sequence[RunSet]) -> tuple[str, ...]:
+    counts = Counter(s.label for s in sets)
+    return tuple(s.label if counts[s.label] == 1 else f"{s.label} ({s.path.name})" for s in sets)
+
+
+# ------------------------------------------------------------------ rendering
+
+
+def _delta(row: Row, index: int) -> str:
+    judgement = row.judgements[index - 1]
+    if judgement is not None:
+        return "—" if judgement.ratio is None else f"{judgement.ratio - 1:+.1%}"
+    first, now = row.values[0], row.values[index]
+    return f"{now / first - 1:+.1%}" if first and now is not None else ""
+
+
+def _verdict_cell(judgement: Judgement | None, markdown: bool) -> str:
+    if judgement is None:
+        return ""
+    return f"**{judgement.label}**" if markdown and judgement.verdict not in ("pass", "improvement") else judgement.label
+
+
+def render(comparison: Comparison, *, markdown: bool = False) -> str:
+    """The tables, each followed by the detail of every verdict that is not a pass (metrics with the
+    same verdict and detail on one line), then a line counting every verdict."""
+    labels = comparison.labels
+    header = ["metric", labels[0]]
+    for label in labels[1:]:
+        header += [label, "Δ", "verdict"]
+    lines: list[str] = []
+    for group in comparison.groups:
+        suite, config, workload = group.key
+        title = f"{suite}/{config} · {workload} ({group.hardware})"
+        lines += [f"### {title}", ""] if markdown else [title]
+        rows = []
+        for row in group.rows:
+            cells = [f"{row.metric} ({row.unit})" if row.unit else row.metric, format_value(row.values[0])]
+            for i in range(1, len(labels)):
+                cells += [format_value(row.values[i]), _delta(row, i), _verdict_cell(row.judgements[i - 1], markdown)]
+            rows.append(cells)
+        lines += format_table(header, rows, markdown=markdown)
+        same: dict[tuple[str, str, str], list[str]] = {}
+        for row in group.rows:
+            for label, j in zip(labels[1:], row.judgements, strict=True):
+                if j is not None and j.verdict != "pass":
+                    same.setdefault((label, j.label, j.detail), []).append(row.metric)
+        notes = [f"{label}: {', '.join(names)}: {verdict}: {detail}" for (label, verdict, detail), names in same.items()]
+        if notes:
+            lines += [""] + ([f"- {note}" for note in notes] if markdown else notes)
+        lines.append("")
+    counts = comparison.verdicts()
+    summary = ", ".join(f"{n} {verdict}" for verdict, n in sorted(counts.items())) or "nothing judged"
+    lines.append(f"verdicts against {labels[0]}: {summary}")
+    return "\n".join(lines)
+
+
+def as_json(comparison: Comparison) -> dict[str, object]:
+    """Every group, row, value and judgement: ``files`` in column order (the first is the
+    reference), per row ``values`` one per file and ``judgements`` one per later file (null
+    where a row is shown, not judged), and ``verdicts`` counted as the summary line does.
+    JSON-safe (:func:`~pytest_qwenperf.core.formats.json_safe`), as every file this package writes."""
+    labels = comparison.labels
+
+    def judgement(label: str, j: Judgement | None) -> dict[str, object] | None:
+        if j is None:
+            return None
+        numbers = {key: getattr(j, key) for key in ("baseline", "now", "ratio", "tolerance", "direction")}
+        return {"file": label, "verdict": j.verdict, "reason": j.reason or None, "detail": j.detail} | numbers
+
+    document = {
+        "schema": SCHEMA,
+        "files": [{"label": label, "path": str(path)} for label, path in zip(labels, comparison.paths, strict=True)],
+        "groups": [
+            {
+                "suite": group.key[0],
+                "config": group.key[1],
+                "workload": group.key[2],
+                "hardware": group.hardware,
+                "rows": [
+                    {
+                        "metric": row.metric,
+                        "unit": row.unit,
+                        "values": list(row.values),
+                        "judgements": [judgement(label, j) for label, j in zip(labels[1:], row.judgements, strict=True)],
+                    }
+                    for row in group.rows
+                ],
+            }
+            for group in comparison.groups
+        ],
+        "verdicts": dict(sorted(comparison.verdicts().items())),
+    }
+    return cast(dict[str, object], json_safe(document))
+
+
+def plot_throughput(comparison: Comparison, path: Path) -> None:
+    """A PNG of total tok/s per rung, one bar per file, one panel per workload."""
+    try:
+        from matplotlib.backends.backend_agg import FigureCanvasAgg
+        from matplotlib.figure import Figure
+    except ImportError:
+        raise CompareError("--plot needs matplotlib: pip install 'pytest-qwenperf[plot]'") from None
+    by_workload: dict[str, list[Group]] = {}
+    for group in comparison.groups:
+        by_workload.setdefault(group.key[2], []).append(group)
+    labels = comparison.labels
+    figure = Figure(figsize=(max(6.0, 1.2 * max(len(g) for g in by_workload.values()) * len(labels)), 3.5 * len(by_workload)))
+    FigureCanvasAgg(figure)
+    axes = figure.subplots(len(by_workload), 1, squeeze=False)[:, 0]
+    width = 0.8 / len(labels)
+    for ax, (workload, groups) in zip(axes, by_workload.items(), strict=True):
+        for j, label in enumerate(labels):
+            heights = [math.nan if g.throughput[j] is None else g.throughput[j] for g in groups]
+            ax.bar([x - 0.4 + (j + 0.5) * width for x in range(len(groups))], heights, width, label=label)
+        ax.set_xticks(range(len(groups)), [f"{g.key[0]}/{g.key[1]}" for g in groups], rotation=15, ha="right")
+        ax.set_ylabel("total tok/s")
+        ax.set_title(workload)
+        ax.legend(title="vLLM", fontsize="small", loc="upper left", bbox_to_anchor=(1.01, 1.0))
+    figure.tight_layout()
+    try:
+        figure.savefig(path, format="png", dpi=110)
+    except OSError as exc:
+        raise CompareError(f"{path}: cannot write the plot: {exc.strerror}") from None

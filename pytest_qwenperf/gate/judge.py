@@ -1,0 +1,156 @@
+"""Verdicts on whole runs: every gated metric of a run against its baseline or another run."""
+
+from __future__ import annotations
+
+import dataclasses
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
+from typing import Any
+
+from pytest_qwenperf.core.metrics import SCALING_METRIC, gate, gate_order
+from pytest_qwenperf.core.stats import centre
+from pytest_qwenperf.core.tables import format_table
+from pytest_qwenperf.core.verdict import DEFAULT_CONFIDENCE, Judgement, Verdict, judge
+from pytest_qwenperf.gate.baseline import (
+    Baseline,
+    MeasuredRun,
+    StoredMetric,
+    baseline_from_run,
+    parse_run,
+)
+
+# ------------------------------------------------------------------ a run
+
+
+@dataclass(frozen=True)
+class Loss:
+    """Why a run's numbers are no verdict on vLLM: a short reason for a table cell, and the detail."""
+
+    reason: str
+    detail: str
+
+
+def losses(run: MeasuredRun, side: str = "run") -> tuple[Loss, ...]:
+    """What makes every number of ``run`` untrustworthy; ``side`` names it ("run", "reference")."""
+    suffix = "" if side == "run" else f" ({side})"
+    found = []
+    if run.failed > 0:
+        found.append(Loss(f"failed requests{suffix}", f"{run.failed} request(s) of the {side} failed"))
+    if run.tokens_match is False:
+        detail = f"the {side}'s client and server token totals disagree ({run.token_detail})"
+        found.append(Loss(f"token mismatch{suffix}", detail))
+    if run.client_bound is not None:
+        detail = f"the {side}'s client could not keep up, so its numbers measure the client, not vLLM ({run.client_bound})"
+        found.append(Loss(f"client-bound{suffix}", detail))
+    return tuple(found)
+
+
+def _unjudged(
+    name: str, stored: StoredMetric | None, current: Sequence[float], verdict: Verdict, detail: str, *, ratio: bool
+) -> Judgement:
+    """A judgement that is not a comparison; unit, direction and tolerance as stored, else the defaults."""
+    spec = stored or gate(name)
+    assert spec is not None  # runs only carry gated metrics
+    base = stored.value if stored else None
+    now = centre(current) if current else None
+    judged_ratio = now / base if ratio and base and now is not None else None
+    return Judgement(name, spec.unit, spec.direction, base, now, judged_ratio, spec.tolerance, verdict, detail)
+
+
+def _invalid(j: Judgement, found: Sequence[Loss]) -> Judgement:
+    """``j`` made invalid by ``found``: the reasons joined for the table cell, the details for the notes."""
+    reason = ", ".join(dict.fromkeys(loss.reason for loss in found))
+    return dataclasses.replace(j, verdict="invalid", reason=reason, detail="; ".join(loss.detail for loss in found))
+
+
+def _expected(name: str, run: MeasuredRun) -> bool:
+    """Whether ``run`` should have ``name`` when its baseline has it: every gated metric but a
+    scaling efficiency it never measured (a published multi-node figure)."""
+    return name in run.lost or not SCALING_METRIC.fullmatch(name)
+
+
+def judge_run(baseline: Baseline | None, run: Mapping[str, Any], *, confidence: float = DEFAULT_CONFIDENCE) -> tuple[Judgement, ...]:
+    """Every gated metric of ``run`` (a run's JSON) against ``baseline``.
+
+    The stored direction and tolerance of each metric are used. A run that lost data is
+    ``invalid`` for every metric, whatever its baseline (see the module docstring); so is
+    a metric the comparable baseline has and the run has no value for. Scaling
+    efficiencies only the baseline has (published multi-node figures) are not judged:
+    the run did not measure them. :class:`~pytest_qwenperf.gate.baseline.RunJsonError` for a
+    malformed run.
+    """
+    measured = parse_run(run)
+    found = losses(measured)
+    differences = baseline.identity.differences(measured.identity) if baseline else ()
+    names = set(measured.samples)
+    if baseline is not None and not differences:
+        names |= {name for name in baseline.metrics if name not in names and _expected(name, measured)}
+    judgements = []
+    for name in gate_order(names):
+        samples = measured.samples.get(name, ())
+        stored = baseline.metrics.get(name) if baseline else None
+        if found:
+            judgements.append(_invalid(_unjudged(name, stored, samples, "invalid", "", ratio=True), found))
+        elif baseline is None:
+            judgements.append(_unjudged(name, None, samples, "no-baseline", "no stored baseline for this run", ratio=False))
+        elif differences:
+            detail = "not comparable (baseline vs run): " + "; ".join(differences)
+            judgements.append(_unjudged(name, stored, samples, "not-comparable", detail, ratio=False))
+        elif stored is None:
+            judgements.append(_unjudged(name, None, samples, "no-baseline", "the baseline has no value for it", ratio=False))
+        elif not samples:
+            where = measured.lost.get(name, "not in its JSON")
+            loss = Loss("no value", f"the run has no value for it ({where}); the baseline has one")
+            judgements.append(_invalid(_unjudged(name, stored, samples, "invalid", "", ratio=True), (loss,)))
+        else:
+            judgements.append(
+                judge(
+                    name,
+                    stored.samples,
+                    samples,
+                    direction=stored.direction,
+                    tolerance=stored.tolerance,
+                    unit=stored.unit,
+                    confidence=confidence,
+                )
+            )
+    return tuple(judgements)
+
+
+def judge_against_run(
+    reference: Mapping[str, Any], run: Mapping[str, Any], *, confidence: float = DEFAULT_CONFIDENCE
+) -> tuple[Judgement, ...]:
+    """``run`` against another run's JSON as its baseline (``qwenperf compare``).
+
+    As :func:`judge_run`, and the reference's own losses count too: a reference that lost
+    data makes every comparison with it ``invalid`` (the reason says "(reference)"), and
+    so does a metric the run has and the reference names without a value. A metric the
+    reference does not name at all stays ``no-baseline``.
+    """
+    measured = parse_run(reference)
+    baseline = baseline_from_run(reference, source="reference run") if measured.samples else None
+    judgements = judge_run(baseline, run, confidence=confidence)
+    found = losses(measured, "reference")
+    comparable = not measured.identity.differences(parse_run(run).identity)
+    judged = []
+    for j in judgements:
+        own = [Loss(j.reason, j.detail)] if j.verdict == "invalid" else []
+        if j.verdict == "no-baseline" and j.metric in measured.lost and comparable:
+            lost = Loss("no value (reference)", f"the reference has no value for it ({measured.lost[j.metric]}); the run has one")
+            judged.append(_invalid(j, [*found, lost]))
+        elif found and j.verdict != "no-baseline":
+            judged.append(_invalid(j, [*own, *found]))
+        else:
+            judged.append(j)
+    return tuple(judged)
+
+
+def render_judgements(judgements: Sequence[Judgement], *, markdown: bool = False) -> str:
+    """The table of :attr:`Judgement.HEADER`, then the detail of every verdict that is not a pass."""
+    lines = format_table(Judgement.HEADER, [j.row() for j in judgements], markdown=markdown)
+    notes = [f"{j.metric}: {j.label}: {j.detail}" for j in judgements if j.verdict != "pass"]
+    if notes:
+        lines.append("")
+        lines += [f"- {note}" for note in notes] if markdown else notes
+    return "\n".join(lines)
+

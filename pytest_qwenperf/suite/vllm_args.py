@@ -1,0 +1,187 @@
+"""Check serving configs against the installed vLLM's own ``serve`` argument parser.
+
+A removed, renamed or mistyped flag should cost seconds on the runner, not a GPU boot.
+The parser is built in a child Python: importing vLLM is slow, sets process-wide state and
+must not happen inside the pytest process. The child runs this file's source (``python -c``),
+which needs nothing but the standard library and vLLM, so the Python may be any with vLLM
+installed, without this package. The module paths of ``make_arg_parser`` moved between
+releases; all known ones are tried.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import io
+import json
+import re
+import subprocess
+import sys
+from collections.abc import Iterable, Sequence
+from dataclasses import dataclass
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+if TYPE_CHECKING:  # not at run time: the child Python may not have this package
+    from pytest_qwenperf.suite.config import ServingConfig
+
+FORBIDDEN_FLAGS = {
+    "--disable-log-stats": "it turns off every stat logger, including the Prometheus vllm:* metrics the suite reads",
+}
+
+RENAME_HINTS = {
+    "--speculative-model": "speculative decoding is configured with --speculative-config '{\"method\": ..., \"model\": ...}' since vLLM 0.8.5",
+    "--num-speculative-tokens": "use --speculative-config '{\"num_speculative_tokens\": N, ...}' since vLLM 0.8.5",
+    "--disable-log-requests": "removed in vLLM 0.17; request logging is off by default (--enable-log-requests turns it on)",
+    "--swap-space": "removed in vLLM 0.18",
+    "--device": "removed in vLLM 0.10; the platform is detected from the installed build",
+    "--num-scheduler-steps": "removed in vLLM 0.10",
+    "--gpu-memory-utilisation": "spelled --gpu-memory-utilization",
+}
+
+_PARSER_MODULES = (
+    "vllm.entrypoints.common.cli_args",  # 0.33+
+    "vllm.entrypoints.launchers.cli_args",  # 0.29 - 0.32
+    "vllm.entrypoints.openai.cli_args",  # up to 0.25
+)
+_UNRECOGNIZED = re.compile(r"unrecognized arguments: (.*)")
+
+
+class ParserUnavailable(RuntimeError):
+    """vLLM's parser could not be run with the Python given; the message says which Python, why, and what was expected."""
+
+
+_WANTED = "expected a Python interpreter with vLLM installed"
+
+
+@dataclass(frozen=True)
+class ArgCheck:
+    """The verdict of vLLM's parser on one config."""
+
+    config_id: str
+    argv: tuple[str, ...]
+    error: str | None
+    vllm_version: str
+
+    @property
+    def ok(self) -> bool:
+        return self.error is None
+
+
+def check_configs(configs: Iterable[ServingConfig], *, suite: str, python: str = sys.executable) -> list[ArgCheck]:
+    """Parse every config's argv with the vLLM installed for ``python``."""
+    argvs = {cfg.id: list(_server_args(cfg)) for cfg in configs}
+    reply = _ask(python, argvs)
+    checks = []
+    for config_id, argv in argvs.items():
+        error = reply["errors"].get(config_id)
+        forbidden = [f for f in FORBIDDEN_FLAGS if f in argv]
+        if forbidden:
+            error = f"{forbidden[0]} is not allowed: {FORBIDDEN_FLAGS[forbidden[0]]}"
+        if error is not None:
+            error = f"{suite}: config {config_id!r}: {error}"
+        checks.append(ArgCheck(config_id, tuple(argv), error, reply["version"]))
+    return checks
+
+
+def _ask(python: str, argvs: dict[str, list[str]]) -> dict[str, Any]:
+    """The child's reply: ``{"version": ..., "errors": {config id: message}}``; :class:`ParserUnavailable` otherwise."""
+    try:
+        done = subprocess.run(
+            [python, "-c", Path(__file__).read_text(encoding="utf-8")],
+            input=json.dumps(argvs),
+            capture_output=True,
+            text=True,
+            timeout=600,
+            check=False,
+        )
+    except OSError as exc:  # no such file, not executable
+        raise ParserUnavailable(f"{python}: {exc.strerror}; {_WANTED}") from None
+    lines = done.stdout.strip().splitlines()
+    try:
+        reply = json.loads(lines[-1]) if lines else None
+    except ValueError:
+        reply = None
+    if not isinstance(reply, dict):
+        tail = "\n".join(done.stderr.strip().splitlines()[-15:]) or f"exit status {done.returncode}, no output"
+        raise ParserUnavailable(f"{python}: could not build vLLM's argument parser there:\n{tail}")
+    if "unavailable" in reply:
+        raise ParserUnavailable(f"{python}: cannot import vLLM ({reply['unavailable']}); {_WANTED}")
+    return reply
+
+
+def _server_args(cfg: ServingConfig) -> tuple[str, ...]:
+    """What follows the launcher on the command line (the port is a placeholder)."""
+    from pytest_qwenperf.suite import (
+        embedded,  # not at the top: this file also runs alone in the child Python
+    )
+
+    served = ("--served-model-name", cfg.served_model_name) if cfg.served_model_name else ()
+    return ("--model", embedded.resolve_model(cfg.model), "--host", "127.0.0.1", "--port", "8000", *served, *cfg.vllm_args)
+
+
+def explain(message: str) -> str:
+    """Add a hint for flags that are known to have been renamed or removed."""
+    match = _UNRECOGNIZED.search(message)
+    if not match:
+        return message
+    hints = [f"{flag}: {RENAME_HINTS[flag]}" for flag in match.group(1).split() if flag in RENAME_HINTS]
+    return message + "".join(f"\n  hint: {hint}" for hint in hints)
+
+
+def _build_parser():  # type: ignore[no-untyped-def]
+    """vLLM's serve parser, on any vLLM from 0.9 on, with or without a GPU."""
+    import importlib
+
+    import vllm.platforms as platforms
+
+    try:
+        unknown_platform = type(platforms.current_platform).__name__ == "UnspecifiedPlatform"
+    except RuntimeError:
+        unknown_platform = True
+    if unknown_platform:  # the CUDA build on a machine without GPU: parse as if on CPU
+        from vllm.platforms.cpu import CpuPlatform
+
+        platforms._current_platform = CpuPlatform()
+    try:
+        from vllm.utils.argparse_utils import FlexibleArgumentParser
+    except ImportError:  # before 0.12
+        from vllm.utils import FlexibleArgumentParser  # type: ignore[attr-defined,no-redef]
+    for name in _PARSER_MODULES:
+        try:
+            return importlib.import_module(name).make_arg_parser(FlexibleArgumentParser())
+        except (ImportError, AttributeError):
+            continue
+    raise ImportError(f"none of {_PARSER_MODULES} provides make_arg_parser")
+
+
+def _parse_all(argvs: dict[str, Sequence[str]]) -> dict[str, object]:
+    import vllm
+
+    parser = _build_parser()
+    errors: dict[str, str] = {}
+    for config_id, argv in argvs.items():
+        stderr = io.StringIO()
+        try:
+            with contextlib.redirect_stderr(stderr):
+                parser.parse_args(list(argv))
+        except SystemExit:
+            lines = [ln for ln in stderr.getvalue().strip().splitlines() if "error:" in ln]
+            message = lines[-1].split("error:", 1)[1].strip() if lines else stderr.getvalue().strip()
+            errors[config_id] = explain(message)
+    return {"version": vllm.__version__, "errors": errors}
+
+
+def main() -> None:
+    argvs = json.loads(sys.stdin.read())
+    with contextlib.redirect_stdout(sys.stderr):  # vLLM logs at import; keep stdout for the reply
+        try:
+            import vllm  # noqa: F401 - whether this Python has vLLM at all
+        except ImportError as exc:
+            reply: dict[str, object] = {"unavailable": str(exc)}
+        else:
+            reply = _parse_all(argvs)
+    print(json.dumps(reply))
+
+
+if __name__ == "__main__":
+    main()
