@@ -74,7 +74,7 @@ def chunks_per_cpu_second(url: str, model: str, client: str, chunks: int = CHUNK
 
 def _measure_in_fresh_process(url: str, model: str, client: str, cpu: int) -> float:
     code = f"from benchmarks.lean import chunks_per_cpu_second as f; print(f({url!r}, {model!r}, {client!r}))"
-    done = subprocess.run(["taskset", "-c", str(cpu), sys.executable, "-c", code], capture_output=True, text=True)
+    done = subprocess.run(["taskset", "-c", str(cpu), sys.executable, "-c", code], capture_output=True, text=True, check=False)
     if done.returncode != 0:
         raise SystemExit(f"{client} client failed:\n{done.stderr[-3000:]}")
     return float(done.stdout.strip().splitlines()[-1])

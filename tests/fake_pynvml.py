@@ -14,6 +14,7 @@ from collections import Counter
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 from types import ModuleType, SimpleNamespace
+from typing import ClassVar
 
 NVML_SUCCESS = 0
 ERROR_CODES = {  # code → (constant suffix, class suffix, message) as in nvidia-ml-py
@@ -218,12 +219,11 @@ def _add_errors(nv: ModuleType) -> None:
     messages = {code: message for code, (_, _, message) in ERROR_CODES.items()}
 
     class NVMLError(Exception):
-        _valClassMapping: dict[int, type[NVMLError]] = {}
+        _valClassMapping: ClassVar[dict[int, type[NVMLError]]] = {}
 
         def __new__(cls, value: int) -> NVMLError:
-            if cls is NVMLError:
-                cls = NVMLError._valClassMapping.get(value, cls)
-            obj = Exception.__new__(cls)
+            subclass = NVMLError._valClassMapping.get(value, cls) if cls is NVMLError else cls
+            obj = Exception.__new__(subclass)
             obj.value = value
             return obj
 

@@ -138,7 +138,7 @@ class _Source:
         self.sent: dict[Any, tuple[list[float], list[float], list[float | None]]] = {}
 
     def stats(self) -> dict[str, Any]:
-        late = sorted(at - due for dues, sent, _ in self.sent.values() for due, at in zip(dues, sent[1:]))
+        late = sorted(at - due for dues, sent, _ in self.sent.values() for due, at in zip(dues, sent[1:], strict=False))
         return {
             "by_port": {str(port): n for port, n in self.by_port.items()},
             "requests": sum(self.by_port.values()),
@@ -216,7 +216,7 @@ class _Connection(asyncio.Protocol):
 
     def __init__(self, source: _Source) -> None:
         self.source = source
-        self.transport: asyncio.Transport = None  # type: ignore[assignment]  # set in connection_made
+        self.transport: asyncio.Transport  # set in connection_made
         self.buffer = b""
         self.arrived = 0.0
         self.stream: _Stream | asyncio.Task[None] | None = None
@@ -225,7 +225,8 @@ class _Connection(asyncio.Protocol):
         self._writable: asyncio.Future[None] | None = None
 
     def connection_made(self, transport: asyncio.BaseTransport) -> None:
-        self.transport = transport  # type: ignore[assignment]
+        assert isinstance(transport, asyncio.Transport)  # a TCP server's
+        self.transport = transport
         self.port = transport.get_extra_info("sockname")[1]
 
     def data_received(self, data: bytes) -> None:
@@ -318,7 +319,7 @@ class _Connection(asyncio.Protocol):
     async def _fast(self, fmt: _Format, per_chunk: list[int], texts: list[str]) -> None:
         """Everything at once in large writes, so that the source outpaces any client."""
         events, completion = [], 0
-        for n, text in zip(per_chunk, texts):
+        for n, text in zip(per_chunk, texts, strict=False):  # texts stop where the stream is cut
             completion += n
             events.append(_frame(fmt.chunk(text, completion)))
             if len(events) == 2000:

@@ -11,9 +11,9 @@ from typing import Any
 import pytest
 
 from pytest_qwenperf.core.formats import json_safe
+from pytest_qwenperf.core.metrics import metric
 from pytest_qwenperf.core.summary import RunSummary, TokenCrossCheck
 from pytest_qwenperf.gate.baseline import (
-    GATE_TOLERANCES,
     SCHEMA,
     BaselineError,
     BaselineRefused,
@@ -122,7 +122,7 @@ def test_round_trip_keeps_identity_context_metrics_and_provenance(tmp_path: Path
     assert total.samples == (9_900.0, 10_000.0, 10_100.0) and total.unit == "tok/s" and total.direction == "higher"
     assert total.value == pytest.approx(10_000.0, rel=1e-3)
     assert stored.metrics["p99_ttft_ms"].direction == "lower"
-    assert stored.metrics["p99_ttft_ms"].tolerance == GATE_TOLERANCES["p99_ttft_ms"]
+    assert stored.metrics["p99_ttft_ms"].tolerance == metric("p99_ttft_ms").tolerance
     assert stored.metrics["prefix_cache_hit_rate"].samples == (0.5,)
     assert parse_baseline(stored.as_json(), "again") == stored
     assert json.loads(path.read_text())["schema"] == SCHEMA
@@ -265,7 +265,7 @@ def test_an_update_keeps_each_stored_tolerance_and_takes_the_runs_for_new_metric
     path.write_text(json.dumps(data))
     stored = load_baseline(write_baseline(tmp_path, make_run(ttft=210.0), git_commit="c"))
     assert stored.metrics["p99_ttft_ms"].tolerance == 0.6 and stored.metrics["p99_ttft_ms"].value == 210.0
-    assert stored.metrics["p99_tpot_ms"].tolerance == GATE_TOLERANCES["p99_tpot_ms"]
+    assert stored.metrics["p99_tpot_ms"].tolerance == metric("p99_tpot_ms").tolerance
     assert stored.history[0].metrics["p99_ttft_ms"].tolerance == 0.6
 
 
@@ -338,8 +338,10 @@ PUBLISHED = {
     ),
     ("dp8", "isl1024-osl512"): (
         {"total_token_throughput": 74_848.0},
-        f"{ARTICLE} (the DP=8 step of its ladder, as quoted by "
-        "https://insights.marvin-42.com/articles/localllamaqwen-35-27b110-toksb200vllm-tuning)",
+        (
+            f"{ARTICLE} (the DP=8 step of its ladder, as quoted by "
+            "https://insights.marvin-42.com/articles/localllamaqwen-35-27b110-toksb200vllm-tuning)"
+        ),
     ),
 }
 PUBLISHED_CONTEXT = Context(vllm_version="0.18.0", gpu_name="NVIDIA B200", gpu_count=8, date="2026-03-26")

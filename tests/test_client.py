@@ -32,6 +32,7 @@ from pytest_qwenperf.loadgen.client import (
     run_load_sync,
 )
 from pytest_qwenperf.loadgen.request import Api, RequestSpec
+from pytest_qwenperf.loadgen.stamped_socket import StampedConnection
 from pytest_qwenperf.loadgen.workers import run_load_in_workers
 from tests.stream_source import MODEL, StreamSource, _Format, stream_source
 
@@ -126,7 +127,7 @@ def test_round_robin_over_three_endpoints() -> None:
         records = run(src, [spec(i, max_tokens=2) for i in range(30)], ClosedLoop(7))
         by_port = src.stats()["by_port"]
     assert sorted(by_port.values()) == [10, 10, 10]
-    assert Counter(r.endpoint for r in records) == {url: 10 for url in src.urls}
+    assert Counter(r.endpoint for r in records) == dict.fromkeys(src.urls, 10)
     assert all(r.endpoint == src.urls[r.index % 3] for r in records)
 
 
@@ -240,20 +241,23 @@ def test_fast_path_parses_what_json_parses(
     """The byte-level fast path agrees with decoding every chunk, whatever the text and however the bytes are split."""
     fmt = _Format(chat, MODEL, 5, continuous)
     events, completion = [fmt.role()] if chat else [], 0
-    for text, n in zip(texts, per_chunk):
+    for text, n in zip(texts, per_chunk, strict=False):  # as many chunks as texts
         completion += n
         events.append(fmt.chunk(text, completion))
     events += [fmt.final(completion), b"data: [DONE]\n\n"]
     stream = b"".join(events)
     parser = StreamParser()
-    for start, end in zip([0, *sorted(cuts)], [*sorted(cuts), len(stream)]):
+    for start, end in zip([0, *sorted(cuts)], [*sorted(cuts), len(stream)], strict=True):
         parser.feed(stream[start:end], 0.0)
     assert (parser.tokens, parser.finish()) == _reference_tokens([e.strip() for e in events])
     assert parser.error is None and len(parser.times) == len(parser.tokens)
 
 
-class _Transport:
-    closed = False
+class _Transport(StampedConnection):
+    """Sends nowhere: the test hands the response to the connection itself."""
+
+    def __init__(self) -> None:
+        self.closed = False
 
     def write(self, data: bytes) -> None:
         pass
@@ -283,9 +287,9 @@ def _wire(sizes: list[int], framing: str, events: int = 20) -> bytes:
 async def _receive(wire: bytes, cuts: list[int], events: int = 20) -> None:
     """Feed ``wire`` to a connection in reads cut at ``cuts``; the events must come out whole."""
     conn, parser = _Connection(), StreamParser()
-    conn.transport = _Transport()  # type: ignore[assignment]
+    conn.transport = _Transport()
     done = conn.request(b"", parser)
-    for start, end in zip([0, *sorted(cuts)], [*sorted(cuts), len(wire)]):
+    for start, end in zip([0, *sorted(cuts)], [*sorted(cuts), len(wire)], strict=True):
         conn.received(wire[start:end], 0.0)
     assert await asyncio.wait_for(done, 1) and conn.status == 200  # complete, and the connection reusable
     assert parser.tokens == [1] * events and parser.finish() == (3, events)
@@ -369,8 +373,8 @@ def test_schedules_are_deterministic() -> None:
     assert bursty.std() > 3 * smooth.std()  # coefficient of variation is 1/sqrt(burstiness)
     assert OpenLoop(rate=20).offsets(50) == OpenLoop(rate=20, distribution="gamma", burstiness=1.0).offsets(50)
     assert OpenLoop(rate=4, distribution="constant").offsets(3) == [0.25, 0.5, 0.75]
-    with pytest.raises(ValueError):
-        OpenLoop(rate=4, burstiness=2.0)  # burstiness means gamma
+    with pytest.raises(ValueError, match="burstiness: expected 1 unless distribution is 'gamma'"):
+        OpenLoop(rate=4, burstiness=2.0)
 
 
 @pytest.mark.parametrize("distribution", ["constant", "poisson"])

@@ -66,6 +66,8 @@ def test_ladder_inherits_one_change_per_rung(tmp_path: Path) -> None:
         (('env = { B = "2" }', "env = { B = 2 }"), r"config 'short'.env: expected a table of strings"),
         (('id = "spec"', 'id = "base"'), r"config 'base': id used twice"),
         (('description = "shorter context"', 'descripton = "x"'), r"config\[1\].descripton: unknown key"),
+        (('name = "demo"', 'name = "demo"\ntolerances = { p99_ttft = 0.3 }'), r"suite.tolerances.p99_ttft: expected a gated metric, one of \[.*'tokens_per_joule'\] or scaling_efficiency_n<N>, got 'p99_ttft'$"),
+        (('name = "demo"', 'name = "demo"\ntolerances = { completed = 0.3 }'), r"suite.tolerances.completed: expected a gated metric"),
     ],
 )
 def test_bad_suite_names_file_key_and_expectation(tmp_path: Path, change: tuple[str, str], message: str) -> None:

@@ -137,7 +137,7 @@ _hosts = st.from_regex(r"[a-z][a-z0-9-]{0,10}(\.[a-z][a-z0-9-]{0,10}){0,2}", ful
 _urls = st.lists(st.builds("http://{}:{}".format, _hosts, st.integers(1, 65535)), min_size=1, max_size=4)
 _sets = st.lists(st.integers(2, 64), unique=True, max_size=6).flatmap(
     lambda counts: st.lists(_urls, min_size=len(counts) + 1, max_size=len(counts) + 1).map(
-        lambda urls: [(n, u[:n]) for n, u in zip([1, *counts], urls)]  # at most one URL per replica
+        lambda urls: [(n, u[:n]) for n, u in zip([1, *counts], urls, strict=True)]  # at most one URL per replica
     )
 )
 

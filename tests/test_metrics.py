@@ -11,6 +11,7 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
+from pytest_qwenperf.core.metrics import UnknownMetric, metric
 from pytest_qwenperf.core.records import RequestRecord
 from pytest_qwenperf.core.summary import (
     GoodputSLO,
@@ -18,8 +19,6 @@ from pytest_qwenperf.core.summary import (
     client_bound_reason,
     cross_check,
     inter_token_latencies,
-    merge,
-    metric_spec,
     steady_window,
     summarize,
     summarize_window,
@@ -86,10 +85,8 @@ def a_record(draw, index: int, *, one_token_chunks: bool = False, kinds=("ok", "
     times = list(itertools.accumulate(gaps, initial=sent))[1:]
     tokens = draw(st.lists(st.integers(1, 1 if one_token_chunks else 4), min_size=n_chunks, max_size=n_chunks))
     ended = (times[-1] if times else sent) + draw(st.floats(1e-3, 1))  # usage chunk, [DONE] or the error
-    common = dict(
-        ended=ended, prompt=draw(st.integers(1, 2000)), lag=draw(st.floats(0, 0.5)), warmup=kind == "warmup"
-    )
-    chunks = list(zip(times, tokens))
+    common = {"ended": ended, "prompt": draw(st.integers(1, 2000)), "lag": draw(st.floats(0, 0.5)), "warmup": kind == "warmup"}
+    chunks = list(zip(times, tokens, strict=True))
     if kind == "failed":
         return rec(index, sent, chunks, status=draw(st.sampled_from([200, 500, None])), error="boom", **common)
     if kind == "truncated":
@@ -177,12 +174,23 @@ def test_metrics_carry_unit_and_direction_and_are_immutable():
     assert summary["failed"].direction == "lower"
     assert summary["requested_request_rate"].value == 1.0
     assert summary["request_goodput"].unit == "req/s"
-    for name, metric in summary.metrics.items():
-        assert (metric.unit, metric.direction) == metric_spec(name)
+    for name, value in summary.metrics.items():
+        assert (value.unit, value.direction) == (metric(name).unit, metric(name).direction)
     with pytest.raises(TypeError):
         summary.metrics["failed"] = Metric("failed", 0, "count", "lower")  # type: ignore[index]
-    with pytest.raises(KeyError):
-        metric_spec("bogus_metric")
+    with pytest.raises(KeyError, match="unknown metric 'bogus_metric'; known: total_token_throughput, "):
+        Metric.of("bogus_metric", 1.0)
+
+
+def test_the_registry_answers_for_family_members_and_names_what_it_knows():
+    assert (metric("p99.9_scheduling_lag_ms").unit, metric("p99.9_scheduling_lag_ms").tolerance) == ("ms", None)
+    assert metric("p99_ttft_ms").tolerance == 0.25  # a family member with an entry of its own
+    scaling = metric("scaling_efficiency_n12")
+    assert (scaling.direction, scaling.tolerance, scaling.floor) == ("higher", 0.03, True)
+    assert metric("tokens_per_joule").path == ("telemetry", "gpu", "tokens_per_joule")
+    with pytest.raises(UnknownMetric) as raised:
+        metric("p99_ttft_s")
+    assert str(raised.value).endswith("scaling_efficiency_n<N>") and "gpu_utilization" in str(raised.value)
 
 
 def test_no_completed_requests_gives_vllm_zero_fill():
@@ -199,7 +207,7 @@ def test_explicit_duration_and_percentile_key_spelling():
     assert values["request_throughput"] == 3 / 7.0
     assert "p25_ttft_ms" in values and "p99.9_e2el_ms" in values and "p50_ttft_ms" not in values
     assert "median_ttft_ms" in values
-    with pytest.raises(ValueError):
+    with pytest.raises(ValueError, match="duration_s must be positive"):
         summarize(HAND_RUN, duration_s=0.0)
 
 
@@ -310,7 +318,7 @@ def test_percentiles_equal_numpy_and_are_monotone(records, percentiles):
     values = summarize(records, percentiles=percentiles).values()
     ttfts = [(r.chunk_times[0] - r.sent_at) for r in records]
     keys = [f"p{int(p) if int(p) == p else p}_ttft_ms" for p in percentiles]
-    for p, key in zip(percentiles, keys):
+    for p, key in zip(percentiles, keys, strict=True):
         assert values[key] == np.percentile(ttfts, p) * 1000
     for lower, higher in itertools.pairwise(keys):
         assert values[lower] <= values[higher] + 1e-9
@@ -492,28 +500,9 @@ def test_steady_window_absent_without_a_steady_phase():
     assert steady_window([rec(0, 0.0, [(1.0, 1)])]) is None
     burst = [rec(i, 0.0, [(1.0 + i, 1)]) for i in range(5)]  # all sent at once: only draining
     assert steady_window(burst) is None
-    with pytest.raises(ValueError):
+    with pytest.raises(ValueError, match="empty window"):
         summarize_window(burst, (1.0, 1.0))
 
-
-# --- merge ---------------------------------------------------------------------------
-
-
-def test_merge_orders_by_send_time_and_rejects_repeated_indices():
-    a = [rec(0, 0.0, [(1.0, 1)]), rec(2, 2.0, [(3.0, 1)])]
-    b = [rec(1, 1.0, [(2.0, 1)]), rec(0, -1.0, [(0.0, 1)], warmup=True)]
-    assert [r.index for r in merge(a, b)] == [0, 0, 1, 2]
-    assert [r.sent_at for r in merge(a, b)] == [-1.0, 0.0, 1.0, 2.0]
-    with pytest.raises(ValueError, match=r"\[2\]"):
-        merge(a, [rec(2, 5.0, [(6.0, 1)])])
-
-
-@given(a_run(max_size=12), st.data())
-def test_summary_of_merged_workers_equals_summary_of_all_records(records, data):
-    split = data.draw(st.integers(0, len(records)))
-    a, b = records[:split], records[split:]
-    assert summarize(merge(a, b)) == summarize(a + b)
-    assert summarize(merge(b, a)) == summarize(records)
 
 
 # --- cross check ---------------------------------------------------------------------

@@ -17,7 +17,8 @@ from typing import Any
 import psutil
 import pytest
 
-from pytest_qwenperf.serving import proctree, server
+from pytest_qwenperf.serving import process, proctree
+from pytest_qwenperf.serving.process import PortInUseError, ServerBootError, ServerError
 from pytest_qwenperf.serving.router import (
     NGINX_ENV,
     NO_UPSTREAM,
@@ -25,7 +26,6 @@ from pytest_qwenperf.serving.router import (
     RouterUnavailable,
     render_nginx_config,
 )
-from pytest_qwenperf.serving.server import PortInUseError, ServerBootError, ServerError
 from tests.processes import alive
 from tests.stream_source import MODEL, StreamSource, stream_source
 
@@ -122,7 +122,7 @@ def test_rendered_config_passes_nginx_own_check(nginx: str, tmp_path: Path) -> N
     conf = render_nginx_config(upstreams, listen_host="127.0.0.1", listen_port=8125, prefix=tmp_path)
     (tmp_path / "nginx.conf").write_text(conf)
     check = subprocess.run(
-        [nginx, "-t", "-p", str(tmp_path), "-c", str(tmp_path / "nginx.conf")], capture_output=True, text=True
+        [nginx, "-t", "-p", str(tmp_path), "-c", str(tmp_path / "nginx.conf")], capture_output=True, text=True, check=False
     )
     assert check.returncode == 0, check.stderr
     upstream_block = conf.split("upstream replicas {")[1].split("}")[0]
@@ -178,7 +178,7 @@ def test_concurrent_requests_are_spread_and_counted_exactly(router: NginxRouter,
     assert all(_complete(r) for r in asyncio.run(burst()))
     by_port = source.stats()["by_port"]
     counted = _counted_once_logged(router, 40)
-    assert counted == {url: by_port.get(str(port), 0) for url, port in zip(source.urls, source.ports)}
+    assert counted == {url: by_port.get(str(port), 0) for url, port in zip(source.urls, source.ports, strict=True)}
     assert sum(counted.values()) == 40
     assert all(n > 0 for n in counted.values()), counted
 
@@ -230,7 +230,7 @@ def test_stop_leaves_no_process_and_is_idempotent(nginx: str, source: StreamSour
 def test_failed_start_raises_with_error_log_and_leaves_no_process(nginx: str, tmp_path: Path) -> None:
     """nginx must be answering (502) before the timeout: 0.35-0.4 s after the start with four busy
     loops on a 2-core machine, so the timeout is 12 times that."""
-    dead = f"http://127.0.0.1:{server.free_port()}"  # nothing listens: /health through nginx is 502
+    dead = f"http://127.0.0.1:{process.free_port()}"  # nothing listens: /health through nginx is 502
     router = NginxRouter([dead], tmp_path, nginx=nginx, ready_timeout_s=5)
     with pytest.raises(ServerBootError, match=r"(?s)not ready after 5 s.*/health returned 502.*Connection refused"):
         router.start()
@@ -245,8 +245,8 @@ def test_taken_port_is_retried_in_a_new_folder(
     with socket.socket() as taken:
         taken.bind(("127.0.0.1", 0))
         taken.listen()
-        ports = iter([taken.getsockname()[1], server.free_port()])
-        monkeypatch.setattr(server, "free_port", lambda host: next(ports))
+        ports = iter([taken.getsockname()[1], process.free_port()])
+        monkeypatch.setattr(process, "free_port", lambda host: next(ports))
         with NginxRouter(source.urls, tmp_path, nginx=nginx) as router:
             assert router.port != taken.getsockname()[1]
             assert router.prefix == tmp_path / "router-nginx-2"

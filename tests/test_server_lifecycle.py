@@ -12,15 +12,9 @@ from pathlib import Path
 import psutil
 import pytest
 
-from pytest_qwenperf.serving import proctree, server
-from pytest_qwenperf.serving.server import (
-    ExternalServer,
-    ManagedServer,
-    PortInUseError,
-    ServerBootError,
-    ServerError,
-    ServerSpec,
-)
+from pytest_qwenperf.serving import process, proctree
+from pytest_qwenperf.serving.process import PortInUseError, ServerBootError, ServerError
+from pytest_qwenperf.serving.server import ExternalServer, ManagedServer, ServerSpec
 from tests.processes import alive
 
 STANDIN = (sys.executable, str(Path(__file__).parent / "standins" / "openai_standin.py"))
@@ -103,8 +97,8 @@ def test_auto_port_taken_meanwhile_is_retried(tmp_path: Path, monkeypatch: pytes
     with socket.socket() as taken:
         taken.bind(("127.0.0.1", 0))
         taken.listen()
-        ports = iter([taken.getsockname()[1], server.free_port()])
-        monkeypatch.setattr(server, "free_port", lambda host: next(ports))
+        ports = iter([taken.getsockname()[1], process.free_port()])
+        monkeypatch.setattr(process, "free_port", lambda host: next(ports))
         with ManagedServer(standin_spec(), tmp_path) as srv:
             assert srv.port != taken.getsockname()[1]
             assert len(list(tmp_path.glob("vllm*.log"))) == 2, "one log per attempt, none overwritten"
@@ -120,7 +114,7 @@ def test_external_server_waits_and_manages_nothing(tmp_path: Path) -> None:
 
 
 def test_external_server_not_ready_names_the_endpoint() -> None:
-    port = server.free_port()
+    port = process.free_port()
     with pytest.raises(ServerError, match=rf"http://127.0.0.1:{port}: ConnectionRefusedError"):
         ExternalServer((f"http://127.0.0.1:{port}",), boot_timeout_s=1).wait_ready()
 

@@ -50,7 +50,7 @@ def test_a_read_is_timed_when_the_bytes_arrived_not_when_they_were_read() -> Non
                 before = time.perf_counter()
                 peer.sendall(b"hello")
                 after = time.perf_counter()
-                time.sleep(0.2)  # the event loop cannot run: the bytes wait in the kernel
+                time.sleep(0.2)  # noqa: ASYNC251  the event loop must not run: the bytes wait in the kernel
                 await asyncio.sleep(0)
                 while not receiver.reads:
                     await asyncio.sleep(0.001)

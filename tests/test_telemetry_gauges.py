@@ -13,7 +13,7 @@ from prometheus_client import CollectorRegistry, generate_latest
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily
 from prometheus_client.registry import Collector
 
-from pytest_qwenperf.serving.server import free_port
+from pytest_qwenperf.serving.process import free_port
 from pytest_qwenperf.telemetry.gauges import MetricsPoller, gauge_sample
 
 DATA = Path(__file__).parent / "data"

@@ -202,7 +202,7 @@ def test_safetensors_match_hf_qwen3(model_dir: Path) -> None:
     del expected["lm_head.weight"]
 
     with safe_open(str(model_dir / "model.safetensors"), framework="pt") as f:
-        tensors = {k: f.get_tensor(k) for k in f.keys()}
+        tensors = {k: f.get_tensor(k) for k in f.keys()}  # noqa: SIM118  safe_open is not iterable
     assert {k: tuple(t.shape) for k, t in tensors.items()} == expected
     assert {t.dtype for t in tensors.values()} == {torch.bfloat16}
 
@@ -288,10 +288,15 @@ def test_fingerprint_is_stable_across_processes() -> None:
 
 
 @pytest.mark.parametrize(
-    "kwargs", [{"vocab_size": 100}, {"num_attention_heads": 3, "num_key_value_heads": 2}, {"hidden_size": 0}]
+    ("kwargs", "message"),
+    [
+        ({"vocab_size": 100}, "vocab_size must be >= "),
+        ({"num_attention_heads": 3, "num_key_value_heads": 2}, "num_attention_heads must be a multiple of num_key_value_heads"),
+        ({"hidden_size": 0}, "hidden_size must be positive, got 0"),
+    ],
 )
-def test_invalid_spec_rejected(kwargs: dict[str, int]) -> None:
-    with pytest.raises(ValueError):
+def test_invalid_spec_rejected(kwargs: dict[str, int], message: str) -> None:
+    with pytest.raises(ValueError, match=message):
         TinyModelSpec(**kwargs)
 
 

@@ -178,12 +178,18 @@ def test_a_zero_baseline_gives_no_ratio() -> None:
 
 
 @pytest.mark.parametrize(
-    "bad",
-    [{"tolerance": 1.0}, {"tolerance": -0.1}, {"confidence": 1.0}, {"baseline_samples": []}, {"current_samples": [-1.0]}],
+    ("bad", "message"),
+    [
+        ({"tolerance": 1.0}, r"m: tolerance must be a fraction in \[0, 1\), got 1.0"),
+        ({"tolerance": -0.1}, r"m: tolerance must be a fraction in \[0, 1\), got -0.1"),
+        ({"confidence": 1.0}, r"m: confidence must be in \(0, 1\), got 1.0"),
+        ({"baseline_samples": []}, "m: no baseline samples"),
+        ({"current_samples": [-1.0]}, "m: current samples must be finite and non-negative"),
+    ],
 )
-def test_invalid_parameters_are_rejected(bad: dict[str, Any]) -> None:
+def test_invalid_parameters_are_rejected(bad: dict[str, Any], message: str) -> None:
     arguments: dict[str, Any] = {"baseline_samples": [1.0], "current_samples": [1.0], "tolerance": 0.05, **bad}
-    with pytest.raises(ValueError):
+    with pytest.raises(ValueError, match=message):
         judge("m", direction="higher", **arguments)
 
 
@@ -228,7 +234,7 @@ def test_a_run_that_lost_data_is_invalid_with_or_without_a_baseline(lossy: dict[
 @pytest.mark.parametrize("value", [None, float("nan")], ids=["null", "nan"])
 def test_a_metric_without_a_value_where_the_baseline_has_one_is_invalid(value: float | None) -> None:
     baseline = baseline_from_run(make_run(samples={"total_token_throughput": [9_900.0, 10_000.0, 10_100.0]}), source="test")
-    run = make_run(samples={"total_token_throughput": [9_900.0, value, 10_100.0]})  # type: ignore[list-item]
+    run = make_run(extra={"samples": {"total_token_throughput": [9_900.0, value, 10_100.0]}})  # a lost value, as JSON has it
     judgements = {j.metric: j for j in judge_run(baseline, run)}
     lost = judgements["total_token_throughput"]
     assert (lost.label, lost.now, lost.ratio) == ("invalid: no value", None, None)
@@ -257,7 +263,7 @@ def test_a_metric_the_baseline_lacks_has_no_baseline_and_one_only_the_baseline_h
     judgements = {j.metric: j.verdict for j in judge_run(baseline, make_run(hit_rate=0.5))}
     assert judgements["prefix_cache_hit_rate"] == "no-baseline"
     assert "scaling_efficiency_n2" not in judgements  # a published multi-node figure: the run did not measure it
-    lost = judge_run(baseline, make_run(samples={"scaling_efficiency_n2": [None]}))  # type: ignore[list-item]
+    lost = judge_run(baseline, make_run(extra={"samples": {"scaling_efficiency_n2": [None]}}))
     assert {j.metric: j.label for j in lost}["scaling_efficiency_n2"] == "invalid: no value"
 
 

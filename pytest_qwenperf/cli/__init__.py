@@ -1,0 +1,1 @@
+"""The ``qwenperf`` command: a thin dispatcher and one module per subcommand."""

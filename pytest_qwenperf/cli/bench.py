@@ -40,7 +40,7 @@ from pytest_qwenperf.core.options import (
 )
 from pytest_qwenperf.core.records import RequestRecord
 from pytest_qwenperf.core.summary import GoodputSLO, inter_token_latencies
-from pytest_qwenperf.loadgen.arrivals import Arrival, ClosedLoop, OpenLoop
+from pytest_qwenperf.loadgen.arrivals import Arrival, ClosedLoop, Distribution, OpenLoop
 from pytest_qwenperf.loadgen.client import DEFAULT_TIMEOUT_S, LoadOptions, run_load_sync
 from pytest_qwenperf.loadgen.request import RequestSpec
 from pytest_qwenperf.loadgen.tokenizer import PromptTokenizer
@@ -61,6 +61,11 @@ _MESSAGE_CHARS = 160
 
 class BenchError(Exception):
     """A run that cannot start or cannot be trusted, with what to fix."""
+
+
+HELP = "drive a workload against running servers and report vllm-bench-serve-style metrics"
+DESCRIPTION = "Load-test already-running OpenAI-compatible vLLM servers with the suite's load generator."
+ERRORS: tuple[type[Exception], ...] = (BenchError,)
 
 
 @dataclass(frozen=True)
@@ -297,7 +302,7 @@ def _arrival(args: argparse.Namespace, measured: int) -> Arrival:
     try:
         if args.constant_rate:
             return OpenLoop(args.request_rate, "constant", max_concurrency=args.max_concurrency, seed=args.seed)
-        distribution = "poisson" if args.burstiness == 1.0 else "gamma"
+        distribution: Distribution = "poisson" if args.burstiness == 1.0 else "gamma"
         return OpenLoop(args.request_rate, distribution, args.burstiness, args.seed, args.max_concurrency)
     except ValueError as exc:
         raise BenchError(f"--request-rate/--burstiness: {exc}") from None

@@ -96,7 +96,7 @@ def keep_aside(path: Path) -> Path:
     file is renamed over it. Where the filesystem has no hard links, the name is claimed with
     ``O_EXCL`` and the file renamed to it.
     """
-    stamp = datetime.fromtimestamp(path.stat().st_mtime).strftime("%Y%m%dT%H%M%S.%f")
+    stamp = datetime.fromtimestamp(path.stat().st_mtime).astimezone().strftime("%Y%m%dT%H%M%S.%f")  # local time
     n = 0
     while True:
         kept = path.with_name(f"{path.stem}.{stamp}{f'-{n}' if n else ''}{path.suffix}")

@@ -6,10 +6,16 @@ import hashlib
 import json
 import re
 from collections.abc import Sequence
-from dataclasses import dataclass, fields
 from pathlib import Path
+from typing import Annotated
+
+import msgspec
 
 from pytest_qwenperf.core.apikey import redact_argv
+
+Text = Annotated[str, msgspec.Meta(min_length=1)]
+"""A non-empty string."""
+Count = Annotated[int, msgspec.Meta(ge=0)]
 
 
 def argv_digest(argv: Sequence[str]) -> str:
@@ -28,17 +34,16 @@ def slug(text: str) -> str:
     return component
 
 
-@dataclass(frozen=True)
-class Identity:
+class Identity(msgspec.Struct, frozen=True, kw_only=True):
     """What was measured; a run and a baseline compare only when these are equal."""
 
-    hardware: str
-    model: str
-    suite: str
-    config: str
-    argv_sha256: str
-    workload: str
-    workload_fingerprint: str
+    hardware: Text
+    model: Text
+    suite: Text
+    config: Text
+    argv_sha256: Text
+    workload: Text
+    workload_fingerprint: Text
 
     def path(self, root: Path) -> Path:
         """``root/<hardware>/<model-slug>/<config>/<workload>.json``."""
@@ -47,30 +52,23 @@ class Identity:
     def differences(self, other: Identity) -> tuple[str, ...]:
         """``"field: 'mine' vs 'other'"`` for every field that differs."""
         return tuple(
-            f"{f.name}: {getattr(self, f.name)!r} vs {getattr(other, f.name)!r}"
-            for f in fields(self)
-            if getattr(self, f.name) != getattr(other, f.name)
+            f"{name}: {getattr(self, name)!r} vs {getattr(other, name)!r}"
+            for name in self.__struct_fields__
+            if getattr(self, name) != getattr(other, name)
         )
 
-    def as_json(self) -> dict[str, str]:
-        return {f.name: getattr(self, f.name) for f in fields(self)}
 
-
-@dataclass(frozen=True)
-class Context:
+class Context(msgspec.Struct, frozen=True, kw_only=True):
     """Where and with which versions a baseline was measured (or published)."""
 
     vllm_version: str | None = None
     gpu_name: str | None = None
-    gpu_count: int | None = None
+    gpu_count: Count | None = None
     driver_version: str | None = None
     cuda_version: str | None = None
     cpu_model: str | None = None
-    cpu_count: int | None = None
+    cpu_count: Count | None = None
     date: str | None = None  # ISO 8601
     git_commit: str | None = None  # this project's commit that measured it
-
-    def as_json(self) -> dict[str, object]:
-        return {f.name: getattr(self, f.name) for f in fields(self)}
 
 

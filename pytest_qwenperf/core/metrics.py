@@ -1,7 +1,19 @@
-"""The metric registry: every metric's name, unit, better direction and default tolerance, in one place."""
+"""The metric registry: every metric this package measures, gates, holds to a floor or shows, declared once.
+
+A metric is a :class:`MetricInfo`: its unit, which way is better, its default tolerance
+when the gate judges it, where its single value sits in a run's JSON, whether a suite
+may hold it to a floor, and whether ``qwenperf compare`` shows it as a row. Two families
+are rules rather than entries (:class:`Family`): the latency statistics
+(:data:`LATENCY`) and the multi-node scaling efficiencies (:data:`SCALING`).
+:func:`metric` answers for any name and fails on one it does not know; :func:`find`
+answers None instead, for names read from files.
+
+Standard library only: the gate imports it.
+"""
 
 from __future__ import annotations
 
+import dataclasses
 import re
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
@@ -9,113 +21,156 @@ from types import MappingProxyType
 from typing import Literal
 
 Direction = Literal["higher", "lower", "none"]
-
-# Every metric name -> (unit, which way is better). Latency statistics are a family:
-# ``{mean|median|std|max|p<percentile>}_{ttft|tpot|itl|e2el|scheduling_lag}_ms``.
-METRIC_SPECS: Mapping[str, tuple[str, Direction]] = MappingProxyType(
-    {
-        "completed": ("count", "higher"),
-        "failed": ("count", "lower"),
-        "total_input_tokens": ("count", "none"),
-        "total_output_tokens": ("count", "none"),
-        "duration": ("s", "none"),
-        "request_throughput": ("req/s", "higher"),
-        "request_goodput": ("req/s", "higher"),
-        "output_throughput": ("tok/s", "higher"),
-        "total_token_throughput": ("tok/s", "higher"),
-        "max_output_tokens_per_s": ("tok/s", "higher"),
-        "max_concurrent_requests": ("count", "none"),
-        "achieved_request_rate": ("req/s", "none"),
-        "requested_request_rate": ("req/s", "none"),
-    }
-)
-_LATENCY_NAME = re.compile(
-    r"(?:mean|median|std|max|p\d+(?:\.\d+)?(?:e[-+]?\d+)?)_(?:ttft|tpot|itl|e2el|scheduling_lag)_ms"
-)
-
-
-def metric_spec(name: str) -> tuple[str, Direction]:
-    """(unit, direction) of a metric name; KeyError for names this module never produces."""
-    if name in METRIC_SPECS:
-        return METRIC_SPECS[name]
-    if _LATENCY_NAME.fullmatch(name):
-        return ("ms", "lower")
-    raise KeyError(f"unknown metric {name!r}")
-
-
-
-# The metrics a baseline stores and a verdict gates, with their default tolerance: the
-# fraction of the baseline a run may be worse by (lower throughput, higher latency).
-# Throughput: pinned runs repeat within ~3 %, so 5 % is a real change. Goodput counts
-# requests under an SLO, a step function of latency, so it swings more. p99 TTFT at
-# saturation is queueing time in the tail of a few thousand requests: only a large move
-# means something. Prefix hit rate is decided by the workload and the cache policy, so a
-# small drop is a behaviour change; speculative acceptance follows the model's numerics.
-# Tokens per joule: NVML's energy counter over the whole window is exact to the joule, so
-# it moves with throughput and power draw, as tightly as throughput does.
-GATE_TOLERANCES: Mapping[str, float] = MappingProxyType(
-    {
-        "total_token_throughput": 0.05,
-        "output_throughput": 0.05,
-        "request_throughput": 0.05,
-        "request_goodput": 0.10,
-        "p99_ttft_ms": 0.25,
-        "p99_tpot_ms": 0.10,
-        "prefix_cache_hit_rate": 0.05,
-        "spec_decode_acceptance_rate": 0.10,
-        "tokens_per_joule": 0.05,
-    }
-)
-# Multi-node scaling efficiency (per-node throughput at N nodes / at one node): a family,
-# ``scaling_efficiency_n<N>``. Tight, because the headroom above it is a few percent.
-SCALING_METRIC = re.compile(r"scaling_efficiency_n(\d+)")
-SCALING_TOLERANCE = 0.03
-# Gated metrics that are not client metrics (metrics.METRIC_SPECS): where they are in a
-# run's JSON when it carries no per-repeat samples, their unit and direction.
-RUN_FIELDS: Mapping[str, tuple[tuple[str, ...], str, Direction]] = MappingProxyType(
-    {
-        "prefix_cache_hit_rate": (("server", "prefix_cache_hit_rate"), "ratio", "higher"),
-        "spec_decode_acceptance_rate": (("server", "spec_decode_acceptance_rate"), "ratio", "higher"),
-        "tokens_per_joule": (("telemetry", "gpu", "tokens_per_joule"), "tok/J", "higher"),
-    }
-)
+Row = Literal["first", "shown", "none"]
+"""A metric's row in ``qwenperf compare`` (when a run has it): ahead of the others, among them, or none."""
 
 
 @dataclass(frozen=True)
-class Gate:
+class MetricInfo:
+    """What the package knows of one metric."""
+
+    name: str
     unit: str
     direction: Direction
-    tolerance: float
+    path: tuple[str, ...]  # where its single value sits in a run's JSON (per-repeat values: ``samples.<name>``)
+    tolerance: float | None = None  # the fraction of the baseline a run may be worse by; None: not gated
+    floor: bool = False  # a suite may hold it to a floor
+    row: Row = "none"
+
+    @property
+    def gated(self) -> bool:
+        return self.tolerance is not None
 
 
-def gate(name: str) -> Gate | None:
-    """How ``name`` is gated by default; None for metrics that are not gated."""
-    if SCALING_METRIC.fullmatch(name):
-        return Gate("ratio", "higher", SCALING_TOLERANCE)
-    if name not in GATE_TOLERANCES:
-        return None
-    _, unit, direction = RUN_FIELDS[name] if name in RUN_FIELDS else ((), *metric_spec(name))
-    return Gate(unit, direction, GATE_TOLERANCES[name])
+@dataclass(frozen=True)
+class Family:
+    """Metrics alike but for their name, one rule for every name that matches ``pattern``."""
+
+    shape: str  # the names, as messages spell them
+    pattern: re.Pattern[str]
+    unit: str
+    direction: Direction
+    tolerance: float | None = None
+    floor: bool = False
+    row: Row = "none"
+
+    def matches(self, name: str) -> bool:
+        return self.pattern.fullmatch(name) is not None
+
+    def member(self, name: str) -> MetricInfo:
+        """The entry of one member; a client metric, in the run's ``metrics`` block."""
+        if not self.matches(name):
+            raise ValueError(f"{name!r} is not one of {self.shape}")
+        return MetricInfo(name, self.unit, self.direction, ("metrics", name), self.tolerance, self.floor, self.row)
+
+
+LATENCY = Family(
+    "{mean|median|std|max|p<percentile>}_{ttft|tpot|itl|e2el|scheduling_lag}_ms",
+    re.compile(r"(?:mean|median|std|max|p\d+(?:\.\d+)?(?:e[-+]?\d+)?)_(?:ttft|tpot|itl|e2el|scheduling_lag)_ms"),
+    "ms",
+    "lower",
+)
+# Per-node throughput at N nodes / at one node. Tight, because the headroom above it is a few percent.
+SCALING = Family(
+    "scaling_efficiency_n<N>",
+    re.compile(r"scaling_efficiency_n(\d+)"),
+    "ratio",
+    "higher",
+    tolerance=0.03,
+    floor=True,
+    row="shown",
+)
+
+
+def _client(
+    name: str, unit: str, direction: Direction, tolerance: float | None = None, *, floor: bool = False, row: Row = "none"
+) -> MetricInfo:
+    """A ``vllm bench serve`` metric (:mod:`pytest_qwenperf.core.summary`), in the run's ``metrics`` block."""
+    return MetricInfo(name, unit, direction, ("metrics", name), tolerance, floor, row)
+
+
+def _server(name: str, unit: str, *, tolerance: float | None = None, floor: bool = False, row: Row = "none") -> MetricInfo:
+    """A rate from the server's counters over the run, in the run's ``server`` block; higher is better."""
+    return MetricInfo(name, unit, "higher", ("server", name), tolerance, floor, row)
+
+
+_SERVER_CORES_BUSY = ("telemetry", "cpu", "groups", "server", "cores_busy", "mean")
+
+# The gated metrics come first: their order is the order of baselines, verdicts and floors' messages.
+# Tolerances: throughput of pinned runs repeats within ~3 %, so 5 % is a real change. Goodput
+# counts requests under an SLO, a step function of latency, so it swings more. p99 TTFT at
+# saturation is queueing time in the tail of a few thousand requests: only a large move means
+# something. Prefix hit rate is decided by the workload and the cache policy, so a small drop
+# is a behaviour change; speculative acceptance follows the model's numerics. Tokens per joule:
+# NVML's energy counter over the whole window is exact to the joule, so it moves with
+# throughput and power draw, as tightly as throughput does.
+_ENTRIES = (
+    _client("total_token_throughput", "tok/s", "higher", 0.05, floor=True, row="first"),
+    _client("output_throughput", "tok/s", "higher", 0.05, floor=True, row="first"),
+    _client("request_throughput", "req/s", "higher", 0.05, floor=True),
+    _client("request_goodput", "req/s", "higher", 0.10, floor=True),
+    dataclasses.replace(LATENCY.member("p99_ttft_ms"), tolerance=0.25, row="first"),
+    dataclasses.replace(LATENCY.member("p99_tpot_ms"), tolerance=0.10, row="first"),
+    _server("prefix_cache_hit_rate", "ratio", tolerance=0.05, floor=True, row="shown"),
+    _server("spec_decode_acceptance_rate", "ratio", tolerance=0.10, floor=True, row="shown"),
+    MetricInfo("tokens_per_joule", "tok/J", "higher", ("telemetry", "gpu", "tokens_per_joule"), tolerance=0.05, floor=True),
+    _client("completed", "count", "higher"),
+    _client("failed", "count", "lower"),
+    _client("total_input_tokens", "count", "none"),
+    _client("total_output_tokens", "count", "none"),
+    _client("duration", "s", "none"),
+    _client("max_output_tokens_per_s", "tok/s", "higher"),
+    _client("max_concurrent_requests", "count", "none"),
+    _client("achieved_request_rate", "req/s", "none"),
+    _client("requested_request_rate", "req/s", "none"),
+    # Device utilization: shown next to throughput to explain it, not judged.
+    MetricInfo("gpu_utilization", "fraction", "higher", ("telemetry", "gpu", "utilization_mean"), floor=True, row="shown"),
+    MetricInfo("gpu_sm_activity", "fraction", "higher", ("telemetry", "gpu", "sm_activity_mean"), row="shown"),
+    MetricInfo("gpu_tensor_activity", "fraction", "higher", ("telemetry", "gpu", "tensor_activity_mean"), row="shown"),
+    MetricInfo("server_cpu_cores_busy", "cores", "higher", _SERVER_CORES_BUSY, row="shown"),
+    MetricInfo("server_cpu_busy", "cores", "higher", _SERVER_CORES_BUSY, floor=True),  # the name suites give its floor
+    _server("spec_decode_mean_acceptance_length", "tokens", floor=True),
+)
+METRICS: Mapping[str, MetricInfo] = MappingProxyType({info.name: info for info in _ENTRIES})
+"""Every metric but the families' members, by name, gated ones first."""
+GATED = tuple(name for name, info in METRICS.items() if info.gated)
+"""The gated metrics besides :data:`SCALING`, in gate order."""
+FLOORED = tuple(name for name, info in METRICS.items() if info.floor)
+"""The metrics a suite may hold to a floor besides :data:`SCALING`."""
+
+
+class UnknownMetric(KeyError):
+    """A name the registry does not know; the message lists the ones it does."""
+
+    def __str__(self) -> str:
+        return str(self.args[0])
+
+
+def find(name: str) -> MetricInfo | None:
+    """The registry's entry for ``name``; None for a name it does not know."""
+    if name in METRICS:
+        return METRICS[name]
+    for family in (LATENCY, SCALING):
+        if family.matches(name):
+            return family.member(name)
+    return None
+
+
+def metric(name: str) -> MetricInfo:
+    """The registry's entry for ``name``; :class:`UnknownMetric` (a KeyError) for a name it does not know."""
+    info = find(name)
+    if info is None:
+        raise UnknownMetric(f"unknown metric {name!r}; known: {', '.join(METRICS)}, {LATENCY.shape}, {SCALING.shape}")
+    return info
 
 
 def gate_order(names: Iterable[str]) -> list[str]:
-    """Gated metric names in display order: the table above, then scaling by node count."""
-    order = list(GATE_TOLERANCES)
+    """Gated metric names in gate order: :data:`GATED`, then scaling efficiencies by node count."""
 
     def key(name: str) -> tuple[int, int, str]:
-        if name in GATE_TOLERANCES:
-            return (order.index(name), 0, name)
-        scaling = SCALING_METRIC.fullmatch(name)
-        return (len(order), int(scaling.group(1)) if scaling else 0, name)
+        if name in GATED:
+            return (GATED.index(name), 0, name)
+        scaling = SCALING.pattern.fullmatch(name)
+        return (len(GATED), int(scaling.group(1)) if scaling else 0, name)
 
     return sorted(names, key=key)
-
-
-FLOOR_METRICS = ("gpu_utilization", "server_cpu_busy", "spec_decode_mean_acceptance_length")
-"""Metrics the perf tests hold to a floor besides the gated higher-is-better ones (:func:`gate`)."""
-
-
-def floor_metrics() -> list[str]:
-    """Every metric a suite may hold to a floor (scaling efficiencies besides, as a family)."""
-    higher = [name for name in GATE_TOLERANCES if (g := gate(name)) is not None and g.direction == "higher"]
-    return [*higher, *FLOOR_METRICS]

@@ -46,14 +46,13 @@ rate r reads r exactly; ``inf`` when all were sent at one instant),
 from __future__ import annotations
 
 import math
-from collections import Counter
 from collections.abc import Iterable, Iterator, Mapping, Sequence
 from dataclasses import dataclass
 from types import MappingProxyType
 
 import numpy as np
 
-from pytest_qwenperf.core.metrics import Direction, metric_spec
+from pytest_qwenperf.core.metrics import Direction, metric
 from pytest_qwenperf.core.records import RequestRecord
 
 _MIN_SEND_RATIO = 0.95  # open loop: sending slower than this share of the requested rate is client-bound
@@ -69,8 +68,8 @@ class Metric:
 
     @classmethod
     def of(cls, name: str, value: float | int) -> Metric:
-        unit, direction = metric_spec(name)
-        return cls(name, value, unit, direction)
+        info = metric(name)
+        return cls(name, value, info.unit, info.direction)
 
 
 @dataclass(frozen=True)
@@ -352,22 +351,6 @@ def summarize_window(
     values |= _latency_stats([r for r in ended if r.sent_at >= start], percentiles)
     return RunSummary.from_values(values)
 
-
-# --- several workers -----------------------------------------------------------------
-
-
-def merge(*record_lists: Iterable[RequestRecord]) -> tuple[RequestRecord, ...]:
-    """Records of several worker processes as one run, in send order.
-
-    Worker clocks are comparable (``perf_counter`` is CLOCK_MONOTONIC on Linux). Two
-    non-warmup records with one index mean two workers ran the same workload item; warmup
-    indices may repeat (each worker warms up on its own).
-    """
-    merged = [record for records in record_lists for record in records]
-    repeated = sorted(index for index, n in Counter(r.index for r in merged if not r.warmup).items() if n > 1)
-    if repeated:
-        raise ValueError(f"request indices recorded more than once across workers: {repeated[:10]}")
-    return tuple(sorted(merged, key=lambda r: (r.sent_at, r.index)))
 
 
 # --- sanity checks -------------------------------------------------------------------

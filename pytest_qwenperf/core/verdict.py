@@ -129,15 +129,15 @@ def _ratio_interval(baseline: Sequence[float], current: Sequence[float], ratio: 
         return _Interval(ratio, ratio, "one sample on each side, no spread to test: decided on the tolerance alone")
     log_b = [math.log(s) for s in baseline]
     log_c = [math.log(s) for s in current]
-    var_b = statistics.variance(log_b) if n_b > 1 else None
-    var_c = statistics.variance(log_c) if n_c > 1 else None
-    if var_b is None or var_c is None:
-        spread, df = (var_c, n_c - 1) if var_b is None else (var_b, n_b - 1)
-        se = math.sqrt(spread * (1 / n_b + 1 / n_c))  # type: ignore[operator]
-        lonely = "baseline" if var_b is None else "current run"
+    df: float
+    if n_b == 1 or n_c == 1:
+        other = log_c if n_b == 1 else log_b
+        se = math.sqrt(statistics.variance(other) * (1 / n_b + 1 / n_c))
+        df = len(other) - 1
+        lonely = "baseline" if n_b == 1 else "current run"
         how = f"the {lonely} has one sample; its spread is taken from the other side's"
     else:
-        v_b, v_c = var_b / n_b, var_c / n_c
+        v_b, v_c = statistics.variance(log_b) / n_b, statistics.variance(log_c) / n_c
         se = math.sqrt(v_b + v_c)
         df = (v_b + v_c) ** 2 / (v_b**2 / (n_b - 1) + v_c**2 / (n_c - 1)) if se > 0 else 0
         how = f"Welch on log values, {n_b} vs {n_c} samples"

@@ -9,8 +9,9 @@ holds five blocks:
 * ``context``: where and with what it was measured (vLLM version, GPU, driver, CUDA, CPU,
   date, this project's commit). Context is allowed to differ: it is what a comparison
   across vLLM upgrades is about.
-* ``metrics``: the gated metrics (:data:`GATE_TOLERANCES`, :data:`SCALING_METRIC`), each
-  with its unit, better direction, tolerance and the samples it was measured as.
+* ``metrics``: the gated metrics (:data:`~pytest_qwenperf.core.metrics.GATED` and the
+  :data:`~pytest_qwenperf.core.metrics.SCALING` family), each with its unit, better
+  direction, tolerance and the samples it was measured as.
   ``value`` is the :func:`centre` of the samples; verdicts use the samples. The stored
   tolerance and direction are authoritative, so a team can loosen one in the file.
 * ``provenance``: ``measured`` (by this tool) or ``published`` (a figure from elsewhere,
@@ -36,13 +37,7 @@ from typing import Any, Literal, get_args
 
 from pytest_qwenperf.core.files import write_atomically
 from pytest_qwenperf.core.identity import Context, Identity, argv_digest
-from pytest_qwenperf.core.metrics import (
-    GATE_TOLERANCES,
-    RUN_FIELDS,
-    Direction,
-    gate,
-    gate_order,
-)
+from pytest_qwenperf.core.metrics import GATED, Direction, find, gate_order
 from pytest_qwenperf.core.stats import centre
 from pytest_qwenperf.core.textfiles import read_text
 
@@ -174,11 +169,11 @@ class StoredMetric:
     @classmethod
     def of(cls, name: str, samples: Sequence[float], tolerance: float | None = None) -> StoredMetric:
         """``tolerance`` overrides the metric's default (a suite's ``tolerances`` table)."""
-        spec = gate(name)
-        if spec is None:
+        info = find(name)
+        if info is None or info.tolerance is None:
             raise ValueError(f"{name!r} is not a gated metric")
-        tolerance = spec.tolerance if tolerance is None else tolerance
-        return cls(centre(samples), spec.unit, spec.direction, tolerance, tuple(float(s) for s in samples))
+        tolerance = info.tolerance if tolerance is None else tolerance
+        return cls(centre(samples), info.unit, info.direction, tolerance, tuple(float(s) for s in samples))
 
     def as_json(self) -> dict[str, object]:
         return {
@@ -341,11 +336,12 @@ def parse_run(run: Mapping[str, Any], where: str = "run") -> MeasuredRun:
     """Check and read a run's JSON; :class:`RunJsonError` names ``where``, the field and the expectation.
 
     A gated metric's samples are ``samples.<name>`` when the run carries them (one value
-    per repeat), else its single value from ``metrics`` (or the place :data:`RUN_FIELDS`
-    names for the server-side rates and tokens per joule). A metric the run does not name
-    was not measured; one it names with a null or non-finite value (a sample among
-    ``samples.<name>``, or the single value) is data the run lost: it goes to ``lost``
-    with where it was, not to ``samples``, and the verdicts decide what that means.
+    per repeat), else its single value at the registry's
+    :attr:`~pytest_qwenperf.core.metrics.MetricInfo.path` (``metrics.<name>`` for client
+    metrics). A metric the run does not name was not measured; one it names with a null
+    or non-finite value (a sample among ``samples.<name>``, or the single value) is data
+    the run lost: it goes to ``lost`` with where it was, not to ``samples``, and the
+    verdicts decide what that means.
     """
     reader = _Reader(where, RunJsonError)
     if not isinstance(run, Mapping):
@@ -404,8 +400,9 @@ def _run_tolerances(reader: _Reader, value: object) -> dict[str, float]:
         raise reader.fail("tolerances", "a JSON object of gated metric -> fraction, or null", value)
     tolerances = {}
     for name, fraction in value.items():
-        if gate(name) is None:
-            raise reader.fail(f"tolerances.{name}", "a gated metric (" + ", ".join(GATE_TOLERANCES) + ")", name)
+        info = find(name)
+        if info is None or not info.gated:
+            raise reader.fail(f"tolerances.{name}", "a gated metric (" + ", ".join(GATED) + ")", name)
         if reader.number(fraction, f"tolerances.{name}") >= 1:
             raise reader.fail(f"tolerances.{name}", "a fraction in [0, 1)", fraction)
         tolerances[name] = float(fraction)
@@ -421,8 +418,9 @@ def _run_samples(
         raise reader.fail("samples", "a JSON object of metric -> list of values, or null", repeats)
     found: dict[str, tuple[float, ...]] = {}
     lost: dict[str, str] = {}
-    for name in {*metrics, *RUN_FIELDS, *repeats}:
-        if gate(name) is None:
+    for name in {*metrics, *GATED, *repeats}:
+        info = find(name)
+        if info is None or not info.gated:
             continue
         if name in repeats:
             values = repeats[name]
@@ -432,12 +430,11 @@ def _run_samples(
             else:
                 found[name] = reader.numbers(values, f"samples.{name}")
             continue
-        path = ("metrics", name) if name not in RUN_FIELDS else RUN_FIELDS[name][0]
-        value = number_at(run, path)
+        value = number_at(run, info.path)
         if value is not None:
             found[name] = (value,)
-        elif _no_number(leaf := _leaf(run, path)):
-            lost[name] = f"{'.'.join(path)} is {json.dumps(leaf)}"
+        elif _no_number(leaf := _leaf(run, info.path)):
+            lost[name] = f"{'.'.join(info.path)} is {json.dumps(leaf)}"
     return {name: found[name] for name in gate_order(found)}, {name: lost[name] for name in gate_order(lost)}
 
 
@@ -488,7 +485,7 @@ def baseline_from_run(run: Mapping[str, Any], *, source: str, git_commit: str | 
     measured = parse_run(run)
     tolerances = measured.tolerances
     if not measured.samples:
-        raise RunJsonError("run: metrics: expected at least one gated metric (" + ", ".join(GATE_TOLERANCES) + ")")
+        raise RunJsonError("run: metrics: expected at least one gated metric (" + ", ".join(GATED) + ")")
     context = Context(**{**measured.context.as_json(), "git_commit": git_commit})
     metrics = {name: StoredMetric.of(name, samples, tolerances.get(name)) for name, samples in measured.samples.items()}
     return Baseline(measured.identity, context, MappingProxyType(metrics), Provenance("measured", source))

@@ -13,11 +13,11 @@ file lacks is "missing" in that file's column, one verdict per row, so it counts
 summary like any other. :data:`LOST_DATA` are the verdicts ``--fail-on`` fails on whatever
 else it names.
 
-Rows: total and output tok/s, p99 TTFT and TPOT, and, when a run has them, prefix-cache
+Rows: the metrics whose :attr:`~pytest_qwenperf.core.metrics.MetricInfo.row` says so,
+when a run has them: total and output tok/s, p99 TTFT and TPOT first, then prefix-cache
 hit rate, speculative acceptance, multi-node scaling efficiency (``metrics``) and device
-utilization from the run's ``telemetry`` block (:data:`TELEMETRY_ROWS`; shown, not
-judged: utilization explains a throughput change, it is not a goal). Only the rows
-shown are judged.
+utilization from the run's ``telemetry`` block (shown, not judged: utilization explains
+a throughput change, it is not a goal). Only the rows shown are judged.
 
 Runs of the same config × workload that appear more than once in one file are pooled
 as repeats (their samples joined), so rounds recorded separately still give a spread; the
@@ -35,37 +35,21 @@ from collections import Counter
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
-from types import MappingProxyType
 from typing import Any, cast, get_args
 
 from pytest_qwenperf.core.formats import SESSION_SCHEMA, json_safe
-from pytest_qwenperf.core.metrics import SCALING_METRIC
+from pytest_qwenperf.core.metrics import METRICS, gate_order, metric
 from pytest_qwenperf.core.tables import format_table
 from pytest_qwenperf.core.textfiles import read_text
 from pytest_qwenperf.core.verdict import Judgement, Verdict, format_value
-from pytest_qwenperf.gate.baseline import (
-    RunJsonError,
-    centre,
-    gate,
-    gate_order,
-    number_at,
-    parse_run,
-)
+from pytest_qwenperf.gate.baseline import RunJsonError, centre, number_at, parse_run
 from pytest_qwenperf.gate.judge import judge_against_run, judge_run
 
 SCHEMA = "qwenperf-compare/1"
 
-CORE_METRICS = ("total_token_throughput", "output_throughput", "p99_ttft_ms", "p99_tpot_ms")
-_WHEN_PRESENT = ("prefix_cache_hit_rate", "spec_decode_acceptance_rate")
-# Utilization rows: name -> (unit, path in the run's "telemetry" block).
-TELEMETRY_ROWS: Mapping[str, tuple[str, tuple[str, ...]]] = MappingProxyType(
-    {
-        "gpu_utilization": ("fraction", ("gpu", "utilization_mean")),
-        "gpu_sm_activity": ("fraction", ("gpu", "sm_activity_mean")),
-        "gpu_tensor_activity": ("fraction", ("gpu", "tensor_activity_mean")),
-        "server_cpu_cores_busy": ("cores", ("cpu", "groups", "server", "cores_busy", "mean")),
-    }
-)
+_FIRST = tuple(name for name, info in METRICS.items() if info.row == "first")
+_NOT_JUDGED = tuple(info for info in METRICS.values() if info.row != "none" and not info.gated)
+"""Rows shown, not judged: device utilization."""
 FAILABLE: tuple[Verdict, ...] = tuple(v for v in get_args(Verdict) if v != "pass")
 LOST_DATA: tuple[Verdict, ...] = ("missing", "invalid")
 """Verdicts ``--fail-on`` fails on whatever it names (unless ``--allow``-ed): a run that lost data never passes."""
@@ -208,8 +192,8 @@ class Comparison:
 
 
 def _utilization(run: Mapping[str, Any]) -> dict[str, float]:
-    """The :data:`TELEMETRY_ROWS` a run has; a missing or null entry is a sampler that did not run."""
-    values = {name: number_at(run, ("telemetry", *path)) for name, (_, path) in TELEMETRY_ROWS.items()}
+    """The rows of :data:`_NOT_JUDGED` a run has; a missing or null entry is a sampler that did not run."""
+    values = {info.name: number_at(run, info.path) for info in _NOT_JUDGED}
     return {name: value for name, value in values.items() if value is not None}
 
 
@@ -220,7 +204,7 @@ def _values(run: Mapping[str, Any]) -> dict[str, float]:
 
 
 def _shown(name: str) -> bool:
-    return name in CORE_METRICS or name in _WHEN_PRESENT or name in TELEMETRY_ROWS or bool(SCALING_METRIC.fullmatch(name))
+    return metric(name).row != "none"
 
 
 def _judged(reference: Mapping[str, Any] | None, run: Mapping[str, Any] | None, path: Path, key: RunKey) -> dict[str, Judgement]:
@@ -237,8 +221,8 @@ def _missing(reference: Mapping[str, Any], path: Path, key: RunKey) -> dict[str,
     detail = f"{path.name} has no run of {key[0]}/{key[1]} on {key[2]}; the reference has one"
     judgements = {}
     for name in gate_order(measured.samples or measured.lost):
-        spec = gate(name)
-        assert spec is not None  # runs only carry gated metrics
+        spec = metric(name)
+        assert spec.tolerance is not None  # runs only carry gated metrics
         samples = measured.samples.get(name)
         base = centre(samples) if samples else None
         tolerance = measured.tolerances.get(name, spec.tolerance)
@@ -259,7 +243,7 @@ def compare(sets: Sequence[RunSet], metrics: Sequence[str] = ()) -> Comparison:
         rows = tuple(
             Row(
                 name,
-                _unit(name),
+                metric(name).unit,
                 tuple(v.get(name) for v in values),
                 tuple(j.get(name) for j in judged),
             )
@@ -277,13 +261,8 @@ def compare(sets: Sequence[RunSet], metrics: Sequence[str] = ()) -> Comparison:
 
 
 def _order(names: Sequence[str]) -> list[str]:
-    """Core metrics first, then the others in the order they were met."""
-    return [m for m in CORE_METRICS if m in names] + [m for m in names if m not in CORE_METRICS]
-
-
-def _unit(name: str) -> str:
-    spec = gate(name)
-    return spec.unit if spec else TELEMETRY_ROWS[name][0]
+    """The first rows first, then the others in the order they were met."""
+    return [m for m in _FIRST if m in names] + [m for m in names if m not in _FIRST]
 
 
 def _unique_labels(sets: Sequence[RunSet]) -> tuple[str, ...]:

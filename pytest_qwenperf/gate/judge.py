@@ -7,7 +7,7 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
-from pytest_qwenperf.core.metrics import SCALING_METRIC, gate, gate_order
+from pytest_qwenperf.core.metrics import SCALING, gate_order, metric
 from pytest_qwenperf.core.stats import centre
 from pytest_qwenperf.core.tables import format_table
 from pytest_qwenperf.core.verdict import DEFAULT_CONFIDENCE, Judgement, Verdict, judge
@@ -49,8 +49,8 @@ def _unjudged(
     name: str, stored: StoredMetric | None, current: Sequence[float], verdict: Verdict, detail: str, *, ratio: bool
 ) -> Judgement:
     """A judgement that is not a comparison; unit, direction and tolerance as stored, else the defaults."""
-    spec = stored or gate(name)
-    assert spec is not None  # runs only carry gated metrics
+    spec = stored or metric(name)
+    assert spec.tolerance is not None  # runs only carry gated metrics
     base = stored.value if stored else None
     now = centre(current) if current else None
     judged_ratio = now / base if ratio and base and now is not None else None
@@ -66,7 +66,7 @@ def _invalid(j: Judgement, found: Sequence[Loss]) -> Judgement:
 def _expected(name: str, run: MeasuredRun) -> bool:
     """Whether ``run`` should have ``name`` when its baseline has it: every gated metric but a
     scaling efficiency it never measured (a published multi-node figure)."""
-    return name in run.lost or not SCALING_METRIC.fullmatch(name)
+    return name in run.lost or not SCALING.matches(name)
 
 
 def judge_run(baseline: Baseline | None, run: Mapping[str, Any], *, confidence: float = DEFAULT_CONFIDENCE) -> tuple[Judgement, ...]:

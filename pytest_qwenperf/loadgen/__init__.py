@@ -1,1 +1,1 @@
-"""Load generation: workloads → requests → streamed HTTP calls → :class:`~pytest_qwenperf.core.records.RequestRecord`."""
+"""Load generation: requests → arrival schedule → streamed HTTP calls → :class:`~pytest_qwenperf.core.records.RequestRecord`."""

@@ -86,7 +86,7 @@ class StreamParser:
     layouts) goes through ``json.loads``, which costs ten times more.
     """
 
-    __slots__ = ("times", "tokens", "error", "_seen", "_continuous", "_usage", "_rest")
+    __slots__ = ("_continuous", "_rest", "_seen", "_usage", "error", "times", "tokens")
 
     def __init__(self) -> None:
         self.times: list[float] = []
@@ -242,10 +242,6 @@ class LoadResult:
     @property
     def requested_rate(self) -> float | None:
         return self.arrival.rate if isinstance(self.arrival, OpenLoop) else None
-
-    @property
-    def requested_concurrency(self) -> int | None:
-        return self.arrival.concurrency if isinstance(self.arrival, ClosedLoop) else self.arrival.max_concurrency
 
 
 class _Connection:
@@ -494,8 +490,8 @@ class _Client:
             parser.error = f"{type(exc).__name__}: {exc}"
         finally:
             endpoint.in_flight -= 1
-            if reusable:
-                endpoint.idle.append(conn)  # type: ignore[arg-type]  # reusable implies a connection
+            if reusable and conn is not None:  # reusable implies a connection
+                endpoint.idle.append(conn)
             elif conn is not None and conn.transport is not None:
                 conn.transport.abort()  # mid-response, timed out or closing: never reuse
         record = RequestRecord(

@@ -235,7 +235,7 @@ def observe(
     after = _counters(metrics_urls)
     deltas = counter_deltas(combine(before), combine(after)) if before and after else dict.fromkeys(COUNTERS)
     per_server = (
-        {url: counter_deltas(b, a)["request_success"] for url, b, a in zip(metrics_urls, before, after)}
+        {url: counter_deltas(b, a)["request_success"] for url, b, a in zip(metrics_urls, before, after, strict=True)}
         if before and after
         else dict.fromkeys(metrics_urls)
     )

@@ -20,6 +20,7 @@ from types import MappingProxyType
 from pytest_qwenperf.loadgen.arrivals import Arrival, ClosedLoop
 from pytest_qwenperf.loadgen.request import RequestSpec
 from pytest_qwenperf.loadgen.tokenizer import PromptTokenizer
+from pytest_qwenperf.serving.endpoints import EndpointSets
 from pytest_qwenperf.suite.workloads import Workload
 
 SCALING_THROUGHPUT = "total_token_throughput"
@@ -35,13 +36,20 @@ class Route:
     metrics_urls: tuple[str, ...]
 
 
+def endpoint_routes(sets: EndpointSets) -> tuple[Route, ...]:
+    """One route per endpoint set. A set with one URL per replica is the replicas themselves (their
+    /metrics are read); a set with fewer URLs is a Service or gateway in front of them, whose
+    /metrics would be one random pod's, so it is not read."""
+    return tuple(Route(s.replicas, s.urls, s.urls if len(s.urls) == s.replicas else ()) for s in sets.sets)
+
+
 def copies_of(workload: Workload, copies: int, tokenizer: PromptTokenizer | None) -> tuple[RequestSpec, ...]:
     """``copies`` interleaved copies of the workload's requests, indexed in sending order."""
     if copies < 1:
         raise ValueError(f"copies must be at least 1, got {copies}")
-    seeded = hasattr(workload, "seed")
+    seed = getattr(workload, "seed", None)  # the kinds that draw random prompts
     built = [
-        (dataclasses.replace(workload, seed=workload.seed + k) if seeded and k else workload).build(tokenizer)  # type: ignore[attr-defined]
+        (dataclasses.replace(workload, seed=seed + k) if seed is not None and k else workload).build(tokenizer)
         for k in range(copies)
     ]
     interleaved = [spec for group in zip(*built, strict=True) for spec in group]
@@ -94,11 +102,11 @@ class ScalingSummary:
 
     def request_spread(self) -> float | None:
         """Largest relative distance of a replica's request count from the mean (0.1: within 10 %)."""
-        counts = list(self.requests_per_replica.values())
-        if not counts or any(c is None for c in counts):
+        counts = [c for c in self.requests_per_replica.values() if c is not None]
+        if not counts or len(counts) < len(self.requests_per_replica):
             return None
-        mean = sum(counts) / len(counts)  # type: ignore[arg-type]
-        return max(abs(c - mean) for c in counts) / mean if mean else None  # type: ignore[operator]
+        mean = sum(counts) / len(counts)
+        return max(abs(c - mean) for c in counts) / mean if mean else None
 
     def as_json(self) -> dict[str, object]:
         efficiencies = self.efficiencies()

@@ -1,0 +1,1 @@
+"""pytest glue only: options, ini keys, markers, fixtures and hooks over the library."""

@@ -26,6 +26,7 @@ from typing import Any
 import pytest
 
 from pytest_qwenperf.core.formats import json_safe
+from pytest_qwenperf.core.metrics import METRICS
 from pytest_qwenperf.serving.hardware import detect
 
 UNIT = "seconds per 1,000,000 total tokens (1e6 / total_token_throughput)"
@@ -106,10 +107,12 @@ def record_run(benchmark: Any, run_json: Mapping[str, Any]) -> None:
 
 
 def flat_metrics(run_json: Mapping[str, Any]) -> dict[str, Any]:
-    """Whole-run metrics by name, steady-state ones as ``steady_state_<name>``, server-side rates."""
+    """Whole-run metrics by name, steady-state ones as ``steady_state_<name>``, and the metrics
+    the registry places in the ``server`` block (the server-side rates)."""
     flat = dict(run_json.get("metrics") or {})
     flat |= {f"steady_state_{key}": value for key, value in (run_json.get("steady_state") or {}).items()}
-    flat |= {key: value for key, value in (run_json.get("server") or {}).items() if key != "deltas"}
+    server = run_json.get("server") or {}
+    flat |= {info.name: server[info.path[1]] for info in METRICS.values() if info.path[0] == "server" and info.path[1] in server}
     return flat
 
 

@@ -1,74 +1,38 @@
-"""pytest glue: options, ini keys, markers, fixtures and hooks over the library.
+"""pytest glue: options, ini keys, markers and hooks over the library.
 
 Settings follow one path, CLI option → ini key → default, resolved once in
-``pytest_configure`` into a frozen :class:`QwenperfSettings` kept in ``config.stash``.
-Tests that ask for ``suite_workload`` are parametrized from the selected suite files,
-one test per (config, workload), marked with the suite's hardware.
+``pytest_configure`` (:mod:`~pytest_qwenperf.plugin.settings`) and kept in ``config.stash``;
+the fixtures live in :mod:`~pytest_qwenperf.plugin.fixtures`. Tests that ask for
+``suite_workload`` are parametrized from the selected suite files, one test per
+(config, workload), marked with the suite's hardware.
 """
 
 from __future__ import annotations
 
-import argparse
-import glob
-import os
 import signal
 import threading
 from collections import Counter
-from collections.abc import Callable, Iterator
-from dataclasses import dataclass
 from pathlib import Path
-from typing import TypeVar
 
 import pytest
 
-from pytest_qwenperf.core.apikey import (
-    CLIENT_ENVS,
-    ApiKey,
-    ApiKeyError,
-    key_from_environment,
-    shown_command,
-)
-from pytest_qwenperf.core.files import unwritable, unwritable_folder
-from pytest_qwenperf.core.options import (
-    cpu_list,
-    endpoint_url,
-    launcher_argv,
-    positive_seconds,
-    whole_number,
-)
-from pytest_qwenperf.core.verdict import Judgement
-from pytest_qwenperf.gate.baseline import (
-    BaselineError,
-    BaselineRefused,
-    PublishedBaselineKept,
-    find_baseline,
-    parse_run,
-    write_baseline,
-)
-from pytest_qwenperf.gate.judge import judge_run
+from pytest_qwenperf.core.apikey import CLIENT_ENVS
+from pytest_qwenperf.core.options import cpu_list, endpoint_url, launcher_argv, positive_seconds, whole_number
+from pytest_qwenperf.gate.update import update_baselines
 from pytest_qwenperf.measure.report import SessionReport
-from pytest_qwenperf.measure.run import RunResult, measure
-from pytest_qwenperf.measure.scaling import Route
+from pytest_qwenperf.plugin.settings import REPORT_KEY, SETTINGS_KEY, SUITES_KEY, USES_KEY, resolve_settings
 from pytest_qwenperf.serving import gpu_memory, proctree
-from pytest_qwenperf.serving.endpoints import EndpointSets, endpoints_file
-from pytest_qwenperf.serving.hardware import Hardware, detect
-from pytest_qwenperf.serving.pool import PoolSettings, ServerPool
-from pytest_qwenperf.serving.router import RouterUnavailable, find_nginx
-from pytest_qwenperf.serving.server import (
-    DEFAULT_BOOT_TIMEOUT_S,
-    DEFAULT_LAUNCHER,
-    Server,
-)
-from pytest_qwenperf.suite.config import (
-    ServingConfig,
-    Suite,
-    SuiteError,
-    SuiteWorkload,
-    load_suite,
-)
-from pytest_qwenperf.suite.workloads import SharedPrefixWorkload
+from pytest_qwenperf.serving.endpoints import endpoints_file
+from pytest_qwenperf.serving.hardware import detect
+from pytest_qwenperf.serving.placement import missing_hardware
+from pytest_qwenperf.serving.server import DEFAULT_BOOT_TIMEOUT_S
+from pytest_qwenperf.suite.config import ServingConfig, SuiteError, load_suite
+from pytest_qwenperf.suite.selectors import selected_pairs
 
-pytest_plugins = ["pytest_qwenperf.plugin.benchmark"]  # pytest-benchmark machine_info and compare hooks
+pytest_plugins = [
+    "pytest_qwenperf.plugin.fixtures",
+    "pytest_qwenperf.plugin.benchmark",  # pytest-benchmark machine_info and compare hooks
+]
 
 MARKERS = {
     "cpu": "runs on the CPU build of vLLM (the embedded default)",
@@ -79,51 +43,6 @@ MARKERS = {
     "scaling": "multi-replica scaling-efficiency tests",
     "qwenperf_select(name)": "only (config, workload) pairs of this kind: ladder, slo, speculative, prefix-cache, utilization, scaling",
 }
-
-SELECTORS: dict[str, Callable[[Suite, ServingConfig, SuiteWorkload], bool]] = {
-    "all": lambda suite, cfg, wl: True,
-    "ladder": lambda suite, cfg, wl: cfg.improves and cfg.inherits is not None and wl.runs_on(cfg.inherits),
-    "slo": lambda suite, cfg, wl: wl.slo is not None,
-    "speculative": lambda suite, cfg, wl: cfg.speculative,
-    "utilization": lambda suite, cfg, wl: any(wl.floor(name, cfg.id) is not None for name in ("gpu_utilization", "server_cpu_busy")),
-    "scaling": lambda suite, cfg, wl: cfg.replicas > 1,
-    "prefix-cache": lambda suite, cfg, wl: (
-        isinstance(wl.workload, SharedPrefixWorkload)
-        and "--enable-prefix-caching" in cfg.vllm_args
-        and cfg.inherits is not None
-        and wl.runs_on(cfg.inherits)
-    ),
-}
-"""Which (config, workload) pairs a test marked ``qwenperf_select(name)`` runs on: ``ladder``
-compares a rung with the one it inherits from, ``prefix-cache`` a cached rung with its
-uncached parent on a shared-prefix workload, ``utilization`` pairs with a utilization floor,
-``scaling`` configs of several replicas (every config when an endpoints file names the sets)."""
-
-
-@dataclass(frozen=True)
-class QwenperfSettings:
-    launcher: tuple[str, ...]
-    boot_timeout_s: float
-    log_dir: Path | None
-    endpoints: tuple[str, ...]
-    endpoint_sets: EndpointSets | None  # replicas already deployed, per replica count (multi-node scaling)
-    suites: tuple[Path, ...]
-    json_path: Path | None
-    server_cpus: frozenset[int] | None  # None: the default placement for the suite's hardware
-    client_cpus: frozenset[int] | None
-    repeats: int | None  # None: each suite's own
-    client_workers: int  # load-generator processes (one event loop each)
-    baselines: Path
-    update_baselines: bool
-    replace_published: tuple[str, ...] = ()  # config keys or baseline files whose published figures a run may replace
-    api_key: ApiKey | None = None  # from the environment (see _api_key); booted servers require it, requests carry it
-
-
-SETTINGS_KEY = pytest.StashKey[QwenperfSettings]()
-_USES_KEY = pytest.StashKey[Counter[str]]()
-_SUITES_KEY = pytest.StashKey[tuple[Suite, ...]]()
-_REPORT_KEY = pytest.StashKey[SessionReport]()
-_T = TypeVar("_T")
 
 
 def pytest_addoption(parser: pytest.Parser) -> None:
@@ -198,83 +117,13 @@ def pytest_addoption(parser: pytest.Parser) -> None:
 def pytest_configure(config: pytest.Config) -> None:
     for name, description in MARKERS.items():
         config.addinivalue_line("markers", f"{name}: {description}")
-    endpoints = config.getoption("qwenperf_endpoint") or [
-        _from_ini(config, "qwenperf_endpoints", endpoint_url, line) for line in config.getini("qwenperf_endpoints")
-    ]
-    config.stash[SETTINGS_KEY] = QwenperfSettings(
-        launcher=_resolve(config, "qwenperf_launcher", launcher_argv, DEFAULT_LAUNCHER),
-        boot_timeout_s=_resolve(config, "qwenperf_boot_timeout", positive_seconds, DEFAULT_BOOT_TIMEOUT_S),
-        log_dir=_resolve(config, "qwenperf_log_dir", Path, None),
-        endpoints=tuple(endpoints),
-        endpoint_sets=config.getoption("qwenperf_endpoints_file"),
-        suites=tuple(config.getoption("qwenperf_suite")) or _ini_suites(config),
-        json_path=config.getoption("qwenperf_json"),
-        server_cpus=config.getoption("qwenperf_server_cpus"),
-        client_cpus=config.getoption("qwenperf_client_cpus"),
-        repeats=_resolve(config, "qwenperf_repeats", whole_number(1), None),
-        client_workers=_resolve(config, "qwenperf_client_workers", whole_number(1), 1),
-        baselines=config.rootpath / _resolve(config, "qwenperf_baselines", Path, Path("baselines")),
-        update_baselines=config.getoption("qwenperf_update_baselines"),
-        replace_published=tuple(config.getoption("qwenperf_replace_published")),
-        api_key=_api_key(config),
-    )
-    _check_outputs(config.stash[SETTINGS_KEY])
-    config.stash[_REPORT_KEY] = SessionReport()
+    config.stash[SETTINGS_KEY] = settings = resolve_settings(config)
+    config.stash[REPORT_KEY] = SessionReport()
     try:
-        config.stash[_SUITES_KEY] = tuple(load_suite(p) for p in config.stash[SETTINGS_KEY].suites)
+        config.stash[SUITES_KEY] = tuple(load_suite(p) for p in settings.suites)
     except SuiteError as exc:
         raise pytest.UsageError(str(exc)) from None
     _terminate_like_ctrl_c()
-
-
-def _api_key(config: pytest.Config) -> ApiKey | None:
-    """The servers' API key: from the variable ``--qwenperf-api-key-env`` (ini ``qwenperf_api_key_env``)
-    names, else from ``VLLM_API_KEY``, else ``OPENAI_API_KEY``; None when none is set."""
-    option = config.getoption("qwenperf_api_key_env")
-    name = option or config.getini("qwenperf_api_key_env") or None
-    try:
-        return key_from_environment(os.environ, name)
-    except ApiKeyError as exc:
-        where = "--qwenperf-api-key-env" if option else f"{config.inipath}: ini key qwenperf_api_key_env" if name else "qwenperf"
-        raise pytest.UsageError(f"{where}: {exc}") from None
-
-
-def _check_outputs(settings: QwenperfSettings) -> None:
-    """Fail before any server boots when a result could not be written at the end of the session."""
-    if settings.replace_published and not settings.update_baselines:
-        raise pytest.UsageError("--qwenperf-replace-published: only takes effect with --qwenperf-update-baselines")
-    if settings.json_path is not None and (why := unwritable(settings.json_path)):
-        raise pytest.UsageError(f"--qwenperf-json {settings.json_path}: cannot write the results there: {why}")
-    if settings.update_baselines and (why := unwritable_folder(settings.baselines)):
-        raise pytest.UsageError(
-            f"--qwenperf-update-baselines: cannot write baselines into the folder {settings.baselines} "
-            f"(--qwenperf-baselines or ini qwenperf_baselines): {why}"
-        )
-
-
-def _resolve(config: pytest.Config, name: str, parse: Callable[[str], _T], default: _T) -> _T:
-    value = config.getoption(name)
-    if value is not None:
-        return value  # already parsed by argparse
-    raw = config.getini(name)
-    return _from_ini(config, name, parse, raw) if raw else default
-
-
-def _from_ini(config: pytest.Config, name: str, parse: Callable[[str], _T], raw: str) -> _T:
-    try:
-        return parse(raw)
-    except argparse.ArgumentTypeError as exc:
-        raise pytest.UsageError(f"{config.inipath}: ini key {name}: {exc}") from None
-
-
-def _ini_suites(config: pytest.Config) -> tuple[Path, ...]:
-    paths: list[Path] = []
-    for pattern in config.getini("qwenperf_suites"):
-        matches = sorted(glob.glob(str(config.rootpath / pattern)))
-        if not matches:
-            raise pytest.UsageError(f"{config.inipath}: ini key qwenperf_suites: {pattern!r} matches no file")
-        paths += [Path(m) for m in matches]
-    return tuple(paths)
 
 
 def _terminate_like_ctrl_c() -> None:
@@ -290,46 +139,28 @@ def _terminate_like_ctrl_c() -> None:
 # ------------------------------------------------------------ parametrization
 
 
-def _suites(config: pytest.Config) -> tuple[Suite, ...]:
-    return config.stash[_SUITES_KEY]
-
-
 def pytest_generate_tests(metafunc: pytest.Metafunc) -> None:
     """One test per (config, workload) of the selected suites, for tests asking for ``suite_workload``."""
     if "suite_workload" not in metafunc.fixturenames:
         return
     marker = metafunc.definition.get_closest_marker("qwenperf_select")
     selector = marker.args[0] if marker else "all"
-    if selector not in SELECTORS:
-        raise ValueError(f"{metafunc.definition.nodeid}: qwenperf_select({selector!r}): expected one of {sorted(SELECTORS)}")
     settings = metafunc.config.stash[SETTINGS_KEY]
+    suites = metafunc.config.stash[SUITES_KEY]
+    try:
+        pairs = selected_pairs(suites, selector, deployed_sets=settings.endpoint_sets is not None)
+    except ValueError as exc:
+        raise ValueError(f"{metafunc.definition.nodeid}: {exc}") from None
     external = bool(settings.endpoints or settings.endpoint_sets)
-    if selector == "scaling" and settings.endpoint_sets is not None:
-        selector = "all"  # the deployed sets are what scales, whichever config they run
     params = []
-    for suite in _suites(metafunc.config):
-        marks = [getattr(pytest.mark, suite.hardware)] + ([pytest.mark.gpu] if suite.gpus else [])
-        for workload in suite.workloads:
-            for cfg in suite.configs:
-                if workload.runs_on(cfg.id) and SELECTORS[selector](suite, cfg, workload):
-                    missing = None if external else _missing_hardware(suite, cfg, detect())
-                    skip = [pytest.mark.skip(reason=missing)] if missing else []
-                    params.append(pytest.param(cfg, workload, id=f"{suite.name}-{cfg.id}/{workload.id}", marks=marks + skip))
+    for pair in pairs:
+        marks = [getattr(pytest.mark, pair.suite.hardware)] + ([pytest.mark.gpu] if pair.suite.gpus else [])
+        missing = None if external else missing_hardware(pair.suite, pair.config, detect())
+        skip = [pytest.mark.skip(reason=missing)] if missing else []
+        params.append(
+            pytest.param(pair.config, pair.workload, id=f"{pair.suite.name}-{pair.config.id}/{pair.workload.id}", marks=marks + skip)
+        )
     metafunc.parametrize(("serving_config", "suite_workload"), params)
-
-
-def _missing_hardware(suite: Suite, cfg: ServingConfig, hw: Hardware) -> str | None:
-    """Why ``cfg`` cannot run on ``hw`` (a skip reason naming need and finding), or None."""
-    if suite.gpus and (hw.kind != suite.hardware or hw.gpu_count < suite.gpus):
-        return f"needs {suite.gpus}x {suite.hardware.upper()} GPUs (suite {suite.path.name}); found {hw.describe()}"
-    if cfg.cpu_flags_any and not set(cfg.cpu_flags_any) & hw.cpu_flags:
-        return f"needs a CPU with one of {list(cfg.cpu_flags_any)} (config {cfg.key}); found {hw.cpu_model or 'a CPU'} without"
-    if cfg.routing == "nginx":
-        try:
-            find_nginx()
-        except RouterUnavailable as exc:
-            return f"config {cfg.key} routes through nginx: {exc}"
-    return None
 
 
 # ----------------------------------------------------------------- test ordering
@@ -346,15 +177,16 @@ def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item
     """Group tests by serving config, in ladder order, so each server boots once, stops after
     its last test, and a rung's parent has already been measured when the rung is compared."""
     rank: dict[str, tuple[int, ...]] = {}
-    for s, suite in enumerate(_suites(config)):
-        for c, cfg in enumerate(suite.configs):
-            rank[cfg.key] = (0, s, c)
+    suites = config.stash[SUITES_KEY]
+    for s, suite in enumerate(suites):
+        for c, known in enumerate(suite.configs):
+            rank[known.key] = (0, s, c)
     for item in items:
         cfg = _config_of(item)
         if cfg is not None and cfg.key not in rank:
             rank[cfg.key] = (1, len(rank))
-    items.sort(key=lambda item: rank[cfg.key] if (cfg := _config_of(item)) else (-1,))
-    config.stash[_USES_KEY] = Counter(cfg.key for item in items if (cfg := _config_of(item)))
+    items.sort(key=lambda item: rank[found.key] if (found := _config_of(item)) else (-1,))
+    config.stash[USES_KEY] = Counter(cfg.key for item in items if (cfg := _config_of(item)))
 
 
 # ------------------------------------------------------------- before any boot
@@ -364,16 +196,14 @@ def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item
 def pytest_sessionstart(session: pytest.Session) -> None:
     """Stop what an earlier session that died left running (its servers would hold the
     ports, the cores or the GPUs this session is about to measure with)."""
-    found = proctree.leftovers()
-    if not found:
+    sweep = proctree.stop_orphaned_trees()
+    if not sweep.stopped:
         return
-    survivors = proctree.stop_leftovers(found)
-    _say(session.config, f"qwenperf: stopped {len(found)} process(es) left running by a session that died:", red=True)
-    for leftover in found:
-        command = shown_command(leftover.argv)
-        _say(session.config, f"  pid {leftover.pid} (started by pid {leftover.owner_pid}, gone): {command}", red=True)
-    if survivors:
-        raise pytest.UsageError(f"qwenperf: processes left by an earlier session survived SIGKILL: {survivors}")
+    _say(session.config, f"qwenperf: stopped {len(sweep.stopped)} process(es) left running by a session that died:", red=True)
+    for line in sweep.stopped:
+        _say(session.config, f"  {line}", red=True)
+    if sweep.survivors:
+        raise pytest.UsageError(f"qwenperf: processes left by an earlier session survived SIGKILL: {list(sweep.survivors)}")
 
 
 def pytest_collection_finish(session: pytest.Session) -> None:
@@ -381,7 +211,7 @@ def pytest_collection_finish(session: pytest.Session) -> None:
     settings = session.config.stash[SETTINGS_KEY]
     if settings.endpoints or settings.endpoint_sets:
         return
-    suites = {suite.name: suite for suite in _suites(session.config)}
+    suites = {suite.name: suite for suite in session.config.stash[SUITES_KEY]}
     visible = [
         dict(cfg.env).get("CUDA_VISIBLE_DEVICES")
         for item in session.items
@@ -407,176 +237,11 @@ def _say(config: pytest.Config, text: str, red: bool = False) -> None:
         print(text)
 
 
-# ---------------------------------------------------------------------- fixtures
-
-
-@pytest.fixture(scope="session")
-def qwenperf_settings(pytestconfig: pytest.Config) -> QwenperfSettings:
-    return pytestconfig.stash[SETTINGS_KEY]
-
-
-@pytest.fixture(scope="session")
-def qwenperf_pool(
-    pytestconfig: pytest.Config, qwenperf_settings: QwenperfSettings, tmp_path_factory: pytest.TempPathFactory
-) -> Iterator[ServerPool]:
-    """All servers of the session; each config boots once and everything stops at the end."""
-    pool = ServerPool(
-        PoolSettings(
-            log_dir=qwenperf_settings.log_dir or tmp_path_factory.mktemp("vllm-logs", numbered=False),
-            launcher=qwenperf_settings.launcher,
-            boot_timeout_s=qwenperf_settings.boot_timeout_s,
-            endpoints=qwenperf_settings.endpoints or _set_urls(qwenperf_settings.endpoint_sets),
-            endpoint_model=qwenperf_settings.endpoint_sets.model if qwenperf_settings.endpoint_sets else None,
-            api_key=qwenperf_settings.api_key,
-        )
-    )
-    pytestconfig.stash[_REPORT_KEY].boots = pool.boots
-    try:
-        yield pool
-    finally:
-        pool.close()
-
-
-@pytest.fixture
-def serving_config(request: pytest.FixtureRequest) -> ServingConfig:
-    """Parametrize this name with :class:`ServingConfig` objects to choose the server."""
-    raise pytest.UsageError(
-        f"{request.node.nodeid} uses vllm_server but no serving config was chosen: "
-        "parametrize 'serving_config' with ServingConfig objects"
-    )
-
-
-def _placement(cfg: ServingConfig, settings: QwenperfSettings) -> tuple[frozenset[int], frozenset[int]]:
-    """Server and client CPUs: as set, else disjoint cores for the CPU build (repeatable figures).
-
-    The CPU build's servers get every CPU but the last, the client the last; replicas split
-    the servers' CPUs. When there are only as many CPUs as replicas, each replica gets one
-    and the client is not pinned (it shares them: a 2-core machine measuring 2 replicas).
-    """
-    if settings.server_cpus is not None or settings.client_cpus is not None:
-        return settings.server_cpus or frozenset(), settings.client_cpus or frozenset()
-    cpus = sorted(detect().cpu_ids)
-    if not cfg.model.startswith("embedded:") or len(cpus) < 2:
-        return frozenset(), frozenset()
-    if len(cpus) - 1 >= cfg.replicas:
-        return frozenset(cpus[:-1]), frozenset(cpus[-1:])
-    if len(cpus) >= cfg.replicas:
-        return frozenset(cpus), frozenset()
-    return frozenset(), frozenset()
-
-
-def _gpu_ids(cfg: ServingConfig) -> tuple[str, ...]:
-    """The GPUs a config's replicas share out (its own CUDA_VISIBLE_DEVICES, else every GPU); none for one server."""
-    if cfg.replicas == 1:
-        return ()
-    visible = dict(cfg.env).get("CUDA_VISIBLE_DEVICES")
-    return tuple(visible.split(",")) if visible else tuple(str(i) for i in range(detect().gpu_count))
-
-
-def _set_urls(sets: EndpointSets | None) -> tuple[str, ...]:
-    """Every URL of the endpoint sets, each once, in file order."""
-    return tuple(dict.fromkeys(url for s in sets.sets for url in s.urls)) if sets else ()
-
-
-def _routes(sets: EndpointSets) -> tuple[Route, ...]:
-    """One route per set. A set with one URL per replica is the replicas themselves (their
-    /metrics are read); a set with fewer URLs is a Service or gateway in front of them, whose
-    /metrics would be one random pod's, so it is not read."""
-    return tuple(Route(s.replicas, s.urls, s.urls if len(s.urls) == s.replicas else ()) for s in sets.sets)
-
-
-@pytest.fixture
-def vllm_server(
-    request: pytest.FixtureRequest, serving_config: ServingConfig, qwenperf_pool: ServerPool, qwenperf_settings: QwenperfSettings
-) -> Iterator[Server]:
-    """The running server for ``serving_config``; stopped after the last test that needs it."""
-    server_cpus, _ = _placement(serving_config, qwenperf_settings)
-    try:
-        yield qwenperf_pool.get(serving_config, server_cpus, _gpu_ids(serving_config))
-    finally:
-        uses = request.config.stash.get(_USES_KEY, Counter())
-        uses[serving_config.key] -= 1
-        if uses[serving_config.key] <= 0:
-            qwenperf_pool.release(serving_config.key)
-
-
-MeasureFn = Callable[[ServingConfig, SuiteWorkload], RunResult]
-
-
-@pytest.fixture
-def qwenperf_measure(pytestconfig: pytest.Config, qwenperf_pool: ServerPool, qwenperf_settings: QwenperfSettings) -> MeasureFn:
-    """``measure(config, workload)``: the session's run of that pair, measured on first use.
-
-    Tests comparing two rungs use it for the rung they are not parametrized with; the
-    test ordering usually means that run already exists.
-    """
-    report = pytestconfig.stash[_REPORT_KEY]
-
-    def _measure(cfg: ServingConfig, workload: SuiteWorkload) -> RunResult:
-        result = report.get(cfg.key, workload.id)
-        if result is None:
-            server_cpus, client_cpus = _placement(cfg, qwenperf_settings)
-            server = qwenperf_pool.get(cfg, server_cpus, _gpu_ids(cfg))
-            suite = _suite_of(pytestconfig, cfg)
-            sets = qwenperf_settings.endpoint_sets
-            result = measure(
-                server,
-                cfg,
-                workload,
-                suite=cfg.suite,
-                client_cpus=client_cpus,
-                repeats=qwenperf_settings.repeats or suite.repeats,
-                tolerances=suite.tolerances,
-                routes=_routes(sets) if sets else None,
-                workers=qwenperf_settings.client_workers,
-                api_key=qwenperf_settings.api_key,
-            )
-            report.add(result)
-        return result
-
-    return _measure
-
-
-@pytest.fixture
-def qwenperf_run(serving_config: ServingConfig, suite_workload: SuiteWorkload, vllm_server: Server, qwenperf_measure: MeasureFn) -> RunResult:
-    """The measured run of ``suite_workload`` on ``serving_config``: once per session, shared by tests."""
-    return qwenperf_measure(serving_config, suite_workload)
-
-
-@pytest.fixture
-def qwenperf_suite(pytestconfig: pytest.Config, serving_config: ServingConfig) -> Suite:
-    """The suite that defines ``serving_config``."""
-    return _suite_of(pytestconfig, serving_config)
-
-
-def _suite_of(config: pytest.Config, cfg: ServingConfig) -> Suite:
-    found = next((s for s in _suites(config) if s.name == cfg.suite), None)
-    if found is None:
-        raise pytest.UsageError(f"config {cfg.key} belongs to no loaded suite; suites are {[s.name for s in _suites(config)]}")
-    return found
-
-
-@pytest.fixture
-def qwenperf_judgements(qwenperf_run: RunResult, qwenperf_settings: QwenperfSettings) -> tuple[Judgement, ...]:
-    """Every gated metric of the run against its stored baseline (see :func:`~pytest_qwenperf.core.verdict.judge_run`).
-
-    A baseline file that cannot be read fails the test with the one line that names the
-    file, the field and what was expected (no traceback: the fault is in the file)."""
-    run = qwenperf_run.as_json()
-    try:
-        baseline = find_baseline(qwenperf_settings.baselines, parse_run(run).identity)
-    except BaselineError as exc:
-        unreadable = str(exc)
-    else:
-        return judge_run(baseline, run)
-    pytest.fail(f"qwenperf: {unreadable}", pytrace=False)  # outside the except: no "during handling" chain
-
-
 # -------------------------------------------------------------- session end
 
 
 def pytest_terminal_summary(terminalreporter: pytest.TerminalReporter, config: pytest.Config) -> None:
-    report = config.stash.get(_REPORT_KEY, None)
+    report = config.stash.get(REPORT_KEY, None)
     if report is None or not report.runs:
         return
     terminalreporter.section("qwenperf results")
@@ -589,7 +254,7 @@ def pytest_sessionfinish(session: pytest.Session) -> None:
     """Write the JSON report; then, after fixtures are torn down, check that no process of ours survived."""
     config = session.config
     settings = config.stash.get(SETTINGS_KEY, None)
-    report = config.stash.get(_REPORT_KEY, None)
+    report = config.stash.get(REPORT_KEY, None)
     if settings is not None and settings.json_path is not None and report is not None:
         kept = report.write_json(settings.json_path)
         reporter = config.pluginmanager.get_plugin("terminalreporter")
@@ -597,47 +262,37 @@ def pytest_sessionfinish(session: pytest.Session) -> None:
             note = f" (previous file kept as {kept})" if kept else ""
             reporter.write_line(f"qwenperf: results written to {settings.json_path}{note}")
     if settings is not None and settings.update_baselines and report is not None:
-        _update_baselines(session, settings, report)
+        update = update_baselines(
+            settings.baselines,
+            ((run.config.key, run.as_json()) for run in report.runs),
+            failed_tests=session.testsfailed,
+            replace_published=settings.replace_published,
+            source="pytest --qwenperf-update-baselines",
+        )
+        if update.failed_tests:
+            _say(config, f"qwenperf: baselines not updated: {update.failed_tests} test(s) failed", red=True)
+        for outcome in update.outcomes:
+            if outcome.refused is None:
+                _say(config, f"qwenperf: baseline written: {outcome.path}")
+            elif outcome.published_kept:
+                _say(
+                    config,
+                    f"qwenperf: {outcome.refused}; to replace them, name the config or the file: "
+                    f"--qwenperf-replace-published {outcome.config_key} or --qwenperf-replace-published {outcome.path}",
+                    red=True,
+                )
+            else:
+                _say(config, f"qwenperf: {outcome.refused}", red=True)
     _fail_on_leftovers(session)
 
 
-def _update_baselines(session: pytest.Session, settings: QwenperfSettings, report: SessionReport) -> None:
-    """Record the session's runs as baselines, only when no test failed; say what was written and refused."""
-    if session.testsfailed:
-        _say(session.config, f"qwenperf: baselines not updated: {session.testsfailed} test(s) failed", red=True)
-        return
-    named_files = {Path(name).resolve() for name in settings.replace_published}
-    for run in report.runs:
-        data = run.as_json()
-        target = parse_run(data).identity.path(settings.baselines)
-        replace = run.config.key in settings.replace_published or target.resolve() in named_files
-        try:
-            path = write_baseline(
-                settings.baselines, data, source="pytest --qwenperf-update-baselines", replace_published=replace
-            )
-        except PublishedBaselineKept as exc:
-            _say(
-                session.config,
-                f"qwenperf: {exc}; to replace them, name the config or the file: "
-                f"--qwenperf-replace-published {run.config.key} or --qwenperf-replace-published {target}",
-                red=True,
-            )
-        except (BaselineRefused, BaselineError) as exc:
-            _say(session.config, f"qwenperf: {exc}", red=True)
-        else:
-            _say(session.config, f"qwenperf: baseline written: {path}")
-
-
 def _fail_on_leftovers(session: pytest.Session) -> None:
-    leftovers = proctree.tagged_processes(proctree.owner_prefix())
-    if not leftovers:
+    killed = proctree.kill_own_trees()
+    if not killed:
         return
-    described = [f"{p.pid} {shown_command(proctree.command_of(p))}" for p in leftovers]
-    for proc in leftovers:
-        proc.kill()
     reporter = session.config.pluginmanager.get_plugin("terminalreporter")
     if reporter is not None:
         reporter.write_line("qwenperf: processes were still running after teardown (killed):", red=True)
-        for line in described:
+        for line in killed:
             reporter.write_line(f"  {line}", red=True)
     session.exitstatus = pytest.ExitCode.TESTS_FAILED

@@ -139,3 +139,8 @@ def endpoints_file(value: str) -> EndpointSets:
         return load_endpoint_sets(value)
     except EndpointsFileError as exc:
         raise argparse.ArgumentTypeError(str(exc)) from None
+
+
+def set_urls(sets: EndpointSets | None) -> tuple[str, ...]:
+    """Every URL of the endpoint sets, each once, in file order (none without sets)."""
+    return tuple(dict.fromkeys(url for s in sets.sets for url in s.urls)) if sets else ()

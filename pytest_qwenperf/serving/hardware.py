@@ -9,7 +9,7 @@ from __future__ import annotations
 import os
 import platform
 import re
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from functools import cache
 
 # NVML product names → suite hardware ids, most specific first.
@@ -83,13 +83,13 @@ def _slug(text: str) -> str:
 def detect() -> Hardware:
     """The hardware of this machine (cached: it does not change during a session)."""
     model, flags = _cpu_info()
-    cpu = dict(cpu_model=model, cpu_ids=frozenset(os.sched_getaffinity(0)), cpu_flags=flags)
+    cpu = Hardware(kind="cpu", cpu_model=model, cpu_ids=frozenset(os.sched_getaffinity(0)), cpu_flags=flags)
     gpus = _nvml_gpus()
     if gpus is None:
-        return Hardware(kind="cpu", **cpu)
+        return cpu
     names, driver, cuda = gpus
-    return Hardware(
-        kind=gpu_kind(names[0]), gpu_name=names[0], gpu_count=len(names), driver_version=driver, cuda_version=cuda, **cpu
+    return replace(
+        cpu, kind=gpu_kind(names[0]), gpu_name=names[0], gpu_count=len(names), driver_version=driver, cuda_version=cuda
     )
 
 

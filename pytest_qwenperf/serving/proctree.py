@@ -9,6 +9,7 @@ or was re-parented to init is still found by the final sweep.
 
 from __future__ import annotations
 
+import contextlib
 import os
 import signal
 import subprocess
@@ -22,6 +23,7 @@ from pathlib import Path
 
 import psutil
 
+from pytest_qwenperf.core.apikey import shown_command
 from pytest_qwenperf.core.options import format_cpu_list
 
 TAG_ENV = "QWENPERF_PROCESS_TAG"
@@ -53,8 +55,8 @@ def new_tag() -> str:
 
 
 
-_LIFELINE: tuple[int, int] | None = None
-"""(owner pid, read end) of the pipe every guard watches; the write end never leaves the owner."""
+_LIFELINES: dict[int, int] = {}
+"""Owner pid → read end of the pipe every guard watches; the write end never leaves the owner."""
 _LIFELINE_LOCK = threading.Lock()
 
 
@@ -65,12 +67,12 @@ def _lifeline() -> int:
     :func:`spawn_tree` passes the read end alone), so the guards see end-of-file exactly
     when this process is gone. A forked child makes a lifeline of its own.
     """
-    global _LIFELINE
+    pid = os.getpid()
     with _LIFELINE_LOCK:
-        if _LIFELINE is None or _LIFELINE[0] != os.getpid():
+        if pid not in _LIFELINES:
             read_end, _ = os.pipe()  # the write end stays open, unused, until this process ends
-            _LIFELINE = (os.getpid(), read_end)
-        return _LIFELINE[1]
+            _LIFELINES[pid] = read_end
+        return _LIFELINES[pid]
 
 
 def spawn_tree(
@@ -203,6 +205,35 @@ def stop_leftovers(found: Iterable[Leftover], grace: float = 5.0) -> list[int]:
     return sorted(p.pid for p in _wait_gone(alive, 10.0))
 
 
+@dataclass(frozen=True)
+class Sweep:
+    """What a sweep stopped, one line per process (its key masked), and the pids that survived SIGKILL."""
+
+    stopped: tuple[str, ...]
+    survivors: tuple[int, ...] = ()
+
+
+def stop_orphaned_trees() -> Sweep:
+    """Stop the :func:`leftovers` of sessions that died (they would hold the ports, cores or GPUs
+    a new session is about to measure with)."""
+    found = leftovers()
+    if not found:
+        return Sweep(())
+    survivors = stop_leftovers(found)
+    lines = tuple(f"pid {p.pid} (started by pid {p.owner_pid}, gone): {shown_command(p.argv)}" for p in found)
+    return Sweep(lines, tuple(survivors))
+
+
+def kill_own_trees() -> tuple[str, ...]:
+    """SIGKILL what still runs of every tree this process started; each as ``pid command`` (key masked).
+
+    Called after everything was stopped in order, so whatever it finds is a process that escaped."""
+    found = tagged_processes(owner_prefix())
+    described = tuple(f"{p.pid} {shown_command(command_of(p))}" for p in found)
+    signal_each(found, signal.SIGKILL)
+    return described
+
+
 def stop_tree(popen: subprocess.Popen[bytes], tag: str, grace: float = 15.0) -> None:
     """SIGTERM the group, wait ``grace`` seconds, SIGKILL everything left; return when all are gone.
 
@@ -257,18 +288,14 @@ def _alive(proc: psutil.Process) -> bool:
 
 
 def _signal_group(pgid: int, sig: signal.Signals) -> None:
-    try:
+    with contextlib.suppress(ProcessLookupError, PermissionError):
         os.killpg(pgid, sig)
-    except (ProcessLookupError, PermissionError):
-        pass
 
 
 def signal_each(procs: Iterable[psutil.Process], sig: signal.Signals) -> None:
     for proc in procs:
-        try:
+        with contextlib.suppress(psutil.NoSuchProcess, psutil.AccessDenied, psutil.ZombieProcess):
             proc.send_signal(sig)
-        except (psutil.NoSuchProcess, psutil.AccessDenied, psutil.ZombieProcess):
-            pass
 
 
 def _wait_gone(procs: set[psutil.Process], timeout: float) -> set[psutil.Process]:

@@ -11,18 +11,14 @@ real nginx in front of them (:class:`~pytest_qwenperf.serving.router.NginxRouter
 from __future__ import annotations
 
 import dataclasses
+import itertools
 from collections.abc import Sequence
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
+from pytest_qwenperf.serving.process import ServerError, StartStop
 from pytest_qwenperf.serving.router import NginxRouter
-from pytest_qwenperf.serving.server import (
-    ManagedServer,
-    ServerError,
-    ServerInfo,
-    ServerSpec,
-    StartStop,
-)
+from pytest_qwenperf.serving.server import ManagedServer, ServerInfo, ServerSpec
 
 
 class ReplicaError(ServerError):
@@ -48,7 +44,7 @@ def gpus_per_replica(vllm_args: Sequence[str]) -> int:
     sizes = dict.fromkeys(("tp", "pp", "dp"), 1)
     names = {"--tensor-parallel-size": "tp", "-tp": "tp", "--pipeline-parallel-size": "pp", "-pp": "pp"}
     names |= {"--data-parallel-size": "dp", "-dp": "dp"}
-    for flag, value in zip(vllm_args, vllm_args[1:]):
+    for flag, value in itertools.pairwise(vllm_args):
         if flag in names:
             sizes[names[flag]] = int(value)
     return sizes["tp"] * sizes["pp"] * sizes["dp"]
@@ -124,7 +120,7 @@ class ReplicaSet(StartStop):
         try:
             with ThreadPoolExecutor(len(self.replicas), thread_name_prefix="qwenperf-boot") as pool:
                 outcomes = list(pool.map(_boot, self.replicas))
-            failed = [(r, error) for r, error in zip(self.replicas, outcomes) if error is not None]
+            failed = [(r, error) for r, error in zip(self.replicas, outcomes, strict=True) if error is not None]
             if failed:
                 names = ", ".join(r.spec.name for r, _ in failed)
                 first = failed[0][1]
@@ -146,7 +142,7 @@ class ReplicaSet(StartStop):
             except Exception as exc:
                 errors.append(f"router: {exc}")
         with ThreadPoolExecutor(len(self.replicas), thread_name_prefix="qwenperf-stop") as pool:
-            for replica, outcome in zip(self.replicas, pool.map(_stop, self.replicas)):
+            for replica, outcome in zip(self.replicas, pool.map(_stop, self.replicas), strict=True):
                 if outcome is not None:
                     errors.append(f"{replica.spec.name}: {outcome}")
         if errors:

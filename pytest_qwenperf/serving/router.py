@@ -25,20 +25,20 @@ import re
 import shutil
 import socket
 import subprocess
-import time
 from collections import Counter
 from collections.abc import Sequence
 from pathlib import Path
 from urllib.parse import urlsplit
 
 from pytest_qwenperf.core.http import http_get
-from pytest_qwenperf.serving import proctree, server
-from pytest_qwenperf.serving.server import (
+from pytest_qwenperf.serving.process import (
     LOG_TAIL_LINES,
-    PortInUseError,
-    ServerBootError,
+    Launch,
+    ManagedProcess,
     ServerError,
     StartStop,
+    tail_of,
+    unused_path,
 )
 
 NGINX_ENV = "QWENPERF_NGINX"
@@ -51,7 +51,9 @@ _INSTALL_HINT = "install it from the OS packages: apt-get install nginx-light"
 _DEBIAN_NGINX = "/usr/sbin/nginx"  # often not on a non-root PATH
 _UPSTREAM_GROUP = "replicas"
 _LOG_FIELDS = ("msec", "status", "request_method", "request_uri", "upstream_addr", "upstream_status", "request_time")
-_PORT_IN_USE = "Address already in use"
+_POLL_INTERVAL_S = 0.1
+
+
 class RouterUnavailable(Exception):
     """nginx cannot be used on this machine; the message says why and how to get it."""
 
@@ -160,8 +162,6 @@ class NginxRouter(StartStop):
     Use as a context manager, or call :meth:`start` / :meth:`stop` (``stop`` is idempotent).
     """
 
-    _POLL_INTERVAL_S = 0.1
-
     def __init__(
         self,
         upstreams: Sequence[str],
@@ -179,12 +179,26 @@ class NginxRouter(StartStop):
         self.log_dir = Path(log_dir)
         self.name = name
         self.host = host
-        self.port = port
-        self.ready_timeout_s = ready_timeout_s
         self.nginx = nginx
         self._prefix: Path | None = None
-        self._popen: subprocess.Popen[bytes] | None = None
-        self._tag = ""
+        self._process = ManagedProcess(
+            f"router {name!r}",
+            self._probe,
+            lambda code, _after_s: f"router {name!r}: nginx exited with code {code} while starting",
+            host=host,
+            port=port,
+            ready_timeout_s=ready_timeout_s,
+            poll_interval_s=_POLL_INTERVAL_S,
+        )
+
+    @property
+    def port(self) -> int | None:
+        """The port nginx listens on: the one asked for until it starts."""
+        return self._process.port if self._process.port is not None else self._process.requested_port
+
+    @property
+    def ready_timeout_s(self) -> float:
+        return self._process.ready_timeout_s
 
     @property
     def base_url(self) -> str:
@@ -202,21 +216,15 @@ class NginxRouter(StartStop):
     @property
     def tag(self) -> str:
         """The :data:`~pytest_qwenperf.serving.proctree.TAG_ENV` value of every nginx process."""
-        return self._tag
+        return self._process.tag
 
     def start(self) -> None:
         """Check the config, start nginx, wait until ``/health`` through it is 200; on failure nothing is left."""
         nginx = self.nginx or find_nginx()
-        server.start_on_a_port(lambda port: self._start_once(nginx, port), self.host, self.port)
+        self._process.start(lambda port: self._launch(nginx, port))
 
     def stop(self) -> None:
-        if self._popen is None:
-            return
-        try:
-            proctree.stop_tree(self._popen, self._tag)
-        finally:
-            self._popen = None
-            server.LIVE.discard(self)
+        self._process.stop()
 
     def requests_per_upstream(self, path: str = "") -> dict[str, int]:
         """Requests nginx sent to each upstream (base URL), from its access log.
@@ -230,10 +238,10 @@ class NginxRouter(StartStop):
         closed, not as soon as they received the response.
         """
         addresses = {addr: url for url in self.upstreams for addr in _addresses(url)}
-        counts: Counter[str] = Counter({url: 0 for url in self.upstreams})
+        counts: Counter[str] = Counter(dict.fromkeys(self.upstreams, 0))
         with open(self.prefix / "access.log", errors="replace") as log:
             for line in log:
-                fields = dict(zip(_LOG_FIELDS, line.rstrip("\n").split("\t")))
+                fields = dict(zip(_LOG_FIELDS, line.rstrip("\n").split("\t"), strict=False))  # a short line leaves fields out
                 if not fields.get("request_uri", "").startswith(path):
                     continue
                 tried = [addresses[a] for a in re.split(r", | : ", fields["upstream_addr"]) if a in addresses]
@@ -241,11 +249,11 @@ class NginxRouter(StartStop):
         return dict(counts)
 
     def error_log_tail(self, lines: int = LOG_TAIL_LINES) -> str:
-        return server.tail_of(self.prefix / "error.log", lines)
+        return tail_of(self.prefix / "error.log", lines)
 
-    def _start_once(self, nginx: str, port: int) -> None:
-        self.port = port
-        self._prefix = prefix = _unused_dir(self.log_dir, f"{self.name}-nginx")
+    def _launch(self, nginx: str, port: int) -> Launch:
+        """A new folder with the config for ``port``, checked by ``nginx -t``."""
+        self._prefix = prefix = unused_path(self.log_dir, f"{self.name}-nginx", folder=True)
         conf = prefix / "nginx.conf"
         conf.write_text(
             render_nginx_config(
@@ -256,48 +264,18 @@ class NginxRouter(StartStop):
                 user="root" if os.geteuid() == 0 else None,
             )
         )
-        argv = [nginx, "-p", str(prefix), "-c", str(conf)]
-        check = subprocess.run([*argv, "-t", "-q"], capture_output=True, text=True, timeout=60)
+        argv = (nginx, "-p", str(prefix), "-c", str(conf))
+        check = subprocess.run([*argv, "-t", "-q"], capture_output=True, text=True, timeout=60, check=False)
         if check.returncode != 0:
             raise ServerError(f"nginx rejected {conf}:\n{(check.stderr + check.stdout).strip()}")
-        self._tag = proctree.new_tag()
-        self._popen = proctree.spawn_tree(argv, log_path=prefix / "error.log", env={}, tag=self._tag)
-        server.LIVE.add(self)
-        try:
-            self._wait_ready()
-        except BaseException:
-            self.stop()
-            raise
+        return Launch(argv, prefix / "error.log", {})
 
-    def _wait_ready(self) -> None:
-        assert self._popen is not None
-        started = time.monotonic()
-        while True:
-            code = self._popen.poll()
-            if code is not None:
-                tail = self.error_log_tail()
-                if _PORT_IN_USE in tail:
-                    where = f"{self.host}:{self.port}"
-                    raise PortInUseError(f"router {self.name!r} could not bind {where}: {_PORT_IN_USE}\n{tail}")
-                raise ServerBootError(
-                    f"router {self.name!r}: nginx exited with code {code} while starting",
-                    log_path=self.prefix / "error.log",
-                    log_tail=tail,
-                )
-            try:
-                status, _ = http_get(f"{self.base_url}/health", timeout=2.0)
-                reason = f"/health returned {status}"
-            except OSError as exc:  # refused while nginx binds, reset, timeout
-                status, reason = 0, f"{type(exc).__name__}: {exc}"
-            if status == 200:
-                return
-            if time.monotonic() - started > self.ready_timeout_s:
-                raise ServerBootError(
-                    f"router {self.name!r} not ready after {self.ready_timeout_s:.0f} s (last probe: {reason})",
-                    log_path=self.prefix / "error.log",
-                    log_tail=self.error_log_tail(),
-                )
-            time.sleep(self._POLL_INTERVAL_S)
+    def _probe(self) -> str | None:
+        try:
+            status, _ = http_get(f"{self.base_url}/health", timeout=2.0)
+        except OSError as exc:  # refused while nginx binds, reset, timeout
+            return f"{type(exc).__name__}: {exc}"
+        return None if status == 200 else f"/health returned {status}"
 
 
 def _addresses(url: str) -> set[str]:
@@ -305,16 +283,3 @@ def _addresses(url: str) -> set[str]:
     parts = urlsplit(url)
     infos = socket.getaddrinfo(parts.hostname, parts.port, type=socket.SOCK_STREAM)
     return {f"{_bracketed(str(info[4][0]))}:{parts.port}" for info in infos}
-
-
-def _unused_dir(log_dir: Path, name: str) -> Path:
-    """``log_dir/<name>``, or ``<name>-2`` … : an earlier folder is never reused."""
-    log_dir.mkdir(parents=True, exist_ok=True)
-    safe = re.sub(r"[^A-Za-z0-9._-]+", "_", name)
-    path, n = log_dir / safe, 2
-    while True:
-        try:
-            path.mkdir()
-            return path
-        except FileExistsError:
-            path, n = log_dir / f"{safe}-{n}", n + 1

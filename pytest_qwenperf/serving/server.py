@@ -12,31 +12,31 @@ No pytest here: the fixtures, the CLI and a notebook all use the same classes.
 
 from __future__ import annotations
 
-import atexit
 import json
 import re
-import socket
 import sys
 import time
 import urllib.error
-from collections import deque
-from collections.abc import Callable
 from dataclasses import dataclass, field, replace
 from pathlib import Path
-from types import TracebackType
-from typing import Protocol, Self
-
-import psutil
+from typing import Protocol
 
 from pytest_qwenperf.core.apikey import (
     CLIENT_ENVS,
     SERVER_ENV,
     ApiKey,
     redact_argv,
-    shown_command,
 )
 from pytest_qwenperf.core.http import http_get
-from pytest_qwenperf.serving import proctree
+from pytest_qwenperf.serving.process import (
+    LOG_TAIL_LINES,
+    Launch,
+    ManagedProcess,
+    ServerError,
+    StartStop,
+    check_port_free,
+    unused_path,
+)
 from pytest_qwenperf.telemetry.capacity import KvCapacity, read_kv_capacity
 from pytest_qwenperf.telemetry.server_metrics import (
     MetricsUnreadable,
@@ -52,33 +52,12 @@ console script fails on its own package name)."""
 DEFAULT_BOOT_TIMEOUT_S = 1800.0
 """Generous: loading a 27B checkpoint on 8 GPUs and compiling graphs takes many minutes."""
 
-LOG_TAIL_LINES = 40
 _POLL_INTERVAL_S = 0.5
 _ERROR_LINE = re.compile(r"\b[A-Za-z_.]*(Error|Exception): |\berror: ")
 """An exception or argparse message; the first one in a log is the root cause, later ones
 (EngineCore, API server) only wrap it."""
 _WARNING_LINE = re.compile(r"\bWARN(ING)?\b")
 _ENGINE_CONFIG_LINE = re.compile(r"Initializing a V1 LLM engine .* with config: (?P<config>.*)$")
-_PORT_IN_USE = "Address already in use"
-
-
-class ServerError(RuntimeError):
-    """A server could not be started or is not usable."""
-
-
-class ServerBootError(ServerError):
-    """The server process exited, or never became ready, while booting."""
-
-    def __init__(self, message: str, *, log_path: Path | None, log_tail: str) -> None:
-        self.log_path = log_path
-        self.log_tail = log_tail
-        where = f"\nlog: {log_path}" if log_path else ""
-        tail = f"\n--- last {LOG_TAIL_LINES} log lines ---\n{log_tail}" if log_tail else ""
-        super().__init__(f"{message}{where}{tail}")
-
-
-class PortInUseError(ServerError):
-    """The requested port is taken by another process."""
 
 
 class ServerAuthError(ServerError):
@@ -189,7 +168,7 @@ class Server(Protocol):
 # --------------------------------------------------------------------------- HTTP
 
 
-def _listed_models(base_url: str, api_key: ApiKey | None) -> tuple[list[dict[str, object]], int | None]:
+def _listed_models(base_url: str, api_key: ApiKey | None) -> tuple[list[dict[str, object]], int]:
     status, body = http_get(f"{base_url}/v1/models", api_key=api_key)
     if status == 401:
         raise ServerAuthError(base_url, api_key)
@@ -207,9 +186,9 @@ def probe_ready(base_url: str, model: str | None, api_key: ApiKey | None = None)
         status, _ = http_get(f"{base_url}/health", timeout=2.0)
         if status != 200:
             return f"/health returned {status}"
-        models, status = _listed_models(base_url, api_key)
-        if status != 200:
-            return f"/v1/models returned {status}"
+        models, listed = _listed_models(base_url, api_key)
+        if listed != 200:
+            return f"/v1/models returned {listed}"
         ids = [str(m.get("id")) for m in models]
         if model is not None and model not in ids:
             return f"/v1/models lists {ids}, not {model!r}"
@@ -279,101 +258,7 @@ def _cache_config_labels(base_url: str) -> tuple[tuple[tuple[str, str], ...], st
     return (), None
 
 
-# ------------------------------------------------------------------------- ports
-
-
-def free_port(host: str = "127.0.0.1") -> int:
-    """A port the OS had free a moment ago; :class:`ManagedServer` retries if it is taken meanwhile."""
-    with socket.socket(_family(host), socket.SOCK_STREAM) as sock:
-        sock.bind((host, 0))
-        return int(sock.getsockname()[1])
-
-
-def check_port_free(host: str, port: int) -> None:
-    """Raise :class:`PortInUseError` naming the owner if ``host:port`` cannot be bound."""
-    with socket.socket(_family(host), socket.SOCK_STREAM) as sock:
-        sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)  # as vLLM binds
-        try:
-            sock.bind((host, port))
-        except OSError as exc:
-            raise PortInUseError(f"port {port} on {host} is already in use{_port_owner(port)}: {exc}") from exc
-
-
-def _port_owner(port: int) -> str:
-    try:
-        for conn in psutil.net_connections(kind="inet"):
-            if conn.laddr and conn.laddr.port == port and conn.status == psutil.CONN_LISTEN and conn.pid:
-                proc = psutil.Process(conn.pid)
-                return f" by pid {conn.pid} ({shown_command(proc.cmdline(), 300)})"
-    except (psutil.Error, OSError):
-        pass
-    return ""
-
-
-def _family(host: str) -> socket.AddressFamily:
-    return socket.AF_INET6 if ":" in host else socket.AF_INET
-
-
-PORT_RETRIES = 3
-
-
-def start_on_a_port(start_once: Callable[[int], None], host: str, port: int | None) -> None:
-    """``start_once(port)`` on ``port``, or on a free port, retried with another while
-    :class:`PortInUseError` says it was taken between looking and binding."""
-    attempts = 1 if port is not None else PORT_RETRIES
-    for attempt in range(1, attempts + 1):
-        try:
-            start_once(port or free_port(host))
-            return
-        except PortInUseError:
-            if attempt == attempts:
-                raise
-
-
-def tail_of(path: Path | None, lines: int = LOG_TAIL_LINES) -> str:
-    """The last ``lines`` lines of a log file ("" when there is none yet)."""
-    if path is None or not path.exists():
-        return ""
-    with open(path, errors="replace") as log:
-        return "".join(deque(log, maxlen=lines)).rstrip("\n")
-
-
 # ----------------------------------------------------------------------- servers
-
-
-class _Stoppable(Protocol):
-    def stop(self) -> None: ...
-
-
-class StartStop:
-    """Started on entering a ``with`` block and stopped on leaving it, however the block ends."""
-
-    def start(self) -> None:
-        raise NotImplementedError
-
-    def stop(self) -> None:
-        raise NotImplementedError
-
-    def __enter__(self) -> Self:
-        self.start()
-        return self
-
-    def __exit__(
-        self, exc_type: type[BaseException] | None, exc: BaseException | None, tb: TracebackType | None
-    ) -> None:
-        self.stop()
-
-
-LIVE: set[_Stoppable] = set()
-"""Started process trees (servers, routers) not yet stopped: each adds itself when it starts
-and removes itself in ``stop``. They run in sessions of their own, so nothing else stops them."""
-
-
-@atexit.register
-def _stop_leftovers() -> None:
-    """Last line of defence when the interpreter exits with servers still up."""
-    for started in list(LIVE):
-        started.stop()
 
 
 class ManagedServer(StartStop):
@@ -385,10 +270,16 @@ class ManagedServer(StartStop):
     def __init__(self, spec: ServerSpec, log_dir: Path) -> None:
         self.spec = spec
         self.log_dir = Path(log_dir)
-        self.log_path: Path | None = None
-        self.port: int | None = None
-        self._popen = None
-        self._tag = ""
+        self._process = ManagedProcess(
+            f"server {spec.name!r}",
+            lambda: probe_ready(self.base_url, self.model, spec.api_key),
+            self._exit_headline,
+            host=spec.host,
+            port=spec.port,
+            ready_timeout_s=spec.boot_timeout_s,
+            poll_interval_s=_POLL_INTERVAL_S,
+            stop_grace_s=spec.stop_grace_s,
+        )
         self._info: ServerInfo | None = None
 
     # Server protocol -----------------------------------------------------------
@@ -418,42 +309,56 @@ class ManagedServer(StartStop):
         return (self._info,)
 
     @property
+    def port(self) -> int | None:
+        """The port of the latest boot attempt (None before the first)."""
+        return self._process.port
+
+    @property
+    def log_path(self) -> Path | None:
+        """The latest boot attempt's log (each attempt writes a new one)."""
+        return self._process.log_path
+
+    @property
     def tag(self) -> str:
         """The :data:`~pytest_qwenperf.serving.proctree.TAG_ENV` value every process of this server carries."""
-        return self._tag
+        return self._process.tag
 
     @property
     def pid(self) -> int | None:
-        return self._popen.pid if self._popen else None
+        return self._process.pid
 
     @property
     def pids(self) -> tuple[int, ...]:
-        return (self._popen.pid,) if self._popen else ()
+        return (self.pid,) if self.pid is not None else ()
 
     # lifecycle -----------------------------------------------------------------
     def start(self) -> None:
         """Boot and wait until ready; on any failure (or Ctrl-C) nothing is left running."""
         if self.spec.port is not None:
             check_port_free(self.spec.host, self.spec.port)
-        start_on_a_port(self._boot_once, self.spec.host, self.spec.port)
+        self._process.start(self._launch)
+        try:
+            self._info = replace(
+                describe(self.base_url, self.model, self._engine_config_from_log(), self.spec.api_key),
+                kv_capacity=read_kv_capacity(self.log_path) if self.log_path else None,
+            )
+        except BaseException:
+            self.stop()
+            raise
 
     def stop(self) -> None:
-        if self._popen is None:
-            return
         try:
-            proctree.stop_tree(self._popen, self._tag, grace=self.spec.stop_grace_s)
+            self._process.stop()
         finally:
-            self._popen = None
             self._info = None
-            LIVE.discard(self)
 
     def is_alive(self) -> bool:
-        return self._popen is not None and self._popen.poll() is None
+        return self._process.is_alive()
 
     @property
     def exit_code(self) -> int | None:
         """The server process's exit status once it has exited (negative: killed by that signal)."""
-        return self._popen.poll() if self._popen else None
+        return self._process.exit_code
 
     def check_alive(self) -> None:
         if not self.is_alive():
@@ -463,61 +368,22 @@ class ManagedServer(StartStop):
             )
 
     def log_tail(self, lines: int = LOG_TAIL_LINES) -> str:
-        return tail_of(self.log_path, lines)
+        return self._process.log_tail(lines)
 
-    def _boot_once(self, port: int) -> None:
-        self.port = port
-        self.log_path = _unused_log_path(self.log_dir, self.spec.name)
-        self._tag = proctree.new_tag()
-        argv = self.spec.argv(port)
-        self.log_path.write_text(f"# qwenperf: {json.dumps(redact_argv(argv))}\n")
+    def _launch(self, port: int) -> Launch:
+        log_path = unused_path(self.log_dir, self.spec.name, ".log")
+        argv = tuple(self.spec.argv(port))
+        log_path.write_text(f"# qwenperf: {json.dumps(redact_argv(argv))}\n")
         # Dev mode adds POST /reset_prefix_cache, which measure() calls before each repeat so
         # that repeats of a prefix-cache workload start equally cold (the server listens on
         # this host's loopback only; nothing else of dev mode is used).
         env = {"VLLM_SERVER_DEV_MODE": "1", **self.spec.server_env}
-        self._popen = proctree.spawn_tree(argv, log_path=self.log_path, env=env, tag=self._tag, cpus=self.spec.cpus)
-        LIVE.add(self)
-        try:
-            self._wait_ready()
-            self._info = replace(
-                describe(self.base_url, self.model, self._engine_config_from_log(), self.spec.api_key),
-                kv_capacity=read_kv_capacity(self.log_path) if self.log_path else None,
-            )
-        except BaseException:
-            self.stop()
-            raise
+        return Launch(argv, log_path, env, self.spec.cpus)
 
-    def _wait_ready(self) -> None:
-        assert self._popen is not None
-        started = time.monotonic()
-        reason = "not probed yet"
-        while True:
-            code = self._popen.poll()
-            if code is not None:
-                self._raise_exited(code, time.monotonic() - started)
-            reason = probe_ready(self.base_url, self.model, self.spec.api_key) or ""
-            if not reason:
-                return
-            if time.monotonic() - started > self.spec.boot_timeout_s:
-                raise ServerBootError(
-                    f"server {self.spec.name!r} not ready after {self.spec.boot_timeout_s:.0f} s "
-                    f"(last probe: {reason})",
-                    log_path=self.log_path,
-                    log_tail=self.log_tail(),
-                )
-            time.sleep(_POLL_INTERVAL_S)
-
-    def _raise_exited(self, code: int, after_s: float) -> None:
-        tail = self.log_tail()
-        if _PORT_IN_USE in tail:
-            raise PortInUseError(
-                f"server {self.spec.name!r} could not bind {self.spec.host}:{self.port}: {_PORT_IN_USE}\n{tail}"
-            )
-        error_line = self._first_error_line()
+    def _exit_headline(self, code: int, after_s: float) -> str:
         headline = f"server {self.spec.name!r} exited with code {code} after {after_s:.1f} s while booting"
-        if error_line:
-            headline += f": {error_line.strip()}"
-        raise ServerBootError(headline, log_path=self.log_path, log_tail=tail)
+        error_line = self._first_error_line()
+        return f"{headline}: {error_line.strip()}" if error_line else headline
 
     def _first_error_line(self) -> str | None:
         if self.log_path is None:
@@ -534,18 +400,6 @@ class ManagedServer(StartStop):
                 if match:
                     return match.group("config")
         return None
-
-
-def _unused_log_path(log_dir: Path, name: str) -> Path:
-    """``<name>.log``, or ``<name>-2.log`` … : an earlier log is never overwritten."""
-    log_dir.mkdir(parents=True, exist_ok=True)
-    safe = re.sub(r"[^A-Za-z0-9._-]+", "_", name)
-    path = log_dir / f"{safe}.log"
-    n = 2
-    while path.exists():
-        path = log_dir / f"{safe}-{n}.log"
-        n += 1
-    return path
 
 
 @dataclass

@@ -20,7 +20,7 @@ from typing import Any
 
 from pytest_qwenperf.core.apikey import SERVER_ENV, is_api_key_option
 from pytest_qwenperf.core.identity import Identity, argv_digest
-from pytest_qwenperf.core.metrics import SCALING_METRIC, floor_metrics, gate
+from pytest_qwenperf.core.metrics import FLOORED, GATED, SCALING, find
 from pytest_qwenperf.core.summary import GoodputSLO
 from pytest_qwenperf.core.textfiles import read_text
 from pytest_qwenperf.loadgen.arrivals import Arrival, ArrivalError, ClosedLoop, OpenLoop
@@ -286,8 +286,9 @@ def _tolerances(reader: _Reader, value: object) -> Mapping[str, float]:
     if not isinstance(value, dict):
         raise reader.fail("suite.tolerances", "a table of gated metric = fraction", value)
     for name in value:
-        if gate(name) is None:
-            raise reader.fail(f"suite.tolerances.{name}", "a gated metric (see pytest_qwenperf.core.metrics.GATE_TOLERANCES)", name)
+        info = find(name)
+        if info is None or not info.gated:
+            raise reader.fail(f"suite.tolerances.{name}", f"a gated metric, one of {list(GATED)} or {SCALING.shape}", name)
     return MappingProxyType({name: _fraction(reader, v, f"suite.tolerances.{name}") for name, v in value.items()})
 
 
@@ -390,11 +391,11 @@ def _floors(
     """``metric = { config = minimum }``: a metric the perf tests hold to a floor, configs this workload runs on."""
     if not isinstance(data, dict):
         raise reader.fail(key, "a table of metric = { config = minimum }", data)
-    known = floor_metrics()
     floors = []
     for metric, per_config in data.items():
-        if metric not in known and not SCALING_METRIC.fullmatch(metric):
-            raise reader.fail(f"{key}.{metric}", f"a metric with a floor, one of {known} or scaling_efficiency_n<N>", metric)
+        info = find(metric)
+        if info is None or not info.floor:
+            raise reader.fail(f"{key}.{metric}", f"a metric with a floor, one of {list(FLOORED)} or {SCALING.shape}", metric)
         if not isinstance(per_config, dict):
             raise reader.fail(f"{key}.{metric}", 'a table of config id (or "*") = minimum', per_config)
         for config_id, minimum in per_config.items():

@@ -43,15 +43,15 @@ from tokenizers import Tokenizer, decoders, models, pre_tokenizers, processors, 
 from pytest_qwenperf.core.files import umask, write_bytes_atomically
 
 __all__ = [
-    "GENERATOR_VERSION",
-    "SPECIAL_TOKENS",
     "CHAT_TEMPLATE",
+    "GENERATOR_VERSION",
     "MARKER",
+    "SPECIAL_TOKENS",
     "TinyModelFolderError",
     "TinyModelSpec",
-    "write_tiny_model",
     "cache_dir",
     "ensure_tiny_model",
+    "write_tiny_model",
 ]
 
 #: Bump whenever the bytes produced for a given spec change (corpus, file
@@ -265,10 +265,8 @@ def _safetensors_bytes(spec: TinyModelSpec) -> bytes:
     rng = np.random.default_rng(spec.seed)
     arrays: dict[str, np.ndarray] = {}
     for name, shape in _parameter_shapes(spec).items():
-        if len(shape) == 1:  # RMSNorm weights
-            values = np.ones(shape, dtype=np.float32)
-        else:
-            values = rng.normal(0.0, 0.02, size=shape).astype(np.float32)
+        # RMSNorm weights (one dimension) are ones, the rest small random values
+        values = np.ones(shape, dtype=np.float32) if len(shape) == 1 else rng.normal(0.0, 0.02, size=shape).astype(np.float32)
         arrays[name] = _float32_to_bf16_bits(values)
     tensor_specs = {
         name: safetensors.TensorSpec(

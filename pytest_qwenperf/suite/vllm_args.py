@@ -10,6 +10,7 @@ releases; all known ones are tried.
 
 from __future__ import annotations
 
+import argparse
 import contextlib
 import io
 import json
@@ -128,7 +129,7 @@ def explain(message: str) -> str:
     return message + "".join(f"\n  hint: {hint}" for hint in hints)
 
 
-def _build_parser():  # type: ignore[no-untyped-def]
+def _build_parser() -> argparse.ArgumentParser:
     """vLLM's serve parser, on any vLLM from 0.9 on, with or without a GPU."""
     import importlib
 
@@ -141,14 +142,14 @@ def _build_parser():  # type: ignore[no-untyped-def]
     if unknown_platform:  # the CUDA build on a machine without GPU: parse as if on CPU
         from vllm.platforms.cpu import CpuPlatform
 
-        platforms._current_platform = CpuPlatform()
+        vars(platforms)["_current_platform"] = CpuPlatform()  # vLLM types the slot as None
     try:
-        from vllm.utils.argparse_utils import FlexibleArgumentParser
-    except ImportError:  # before 0.12
-        from vllm.utils import FlexibleArgumentParser  # type: ignore[attr-defined,no-redef]
+        parser_class = importlib.import_module("vllm.utils.argparse_utils").FlexibleArgumentParser
+    except (ImportError, AttributeError):  # before 0.12
+        parser_class = importlib.import_module("vllm.utils").FlexibleArgumentParser
     for name in _PARSER_MODULES:
         try:
-            return importlib.import_module(name).make_arg_parser(FlexibleArgumentParser())
+            return importlib.import_module(name).make_arg_parser(parser_class())
         except (ImportError, AttributeError):
             continue
     raise ImportError(f"none of {_PARSER_MODULES} provides make_arg_parser")

@@ -36,8 +36,13 @@ class Workload(abc.ABC):
     """Base of every workload kind; subclasses are frozen dataclasses."""
 
     kind: ClassVar[str]
+    __dataclass_fields__: ClassVar[dict[str, dataclasses.Field[Any]]]  # what makes asdict, fields and replace take any kind
     name: str
-    num_prompts: int | None
+
+    if typing.TYPE_CHECKING:  # a field of each kind but shared-prefix, where it is computed
+
+        @property
+        def num_prompts(self) -> int | None: ...
 
     @property
     def id(self) -> str:
@@ -60,7 +65,7 @@ class Workload(abc.ABC):
     def _default_id(self) -> str: ...
 
     def _identity(self) -> dict[str, Any]:
-        fields: dict[str, Any] = dataclasses.asdict(self)  # type: ignore[call-overload]
+        fields = dataclasses.asdict(self)
         del fields["name"]
         return fields
 
@@ -150,7 +155,7 @@ class SharedPrefixWorkload(Workload):
         _check_positive(self, "num_prefixes", "prompts_per_prefix", "prefix_len", "suffix_len", "output_len")
 
     @property
-    def num_prompts(self) -> int:  # type: ignore[override]
+    def num_prompts(self) -> int:
         return self.num_prefixes * self.prompts_per_prefix
 
     def _default_id(self) -> str:
@@ -301,7 +306,7 @@ def workload_from_dict(data: Mapping[str, Any], *, source: str) -> Workload:
     if kind not in KINDS:
         raise ValueError(f"{source}: kind: expected one of {sorted(KINDS)}, got {kind!r}")
     cls = KINDS[kind]
-    fields = {f.name: f for f in dataclasses.fields(cls)}  # type: ignore[arg-type]
+    fields = {f.name: f for f in dataclasses.fields(cls)}
     hints = typing.get_type_hints(cls)
     kwargs = {key: value for key, value in data.items() if key != "kind"}
     for key, value in kwargs.items():
@@ -384,7 +389,11 @@ def _spec(
 ) -> RequestSpec:
     """A request for ``prompt`` (ids or text) on ``api``; chat gets one user message."""
     if api == "chat":
-        text = prompt if isinstance(prompt, str) else tokenizer.decode(prompt)  # type: ignore[union-attr]
+        if isinstance(prompt, str):
+            text = prompt
+        else:
+            assert tokenizer is not None, "token-id prompts are drawn with a tokenizer"
+            text = tokenizer.decode(prompt)
         return RequestSpec(index=index, max_tokens=output_len, api="chat", messages=(("user", text),))
     if isinstance(prompt, tuple):
         expected: int | None = len(prompt)

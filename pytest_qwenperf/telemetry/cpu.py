@@ -163,8 +163,8 @@ def _merged(last: CpuSample, now: float, elapsed: float, used: Sequence[float], 
     one tick reads as many cores busy; folded into the interval before, it is exact.
     """
     seconds = last.seconds + elapsed
-    busy = tuple((b * last.seconds + u) / seconds for b, u in zip(last.busy, used))
-    return CpuSample(now, seconds, busy, tuple(max(a, b) for a, b in zip(last.processes, counts)))
+    busy = tuple((b * last.seconds + u) / seconds for b, u in zip(last.busy, used, strict=True))
+    return CpuSample(now, seconds, busy, tuple(max(a, b) for a, b in zip(last.processes, counts, strict=True)))
 
 
 def _trees(roots: Sequence[int]) -> list[psutil.Process]:

@@ -16,6 +16,7 @@ polled; a GPU that falls off the bus (``GPU is lost``) stops being polled at all
 
 from __future__ import annotations
 
+import contextlib
 import statistics
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
@@ -289,7 +290,7 @@ class NvmlSampler(PeriodicSampler):
             every = self._all_devices()
             uuids = [device[0].uuid if device else None for device in every]
             chosen, self.unresolved_devices = select_devices(self.visible_devices, uuids)
-            self._devices = [_DeviceState(*every[i]) for i in chosen if every[i]]
+            self._devices = [_DeviceState(*found) for i in chosen if (found := every[i])]
             if not self._devices:
                 raise SamplerUnavailable(f"no GPU here matches CUDA_VISIBLE_DEVICES {list(self.visible_devices)}")
             for device in self._devices:
@@ -339,10 +340,8 @@ class NvmlSampler(PeriodicSampler):
             return
         for device in self._devices:
             for sample in device.gpm_samples:
-                try:
+                with contextlib.suppress(nv.NVMLError):  # a lost GPU's samples cannot be freed; NVML reclaims them at shutdown
                     nv.nvmlGpmSampleFree(sample)
-                except nv.NVMLError:
-                    pass  # a lost GPU's samples cannot be freed; NVML reclaims them at shutdown
             device.gpm_samples = []
         self._nv = None
         nv.nvmlShutdown()

@@ -10,6 +10,7 @@ poll is counted and reported.
 
 from __future__ import annotations
 
+import itertools
 import statistics
 import threading
 import time
@@ -172,7 +173,7 @@ class PeriodicSampler:
         self._last_error = message
 
     def health(self) -> SamplerHealth:
-        jitter = sorted(b - a - self.interval_s for a, b in zip(self._poll_times, self._poll_times[1:]))
+        jitter = sorted(b - a - self.interval_s for a, b in itertools.pairwise(self._poll_times))
         return SamplerHealth(
             interval_s=self.interval_s,
             polls=len(self._poll_times),
@@ -222,7 +223,7 @@ def counter_increase(
 
 
 def _value_at(points: Sequence[tuple[float, float]], at: float) -> float:
-    for (t0, v0), (t1, v1) in zip(points, points[1:]):
+    for (t0, v0), (t1, v1) in itertools.pairwise(points):
         if t0 <= at <= t1:
             return v0 if t1 == t0 else v0 + (v1 - v0) * (at - t0) / (t1 - t0)
     raise ValueError(f"{at} outside the sampled span")

@@ -7,7 +7,8 @@ from pathlib import Path
 
 import pytest
 
-from pytest_qwenperf.serving.server import ManagedServer, ServerBootError, ServerSpec
+from pytest_qwenperf.serving.process import ServerBootError
+from pytest_qwenperf.serving.server import ManagedServer, ServerSpec
 from pytest_qwenperf.suite.embedded import resolve_model
 from tests.e2e.tiny import TINY
 

@@ -64,7 +64,7 @@ def test_two_replicas_share_the_load_and_their_scaling_is_reported_and_gated(tmp
     one, two = scaling["replicas"]["1"]["throughput"], scaling["replicas"]["2"]["throughput"]
     assert two == run["samples"]["total_token_throughput"] and len(one) == 2 and min(one + two) > 0
     efficiencies = scaling["replicas"]["2"]["efficiency"]
-    assert efficiencies == pytest.approx([t2 / (2 * t1) for t1, t2 in zip(one, two)]), (one, two, efficiencies)
+    assert efficiencies == pytest.approx([t2 / (2 * t1) for t1, t2 in zip(one, two, strict=True)]), (one, two, efficiencies)
     assert list(result.samples["scaling_efficiency_n2"]) == efficiencies
 
     # Gated like every baseline metric: recorded, then a run that scales like one replica doing

@@ -22,14 +22,13 @@ async def stream_completion(base_url: str, model: str, prompt: str, max_tokens: 
         "stream_options": {"include_usage": True},
     }
     chunks, usage = 0, {}
-    async with aiohttp.ClientSession() as session:
-        async with session.post(f"{base_url}/v1/completions", json=body) as resp:
-            assert resp.status == 200, await resp.text()
-            async for raw in resp.content:
-                line = raw.decode().strip()
-                if not line.startswith("data: ") or line == "data: [DONE]":
-                    continue
-                chunk = json.loads(line.removeprefix("data: "))
-                chunks += 1
-                usage = chunk.get("usage") or usage
+    async with aiohttp.ClientSession() as session, session.post(f"{base_url}/v1/completions", json=body) as resp:
+        assert resp.status == 200, await resp.text()
+        async for raw in resp.content:
+            line = raw.decode().strip()
+            if not line.startswith("data: ") or line == "data: [DONE]":
+                continue
+            chunk = json.loads(line.removeprefix("data: "))
+            chunks += 1
+            usage = chunk.get("usage") or usage
     return chunks, usage

@@ -20,6 +20,7 @@ import time
 from collections.abc import Iterator
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
+from typing import Any
 
 import psutil
 import pytest
@@ -42,14 +43,13 @@ from pytest_qwenperf.loadgen.request import RequestSpec
 from pytest_qwenperf.loadgen.workers import run_load_in_workers
 from pytest_qwenperf.measure.run import RunResult
 from pytest_qwenperf.serving.hardware import Hardware
+from pytest_qwenperf.serving.process import PortInUseError, free_port
 from pytest_qwenperf.serving.server import (
     ExternalServer,
     ManagedServer,
-    PortInUseError,
     ServerAuthError,
     ServerInfo,
     ServerSpec,
-    free_port,
     probe_ready,
 )
 from pytest_qwenperf.suite.config import SuiteError, load_suite
@@ -375,7 +375,7 @@ def test_a_suite_file_with_a_key_is_refused_without_echoing_it(tmp_path: Path, t
     assert shown.returncode == 2 and secret not in shown.stdout + shown.stderr
 
 
-def _run_with_argv(argv: tuple[str, ...]) -> dict[str, object]:
+def _run_with_argv(argv: tuple[str, ...]) -> dict[str, Any]:
     """A run's JSON, as the report writes it, of the CPU suite's base config with ``argv``."""
     cpu = load_suite(CPU)
     values = {"duration": 10.0, "completed": 256, "failed": 0, "total_input_tokens": 32768, "total_output_tokens": 32768}
@@ -404,7 +404,7 @@ def test_a_key_in_a_configs_argv_is_redacted_in_run_json_and_baselines(tmp_path:
     """A config built in Python (no suite file to refuse it): the key is neither written nor part of the identity."""
     first, second = new_key(), new_key()
     run = _run_with_argv(("--max-model-len", "2048", "--api-key", first))
-    assert run["identity"]["argv"] == ["--max-model-len", "2048", "--api-key", "***"]  # type: ignore[index]
+    assert run["identity"]["argv"] == ["--max-model-len", "2048", "--api-key", "***"]
     path = write_baseline(tmp_path, run, source="test")
     assert first not in path.read_text()
     rotated = parse_run(_run_with_argv(("--max-model-len", "2048", "--api-key", second)))

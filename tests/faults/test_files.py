@@ -36,13 +36,13 @@ UNWRITABLE = ["parent-is-a-file", "is-a-folder", "under-sys"]
 
 
 def cli(*args: str, umask: int = -1) -> subprocess.CompletedProcess[str]:
-    return subprocess.run([QWENPERF, *args], capture_output=True, text=True, timeout=300, umask=umask)
+    return subprocess.run([QWENPERF, *args], capture_output=True, text=True, timeout=300, umask=umask, check=False)
 
 
 def inner(pytester: pytest.Pytester, *args: str, umask: int = -1) -> subprocess.CompletedProcess[str]:
     """An inner pytest session in ``pytester.path``, as a user starts it (with a umask of its own when given)."""
     argv = [sys.executable, "-m", "pytest", "-p", "no:cacheprovider", f"--basetemp={pytester.path / 'basetemp'}", *args]
-    return subprocess.run(argv, cwd=pytester.path, capture_output=True, text=True, timeout=300, umask=umask)
+    return subprocess.run(argv, cwd=pytester.path, capture_output=True, text=True, timeout=300, umask=umask, check=False)
 
 
 def unwritable_path(tmp_path: Path, kind: str) -> Path:
@@ -199,7 +199,7 @@ from pathlib import Path
 from pytest_qwenperf.suite.config import load_suite
 from pytest_qwenperf.serving.hardware import Hardware
 from pytest_qwenperf.core.summary import RunSummary, TokenCrossCheck
-from pytest_qwenperf.plugin.hooks import _REPORT_KEY
+from pytest_qwenperf.plugin.settings import REPORT_KEY
 from pytest_qwenperf.measure.run import RunResult
 from pytest_qwenperf.serving.server import ServerInfo
 from pytest_qwenperf.telemetry import TelemetrySummary
@@ -219,7 +219,7 @@ def measured(pytestconfig, suite_name, config_id, workload_id, hardware, total):
             "p99_ttft_ms": 200.0, "p99_tpot_ms": 20.0, "achieved_request_rate": float("inf"),
         }}
     )
-    pytestconfig.stash[_REPORT_KEY].add(
+    pytestconfig.stash[REPORT_KEY].add(
         RunResult(
             suite=suite.name, config=suite.config(config_id), workload=next(w for w in suite.workloads if w.id == workload_id),
             servers=(ServerInfo("http://127.0.0.1:8000", "m", "0.32.0", 2048),), hardware=hardware, summary=summary,

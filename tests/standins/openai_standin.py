@@ -51,7 +51,7 @@ def main() -> None:
             "import signal,subprocess,sys,time\n"
             + ("signal.signal(signal.SIGTERM, signal.SIG_IGN)\n" if args.ignore_sigterm else "")
             + "g = subprocess.Popen([sys.executable, '-c', "
-            + repr(("import signal,time\n" + ("signal.signal(signal.SIGTERM, signal.SIG_IGN)\n" if args.ignore_sigterm else "") + "time.sleep(3600)"))
+            + repr("import signal,time\n" + ("signal.signal(signal.SIGTERM, signal.SIG_IGN)\n" if args.ignore_sigterm else "") + "time.sleep(3600)")
             + f"], start_new_session={args.escape_group})\n"
             + "print(g.pid, flush=True)\n"
             + "time.sleep(3600)\n"

@@ -1,0 +1,74 @@
+"""``qwenperf compare``: runs across vLLM versions or config changes, judged against the first file.
+
+Imports only the gate, so comparing two files on a laptop loads no server, load-generator
+or telemetry code."""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+from pathlib import Path
+
+from pytest_qwenperf.gate import compare
+
+HELP = "compare runs across vLLM versions (or config changes), with verdicts against the first file"
+DESCRIPTION = (
+    "Tables per config x workload: one column per file (session JSON from --qwenperf-json or "
+    "pytest-benchmark JSON), deltas and verdicts against REFERENCE. A run that lost data (failed requests, token "
+    "totals that disagree with the server, client-bound, a metric without a value) is 'invalid: <why>', a "
+    "config x workload that REFERENCE has and a FILE lacks is 'missing'. Exit 1 on a --fail-on verdict, "
+    "exit 2 for an unreadable input."
+)
+ERRORS: tuple[type[Exception], ...] = ()
+
+
+def add_arguments(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("reference", type=Path, metavar="REFERENCE", help="the file the others are judged against")
+    parser.add_argument("files", nargs="+", type=Path, metavar="FILE")
+    parser.add_argument(
+        "--fail-on",
+        action="append",
+        choices=compare.FAILABLE,
+        metavar="VERDICT",
+        help=f"exit 1 when any metric gets this verdict (repeatable; one of {', '.join(compare.FAILABLE)}); "
+        f"given at all, {' and '.join(compare.LOST_DATA)} fail too unless --allow-ed",
+    )
+    parser.add_argument(
+        "--allow",
+        action="append",
+        choices=compare.LOST_DATA,
+        metavar="VERDICT",
+        help=f"do not fail on this verdict that --fail-on fails on by default (repeatable; {' or '.join(compare.LOST_DATA)})",
+    )
+    output = parser.add_mutually_exclusive_group()
+    output.add_argument("--markdown", action="store_true", help="GitHub-flavoured markdown (for $GITHUB_STEP_SUMMARY)")
+    output.add_argument("--json", action="store_true", help=f"machine-readable output (schema {compare.SCHEMA})")
+    parser.add_argument("--plot", type=Path, metavar="PNG", help="also write total tok/s per rung and file as a PNG")
+    parser.add_argument("--metric", action="append", metavar="NAME", help="only these metrics (repeatable)")
+
+
+def run(args: argparse.Namespace) -> int:
+    """``--fail-on`` fails on the verdicts it names and on :data:`compare.LOST_DATA` unless ``--allow``-ed."""
+    allowed, named = set(args.allow or ()), set(args.fail_on or ())
+    if allowed & named:
+        both = ", ".join(sorted(allowed & named))
+        print(f"qwenperf: --allow {both} contradicts --fail-on {both}: give one of them", file=sys.stderr)
+        return 2
+    try:
+        comparison = compare.compare([compare.load_runs(p) for p in (args.reference, *args.files)], args.metric or ())
+        if args.plot:
+            compare.plot_throughput(comparison, args.plot)
+    except compare.CompareError as exc:
+        print(f"qwenperf: {exc}", file=sys.stderr)
+        return 2
+    if args.json:
+        print(json.dumps(compare.as_json(comparison), indent=2))
+    else:
+        print(compare.render(comparison, markdown=args.markdown))
+    failing_on = named | (set(compare.LOST_DATA) - allowed) if named else set()
+    failing = {verdict: n for verdict, n in sorted(comparison.verdicts().items()) if verdict in failing_on}
+    if failing:
+        print("qwenperf: failing on " + ", ".join(f"{n} {verdict}" for verdict, n in failing.items()), file=sys.stderr)
+        return 1
+    return 0

@@ -1,0 +1,61 @@
+"""Recording a session's runs as the baselines: when, which published figures may go, and what became of each run."""
+
+from __future__ import annotations
+
+from collections.abc import Iterable, Mapping, Sequence
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from pytest_qwenperf.gate.baseline import BaselineError, BaselineRefused, PublishedBaselineKept, parse_run, write_baseline
+
+
+@dataclass(frozen=True)
+class BaselineOutcome:
+    """What became of one run: its baseline file, and why it was not written (None: written)."""
+
+    config_key: str
+    path: Path
+    refused: str | None = None
+    published_kept: bool = False  # refused only because the file holds published figures no one named
+
+
+@dataclass(frozen=True)
+class BaselineUpdate:
+    """A session's baseline update: nothing is written when ``failed_tests`` > 0."""
+
+    failed_tests: int
+    outcomes: tuple[BaselineOutcome, ...] = ()
+
+
+def update_baselines(
+    root: Path,
+    runs: Iterable[tuple[str, Mapping[str, Any]]],
+    *,
+    failed_tests: int,
+    replace_published: Sequence[str],
+    source: str,
+) -> BaselineUpdate:
+    """Write each run (its config's key, e.g. ``b200/dp8``, and its JSON) as the baseline of its
+    identity under ``root``, unless a test failed.
+
+    A stored baseline of published figures is replaced only by the runs of a config whose key
+    ``replace_published`` names, or when it names the file itself; a refused run leaves its
+    file untouched and the others still go ahead.
+    """
+    if failed_tests:
+        return BaselineUpdate(failed_tests)
+    named_files = {Path(name).resolve() for name in replace_published}
+    outcomes = []
+    for config_key, run in runs:
+        target = parse_run(run).identity.path(root)
+        replace = config_key in replace_published or target.resolve() in named_files
+        try:
+            path = write_baseline(root, run, source=source, replace_published=replace)
+        except PublishedBaselineKept as exc:
+            outcomes.append(BaselineOutcome(config_key, target, str(exc), published_kept=True))
+        except (BaselineRefused, BaselineError) as exc:
+            outcomes.append(BaselineOutcome(config_key, target, str(exc)))
+        else:
+            outcomes.append(BaselineOutcome(config_key, path))
+    return BaselineUpdate(0, tuple(outcomes))

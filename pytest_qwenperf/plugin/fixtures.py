@@ -1,0 +1,152 @@
+"""The plugin's fixtures: the session's servers, the measured runs and their judgements.
+
+Registered through ``pytest_plugins`` of :mod:`pytest_qwenperf.plugin.hooks`.
+"""
+
+from __future__ import annotations
+
+from collections import Counter
+from collections.abc import Callable, Iterator
+
+import pytest
+
+from pytest_qwenperf.core.verdict import Judgement
+from pytest_qwenperf.gate.baseline import BaselineError, find_baseline, parse_run
+from pytest_qwenperf.gate.judge import judge_run
+from pytest_qwenperf.measure.run import RunResult, measure
+from pytest_qwenperf.measure.scaling import endpoint_routes
+from pytest_qwenperf.plugin.settings import REPORT_KEY, SETTINGS_KEY, SUITES_KEY, USES_KEY, QwenperfSettings
+from pytest_qwenperf.serving.endpoints import set_urls
+from pytest_qwenperf.serving.hardware import detect
+from pytest_qwenperf.serving.placement import Placement, gpu_ids, placement
+from pytest_qwenperf.serving.pool import PoolSettings, ServerPool
+from pytest_qwenperf.serving.server import Server
+from pytest_qwenperf.suite.config import ServingConfig, Suite, SuiteWorkload
+
+
+@pytest.fixture(scope="session")
+def qwenperf_settings(pytestconfig: pytest.Config) -> QwenperfSettings:
+    return pytestconfig.stash[SETTINGS_KEY]
+
+
+@pytest.fixture(scope="session")
+def qwenperf_pool(
+    pytestconfig: pytest.Config, qwenperf_settings: QwenperfSettings, tmp_path_factory: pytest.TempPathFactory
+) -> Iterator[ServerPool]:
+    """All servers of the session; each config boots once and everything stops at the end."""
+    pool = ServerPool(
+        PoolSettings(
+            log_dir=qwenperf_settings.log_dir or tmp_path_factory.mktemp("vllm-logs", numbered=False),
+            launcher=qwenperf_settings.launcher,
+            boot_timeout_s=qwenperf_settings.boot_timeout_s,
+            endpoints=qwenperf_settings.endpoints or set_urls(qwenperf_settings.endpoint_sets),
+            endpoint_model=qwenperf_settings.endpoint_sets.model if qwenperf_settings.endpoint_sets else None,
+            api_key=qwenperf_settings.api_key,
+        )
+    )
+    pytestconfig.stash[REPORT_KEY].boots = pool.boots
+    try:
+        yield pool
+    finally:
+        pool.close()
+
+
+@pytest.fixture
+def serving_config(request: pytest.FixtureRequest) -> ServingConfig:
+    """Parametrize this name with :class:`ServingConfig` objects to choose the server."""
+    raise pytest.UsageError(
+        f"{request.node.nodeid} uses vllm_server but no serving config was chosen: "
+        "parametrize 'serving_config' with ServingConfig objects"
+    )
+
+
+def _placement(cfg: ServingConfig, settings: QwenperfSettings) -> Placement:
+    return placement(cfg, detect(), server_cpus=settings.server_cpus, client_cpus=settings.client_cpus)
+
+
+@pytest.fixture
+def vllm_server(
+    request: pytest.FixtureRequest, serving_config: ServingConfig, qwenperf_pool: ServerPool, qwenperf_settings: QwenperfSettings
+) -> Iterator[Server]:
+    """The running server for ``serving_config``; stopped after the last test that needs it."""
+    cpus = _placement(serving_config, qwenperf_settings).server_cpus
+    try:
+        yield qwenperf_pool.get(serving_config, cpus, gpu_ids(serving_config, detect()))
+    finally:
+        uses = request.config.stash.get(USES_KEY, Counter())
+        uses[serving_config.key] -= 1
+        if uses[serving_config.key] <= 0:
+            qwenperf_pool.release(serving_config.key)
+
+
+MeasureFn = Callable[[ServingConfig, SuiteWorkload], RunResult]
+
+
+@pytest.fixture
+def qwenperf_measure(pytestconfig: pytest.Config, qwenperf_pool: ServerPool, qwenperf_settings: QwenperfSettings) -> MeasureFn:
+    """``measure(config, workload)``: the session's run of that pair, measured on first use.
+
+    Tests comparing two rungs use it for the rung they are not parametrized with; the
+    test ordering usually means that run already exists.
+    """
+    report = pytestconfig.stash[REPORT_KEY]
+
+    def _measure(cfg: ServingConfig, workload: SuiteWorkload) -> RunResult:
+        result = report.get(cfg.key, workload.id)
+        if result is None:
+            placed = _placement(cfg, qwenperf_settings)
+            server = qwenperf_pool.get(cfg, placed.server_cpus, gpu_ids(cfg, detect()))
+            suite = _suite_of(pytestconfig, cfg)
+            sets = qwenperf_settings.endpoint_sets
+            result = measure(
+                server,
+                cfg,
+                workload,
+                suite=cfg.suite,
+                client_cpus=placed.client_cpus,
+                repeats=qwenperf_settings.repeats or suite.repeats,
+                tolerances=suite.tolerances,
+                routes=endpoint_routes(sets) if sets else None,
+                workers=qwenperf_settings.client_workers,
+                api_key=qwenperf_settings.api_key,
+            )
+            report.add(result)
+        return result
+
+    return _measure
+
+
+@pytest.fixture
+def qwenperf_run(serving_config: ServingConfig, suite_workload: SuiteWorkload, vllm_server: Server, qwenperf_measure: MeasureFn) -> RunResult:
+    """The measured run of ``suite_workload`` on ``serving_config``: once per session, shared by tests."""
+    return qwenperf_measure(serving_config, suite_workload)
+
+
+@pytest.fixture
+def qwenperf_suite(pytestconfig: pytest.Config, serving_config: ServingConfig) -> Suite:
+    """The suite that defines ``serving_config``."""
+    return _suite_of(pytestconfig, serving_config)
+
+
+def _suite_of(config: pytest.Config, cfg: ServingConfig) -> Suite:
+    suites = config.stash[SUITES_KEY]
+    found = next((s for s in suites if s.name == cfg.suite), None)
+    if found is None:
+        raise pytest.UsageError(f"config {cfg.key} belongs to no loaded suite; suites are {[s.name for s in suites]}")
+    return found
+
+
+@pytest.fixture
+def qwenperf_judgements(qwenperf_run: RunResult, qwenperf_settings: QwenperfSettings) -> tuple[Judgement, ...]:
+    """Every gated metric of the run against its stored baseline (see :func:`~pytest_qwenperf.gate.judge.judge_run`).
+
+    A baseline file that cannot be read fails the test with the one line that names the
+    file, the field and what was expected (no traceback: the fault is in the file)."""
+    run = qwenperf_run.as_json()
+    try:
+        baseline = find_baseline(qwenperf_settings.baselines, parse_run(run).identity)
+    except BaselineError as exc:
+        unreadable = str(exc)
+    else:
+        return judge_run(baseline, run)
+    pytest.fail(f"qwenperf: {unreadable}", pytrace=False)  # outside the except: no "during handling" chain

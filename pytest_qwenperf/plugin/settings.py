@@ -1,0 +1,132 @@
+"""The plugin's settings, resolved once per session: CLI option → ini key → default.
+
+:func:`resolve_settings` reads them in ``pytest_configure`` into a frozen
+:class:`QwenperfSettings`; the hooks keep it, the loaded suites and the session's report
+in ``config.stash`` under the keys below.
+"""
+
+from __future__ import annotations
+
+import argparse
+import glob
+import os
+from collections import Counter
+from collections.abc import Callable
+from dataclasses import dataclass
+from pathlib import Path
+from typing import TypeVar
+
+import pytest
+
+from pytest_qwenperf.core.apikey import ApiKey, ApiKeyError, key_from_environment
+from pytest_qwenperf.core.files import unwritable, unwritable_folder
+from pytest_qwenperf.core.options import endpoint_url, launcher_argv, positive_seconds, whole_number
+from pytest_qwenperf.measure.report import SessionReport
+from pytest_qwenperf.serving.endpoints import EndpointSets
+from pytest_qwenperf.serving.server import DEFAULT_BOOT_TIMEOUT_S, DEFAULT_LAUNCHER
+from pytest_qwenperf.suite.config import Suite
+
+
+@dataclass(frozen=True)
+class QwenperfSettings:
+    launcher: tuple[str, ...]
+    boot_timeout_s: float
+    log_dir: Path | None
+    endpoints: tuple[str, ...]
+    endpoint_sets: EndpointSets | None  # replicas already deployed, per replica count (multi-node scaling)
+    suites: tuple[Path, ...]
+    json_path: Path | None
+    server_cpus: frozenset[int] | None  # None: the default placement for the suite's hardware
+    client_cpus: frozenset[int] | None
+    repeats: int | None  # None: each suite's own
+    client_workers: int  # load-generator processes (one event loop each)
+    baselines: Path
+    update_baselines: bool
+    replace_published: tuple[str, ...] = ()  # config keys or baseline files whose published figures a run may replace
+    api_key: ApiKey | None = None  # from the environment (see _api_key); booted servers require it, requests carry it
+
+
+SETTINGS_KEY = pytest.StashKey[QwenperfSettings]()
+SUITES_KEY = pytest.StashKey[tuple[Suite, ...]]()
+REPORT_KEY = pytest.StashKey[SessionReport]()
+"""The session's runs: every measured (config, workload), written at the end of the session."""
+USES_KEY = pytest.StashKey[Counter[str]]()
+"""Config key → collected tests still to use its server (it stops after the last)."""
+_T = TypeVar("_T")
+
+
+def resolve_settings(config: pytest.Config) -> QwenperfSettings:
+    """The session's settings; a :class:`pytest.UsageError` names the option or ini key of a bad value,
+    and one whose results could not be written at the end of the session."""
+    endpoints = config.getoption("qwenperf_endpoint") or [
+        _from_ini(config, "qwenperf_endpoints", endpoint_url, line) for line in config.getini("qwenperf_endpoints")
+    ]
+    settings = QwenperfSettings(
+        launcher=_resolve(config, "qwenperf_launcher", launcher_argv, DEFAULT_LAUNCHER),
+        boot_timeout_s=_resolve(config, "qwenperf_boot_timeout", positive_seconds, DEFAULT_BOOT_TIMEOUT_S),
+        log_dir=_resolve(config, "qwenperf_log_dir", Path, None),
+        endpoints=tuple(endpoints),
+        endpoint_sets=config.getoption("qwenperf_endpoints_file"),
+        suites=tuple(config.getoption("qwenperf_suite")) or _ini_suites(config),
+        json_path=config.getoption("qwenperf_json"),
+        server_cpus=config.getoption("qwenperf_server_cpus"),
+        client_cpus=config.getoption("qwenperf_client_cpus"),
+        repeats=_resolve(config, "qwenperf_repeats", whole_number(1), None),
+        client_workers=_resolve(config, "qwenperf_client_workers", whole_number(1), 1),
+        baselines=config.rootpath / _resolve(config, "qwenperf_baselines", Path, Path("baselines")),
+        update_baselines=config.getoption("qwenperf_update_baselines"),
+        replace_published=tuple(config.getoption("qwenperf_replace_published")),
+        api_key=_api_key(config),
+    )
+    _check_outputs(settings)
+    return settings
+
+
+def _api_key(config: pytest.Config) -> ApiKey | None:
+    """The servers' API key: from the variable ``--qwenperf-api-key-env`` (ini ``qwenperf_api_key_env``)
+    names, else from ``VLLM_API_KEY``, else ``OPENAI_API_KEY``; None when none is set."""
+    option = config.getoption("qwenperf_api_key_env")
+    name = option or config.getini("qwenperf_api_key_env") or None
+    try:
+        return key_from_environment(os.environ, name)
+    except ApiKeyError as exc:
+        where = "--qwenperf-api-key-env" if option else f"{config.inipath}: ini key qwenperf_api_key_env" if name else "qwenperf"
+        raise pytest.UsageError(f"{where}: {exc}") from None
+
+
+def _check_outputs(settings: QwenperfSettings) -> None:
+    """Fail before any server boots when a result could not be written at the end of the session."""
+    if settings.replace_published and not settings.update_baselines:
+        raise pytest.UsageError("--qwenperf-replace-published: only takes effect with --qwenperf-update-baselines")
+    if settings.json_path is not None and (why := unwritable(settings.json_path)):
+        raise pytest.UsageError(f"--qwenperf-json {settings.json_path}: cannot write the results there: {why}")
+    if settings.update_baselines and (why := unwritable_folder(settings.baselines)):
+        raise pytest.UsageError(
+            f"--qwenperf-update-baselines: cannot write baselines into the folder {settings.baselines} "
+            f"(--qwenperf-baselines or ini qwenperf_baselines): {why}"
+        )
+
+
+def _resolve(config: pytest.Config, name: str, parse: Callable[[str], _T], default: _T) -> _T:
+    value = config.getoption(name)
+    if value is not None:
+        return value  # already parsed by argparse
+    raw = config.getini(name)
+    return _from_ini(config, name, parse, raw) if raw else default
+
+
+def _from_ini(config: pytest.Config, name: str, parse: Callable[[str], _T], raw: str) -> _T:
+    try:
+        return parse(raw)
+    except argparse.ArgumentTypeError as exc:
+        raise pytest.UsageError(f"{config.inipath}: ini key {name}: {exc}") from None
+
+
+def _ini_suites(config: pytest.Config) -> tuple[Path, ...]:
+    paths: list[Path] = []
+    for pattern in config.getini("qwenperf_suites"):
+        matches = sorted(glob.glob(str(config.rootpath / pattern)))
+        if not matches:
+            raise pytest.UsageError(f"{config.inipath}: ini key qwenperf_suites: {pattern!r} matches no file")
+        paths += [Path(m) for m in matches]
+    return tuple(paths)

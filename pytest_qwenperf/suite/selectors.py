@@ -1,0 +1,59 @@
+"""Which (config, workload) pairs of the suites a kind of test runs on.
+
+A test marked ``qwenperf_select(name)`` runs on the pairs :data:`SELECTORS` ``[name]``
+keeps; a test with no mark on every pair (``all``).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
+
+from pytest_qwenperf.suite.config import ServingConfig, Suite, SuiteWorkload
+from pytest_qwenperf.suite.workloads import SharedPrefixWorkload
+
+SELECTORS: dict[str, Callable[[Suite, ServingConfig, SuiteWorkload], bool]] = {
+    "all": lambda suite, cfg, wl: True,
+    "ladder": lambda suite, cfg, wl: cfg.improves and cfg.inherits is not None and wl.runs_on(cfg.inherits),
+    "slo": lambda suite, cfg, wl: wl.slo is not None,
+    "speculative": lambda suite, cfg, wl: cfg.speculative,
+    "utilization": lambda suite, cfg, wl: any(wl.floor(name, cfg.id) is not None for name in ("gpu_utilization", "server_cpu_busy")),
+    "scaling": lambda suite, cfg, wl: cfg.replicas > 1,
+    "prefix-cache": lambda suite, cfg, wl: (
+        isinstance(wl.workload, SharedPrefixWorkload)
+        and "--enable-prefix-caching" in cfg.vllm_args
+        and cfg.inherits is not None
+        and wl.runs_on(cfg.inherits)
+    ),
+}
+"""``ladder`` compares a rung with the one it inherits from, ``prefix-cache`` a cached rung with
+its uncached parent on a shared-prefix workload, ``utilization`` pairs with a utilization floor,
+``scaling`` configs of several replicas (every config when deployed endpoint sets are measured)."""
+
+
+@dataclass(frozen=True)
+class Pair:
+    """One (config, workload) pair a test runs on, with the suite that defines both."""
+
+    suite: Suite
+    config: ServingConfig
+    workload: SuiteWorkload
+
+
+def selected_pairs(suites: Sequence[Suite], selector: str, *, deployed_sets: bool = False) -> tuple[Pair, ...]:
+    """The pairs of ``suites`` that ``selector`` keeps, in suite, workload, config order.
+
+    With ``deployed_sets`` (replicas already deployed, per replica count) the sets are what
+    scales, so ``scaling`` keeps every config. Raises :class:`ValueError` naming the
+    selectors when ``selector`` is none of them.
+    """
+    if selector not in SELECTORS:
+        raise ValueError(f"qwenperf_select({selector!r}): expected one of {sorted(SELECTORS)}")
+    keep = SELECTORS["all" if selector == "scaling" and deployed_sets else selector]
+    return tuple(
+        Pair(suite, cfg, workload)
+        for suite in suites
+        for workload in suite.workloads
+        for cfg in suite.configs
+        if workload.runs_on(cfg.id) and keep(suite, cfg, workload)
+    )

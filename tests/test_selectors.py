@@ -1,0 +1,42 @@
+"""Which (config, workload) pairs of a suite each kind of test runs on."""
+
+from __future__ import annotations
+
+import pytest
+
+from pytest_qwenperf.suite.selectors import SELECTORS, selected_pairs
+from tests.test_baseline import suite
+
+
+def _ids(selector: str, *, deployed_sets: bool = False) -> list[str]:
+    return [f"{p.config.key}/{p.workload.id}" for p in selected_pairs([suite("cpu")], selector, deployed_sets=deployed_sets)]
+
+
+def test_every_pair_a_workload_runs_on_in_suite_workload_config_order() -> None:
+    cpu = suite("cpu")
+    pairs = selected_pairs([cpu, suite("b200")], "all")
+    assert all(p.workload.runs_on(p.config.id) for p in pairs)
+    assert [p.suite.name for p in pairs] == sorted((p.suite.name for p in pairs), key=["cpu", "b200"].index)
+    first = [p for p in pairs if p.workload.id == cpu.workloads[0].id]
+    assert [p.config.id for p in first] == [c.id for c in cpu.configs if cpu.workloads[0].runs_on(c.id)]
+    assert "cpu/replicas-2/scaling-isl128-osl128" in _ids("all") and "cpu/base/scaling-isl128-osl128" not in _ids("all")
+
+
+def test_each_selector_keeps_its_kind_of_pair() -> None:
+    assert _ids("ladder") == ["cpu/ngram-spec/isl128-osl128", "cpu/prefix-cache/shared-prefix-p4x24"]
+    assert _ids("prefix-cache") == ["cpu/prefix-cache/shared-prefix-p4x24"]
+    assert _ids("speculative") == ["cpu/ngram-spec/isl128-osl128"]
+    assert _ids("scaling") == ["cpu/replicas-2/scaling-isl128-osl128"]
+    unchecked = [i for i in _ids("all") if not i.endswith("/shared-prefix-p4x24")]  # that workload has no SLO, no CPU floor
+    assert _ids("slo") == unchecked and _ids("utilization") == unchecked
+
+
+def test_deployed_sets_are_what_scales_so_scaling_keeps_every_config() -> None:
+    assert _ids("scaling", deployed_sets=True) == _ids("all")
+    assert _ids("ladder", deployed_sets=True) == _ids("ladder")
+
+
+def test_an_unknown_selector_names_the_known_ones() -> None:
+    with pytest.raises(ValueError, match=r"^qwenperf_select\('fastest'\): expected one of \[") as caught:
+        selected_pairs([suite("cpu")], "fastest")
+    assert str(sorted(SELECTORS)) in str(caught.value)
