@@ -4,9 +4,9 @@ one round per repeat of the run, so its statistics are the run-to-run spread."""
 
 from __future__ import annotations
 
-from pytest_qwenperf.measure.run import RunResult
+from pytest_qwenperf.core.run import Run
 from pytest_qwenperf.plugin.benchmark import record_run
 
 
-def test_recorded_for_pytest_benchmark(qwenperf_run: RunResult, benchmark) -> None:
-    record_run(benchmark, qwenperf_run.as_json())
+def test_recorded_for_pytest_benchmark(qwenperf_run: Run, benchmark) -> None:
+    record_run(benchmark, qwenperf_run)

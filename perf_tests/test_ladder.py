@@ -8,20 +8,20 @@ from __future__ import annotations
 
 import pytest
 
-from pytest_qwenperf.measure.run import RunResult
+from pytest_qwenperf.core.run import Run
 from pytest_qwenperf.suite.config import ServingConfig, Suite, SuiteWorkload
 
 
 @pytest.mark.qwenperf_select("ladder")
 def test_rung_not_slower_than_the_one_it_inherits(
-    qwenperf_run: RunResult, qwenperf_measure, qwenperf_suite: Suite, serving_config: ServingConfig, suite_workload: SuiteWorkload
+    qwenperf_run: Run, qwenperf_measure, qwenperf_suite: Suite, serving_config: ServingConfig, suite_workload: SuiteWorkload
 ) -> None:
     assert serving_config.inherits is not None
     parent = qwenperf_measure(qwenperf_suite.config(serving_config.inherits), suite_workload)
     metric = "total_token_throughput"
-    now, before = qwenperf_run.summary.values()[metric], parent.summary.values()[metric]
+    now, before = qwenperf_run.metrics[metric], parent.metrics[metric]
     ratio = now / before
     assert ratio >= 1 - qwenperf_suite.ladder_tolerance, (
         f"{serving_config.id} ({serving_config.description}) gives {now:.0f} {metric}, "
-        f"{1 - ratio:.1%} less than {parent.config.id} ({before:.0f}); tolerance {qwenperf_suite.ladder_tolerance:.0%}"
+        f"{1 - ratio:.1%} less than {parent.identity.config} ({before:.0f}); tolerance {qwenperf_suite.ladder_tolerance:.0%}"
     )

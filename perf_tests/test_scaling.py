@@ -14,9 +14,9 @@ import statistics
 
 import pytest
 
+from pytest_qwenperf.core.run import Run
 from pytest_qwenperf.core.verdict import Judgement
 from pytest_qwenperf.gate.judge import render_judgements
-from pytest_qwenperf.measure.run import RunResult
 from pytest_qwenperf.suite.config import ServingConfig, SuiteWorkload
 
 pytestmark = [pytest.mark.scaling, pytest.mark.qwenperf_select("scaling")]
@@ -25,11 +25,11 @@ SPREAD_LIMIT = 0.10
 """Each replica's request count within 10 % of the mean: the router spreads the load."""
 
 
-def test_requests_spread_evenly_over_replicas(qwenperf_run: RunResult) -> None:
+def test_requests_spread_evenly_over_replicas(qwenperf_run: Run) -> None:
     scaling = qwenperf_run.scaling
     assert scaling is not None, "no scaling figures: the run compared no replica counts"
     counts = dict(scaling.requests_per_replica)
-    spread = scaling.request_spread()
+    spread = scaling.request_spread
     if spread is None and not counts:
         pytest.skip("the endpoints are a Service or gateway in front of the replicas: requests per replica are not visible")
     assert spread is not None, f"a replica's /metrics had no request counter: {counts}"
@@ -37,7 +37,7 @@ def test_requests_spread_evenly_over_replicas(qwenperf_run: RunResult) -> None:
 
 
 def test_scaling_efficiency(
-    qwenperf_run: RunResult,
+    qwenperf_run: Run,
     qwenperf_judgements: tuple[Judgement, ...],
     serving_config: ServingConfig,
     suite_workload: SuiteWorkload,
@@ -46,7 +46,7 @@ def test_scaling_efficiency(
     scaling = qwenperf_run.scaling
     assert scaling is not None, "no scaling figures: the run compared no replica counts"
     efficiencies = scaling.efficiencies()
-    assert efficiencies, f"only the one-replica reference was measured: {scaling.as_json()}"
+    assert efficiencies, f"only the one-replica reference was measured: {scaling.replicas}"
     judged = [j for j in qwenperf_judgements if j.metric.startswith("scaling_efficiency_n")]
     floors = {n: suite_workload.floor(f"scaling_efficiency_n{n}", serving_config.id) for n in efficiencies}
     assert any(f is not None for f in floors.values()) or any(j.verdict != "no-baseline" for j in judged), (

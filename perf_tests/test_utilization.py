@@ -10,26 +10,21 @@ from __future__ import annotations
 
 import pytest
 
-from pytest_qwenperf.measure.run import RunResult
+from pytest_qwenperf.core.run import Run
 from pytest_qwenperf.suite.config import ServingConfig, Suite, SuiteWorkload
 
 
 @pytest.mark.qwenperf_select("utilization")
 def test_device_busy_in_steady_state(
-    qwenperf_run: RunResult, qwenperf_suite: Suite, serving_config: ServingConfig, suite_workload: SuiteWorkload
+    qwenperf_run: Run, qwenperf_suite: Suite, serving_config: ServingConfig, suite_workload: SuiteWorkload
 ) -> None:
-    telemetry = qwenperf_run.telemetry
+    telemetry = qwenperf_run.telemetry or {}
     if qwenperf_suite.gpus:
-        name = "gpu_utilization"
-        gpu = telemetry.gpu
-        assert gpu is not None and gpu.utilization_mean is not None, f"no GPU utilization sampled: {telemetry.as_json()['gpu']}"
-        observed = gpu.utilization_mean
+        name, sampler, what = "gpu_utilization", "gpu", "GPU utilization"
     else:
-        name = "server_cpu_busy"
-        cpu = telemetry.cpu
-        server = cpu.groups.get("server") if cpu is not None else None
-        assert server is not None and server.cores_busy is not None, f"no server CPU sampled: {telemetry.as_json()['cpu']}"
-        observed = server.cores_busy.mean
+        name, sampler, what = "server_cpu_busy", "cpu", "server CPU"
+    observed = qwenperf_run.value(name)
+    assert observed is not None, f"no {what} sampled: {telemetry.get(sampler)}"
     floor = suite_workload.floor(name, serving_config.id)
     assert floor is not None, f"no {name} floor for {serving_config.key} on {suite_workload.id} in {qwenperf_suite.path}"
     assert observed >= floor, f"{name} {observed:.2f} is below the floor {floor} for {serving_config.key}: the device sat idle"

@@ -8,27 +8,27 @@ from functools import cache
 from pathlib import Path
 from typing import Any
 
+import msgspec
 import pytest
 
 from pytest_qwenperf.core.formats import json_safe
+from pytest_qwenperf.core.identity import Context
 from pytest_qwenperf.core.metrics import metric
+from pytest_qwenperf.core.run import Run, RunJsonError, decode_run
 from pytest_qwenperf.core.summary import RunSummary, TokenCrossCheck
 from pytest_qwenperf.gate.baseline import (
     SCHEMA,
     BaselineError,
     BaselineRefused,
-    Context,
     PublishedBaselineKept,
-    RunJsonError,
+    decode_baseline,
     find_baseline,
     load_baseline,
-    parse_baseline,
-    parse_run,
     published_baseline,
     write_baseline,
 )
 from pytest_qwenperf.gate.judge import judge_run
-from pytest_qwenperf.measure.run import RunResult
+from pytest_qwenperf.measure.run import build_run
 from pytest_qwenperf.serving.hardware import Hardware
 from pytest_qwenperf.serving.server import ServerInfo
 from pytest_qwenperf.suite.config import Suite, load_suite
@@ -59,7 +59,7 @@ def make_run(
     samples: Mapping[str, Sequence[float]] | None = None,
     extra: Mapping[str, Any] | None = None,
 ) -> dict[str, Any]:
-    """A run's JSON as the report writes it: ``RunResult.as_json()`` of the CPU suite, through JSON."""
+    """A run's JSON as the report writes it: a run of the CPU suite, through JSON."""
     cpu = suite("cpu")
     summary = RunSummary.from_values(
         {
@@ -77,7 +77,7 @@ def make_run(
         }
     )
     deltas = {"prefix_cache_hits": hit_rate * 1000, "prefix_cache_queries": 1000.0} if hit_rate is not None else {}
-    result = RunResult(
+    result = build_run(
         suite=cpu.name,
         config=cpu.config(config),
         workload=next(w for w in cpu.workloads if w.id == workload),
@@ -94,15 +94,20 @@ def make_run(
         started="2026-04-01T02:00:00+00:00",
         telemetry=TelemetrySummary(window=None, gpu=None, cpu=None, server=None),
     )
-    run = json.loads(json.dumps(json_safe(result.as_json())))
+    run = json.loads(json.dumps(json_safe(msgspec.to_builtins(result))))
     if samples is not None:
         run["samples"] = {name: list(values) for name, values in samples.items()}
     return run | dict(extra or {})
 
 
+def run_of(data: Mapping[str, Any] | None = None, **changes: Any) -> Run:
+    """The typed run of ``data`` (default :func:`make_run` of ``changes``), as a file's run is read."""
+    return decode_run(make_run(**changes) if data is None else data)
+
+
 def test_round_trip_keeps_identity_context_metrics_and_provenance(tmp_path: Path) -> None:
     run = make_run(hit_rate=0.5, samples={"total_token_throughput": [9_900.0, 10_000.0, 10_100.0]})
-    path = write_baseline(tmp_path, run, source="nightly", git_commit="abc123")
+    path = write_baseline(tmp_path, run_of(run), source="nightly", git_commit="abc123")
     assert path == tmp_path / "cpu-test-cpu-2c" / "embedded-tiny" / "base" / "isl128-osl128.json"  # CPU model and cores
     stored = load_baseline(path)
     assert stored.identity == suite("cpu").identity("base", "isl128-osl128", hardware="cpu-test-cpu-2c")
@@ -124,13 +129,13 @@ def test_round_trip_keeps_identity_context_metrics_and_provenance(tmp_path: Path
     assert stored.metrics["p99_ttft_ms"].direction == "lower"
     assert stored.metrics["p99_ttft_ms"].tolerance == metric("p99_ttft_ms").tolerance
     assert stored.metrics["prefix_cache_hit_rate"].samples == (0.5,)
-    assert parse_baseline(stored.as_json(), "again") == stored
+    assert decode_baseline(msgspec.json.encode(stored), "again") == stored
     assert json.loads(path.read_text())["schema"] == SCHEMA
 
 
 def test_each_write_moves_the_previous_metrics_to_history_newest_last(tmp_path: Path) -> None:
     for total, version in ((10_000.0, "0.30.0"), (11_000.0, "0.31.0"), (12_000.0, "0.32.0")):
-        path = write_baseline(tmp_path, make_run(total=total, version=version), git_commit="c")
+        path = write_baseline(tmp_path, run_of(total=total, version=version), git_commit="c")
     stored = load_baseline(path)
     assert stored.metrics["total_token_throughput"].value == 12_000.0
     assert [h.context.vllm_version for h in stored.history] == ["0.30.0", "0.31.0"]
@@ -141,13 +146,13 @@ def test_each_write_moves_the_previous_metrics_to_history_newest_last(tmp_path: 
 def test_find_baseline_is_none_until_one_is_written(tmp_path: Path) -> None:
     identity = suite("cpu").identity("base", "isl128-osl128", hardware="cpu-test-cpu-2c")
     assert find_baseline(tmp_path, identity) is None
-    write_baseline(tmp_path, make_run(), git_commit="c")
+    write_baseline(tmp_path, run_of(), git_commit="c")
     found = find_baseline(tmp_path, identity)
     assert found is not None and found.identity == identity
 
 
 def _stored(tmp_path: Path) -> Path:
-    return write_baseline(tmp_path, make_run(), git_commit="c")
+    return write_baseline(tmp_path, run_of(), git_commit="c")
 
 
 def test_a_half_written_file_names_file_and_is_never_overwritten(tmp_path: Path) -> None:
@@ -159,7 +164,7 @@ def test_a_half_written_file_names_file_and_is_never_overwritten(tmp_path: Path)
         load_baseline(path)
     assert str(path) in str(caught.value) and "expected a complete qwenperf-baseline/1 JSON document" in str(caught.value)
     with pytest.raises(BaselineError):
-        write_baseline(tmp_path, make_run(total=20_000.0), git_commit="c")
+        write_baseline(tmp_path, run_of(total=20_000.0), git_commit="c")
     assert path.read_bytes() == before
 
 
@@ -173,7 +178,7 @@ def test_a_schema_mismatch_names_file_field_and_expectation_and_is_never_overwri
         load_baseline(path)
     assert str(caught.value) == f"{path}: schema: expected 'qwenperf-baseline/1', got 'qwenperf-baseline/2'"
     with pytest.raises(BaselineError):
-        write_baseline(tmp_path, make_run(total=20_000.0), git_commit="c")
+        write_baseline(tmp_path, run_of(total=20_000.0), git_commit="c")
     assert path.read_bytes() == before
 
 
@@ -200,19 +205,22 @@ def _set(value: object, *keys: str | int) -> Callable[[dict[str, Any]], None]:
 @pytest.mark.parametrize(
     ("edit", "message"),
     [
-        (_drop("identity", "config"), "identity.config: expected a non-empty string, got nothing (the field is missing)"),
-        (_set(7, "identity", "argv_sha256"), "identity.argv_sha256: expected a non-empty string, got 7"),
-        (_set("x", "metrics", "p99_ttft_ms", "samples"), "metrics.p99_ttft_ms.samples: expected a non-empty list"),
-        (_set([1.0, "2"], "metrics", "p99_ttft_ms", "samples"), "metrics.p99_ttft_ms.samples[1]: expected a finite, non-negative number"),
-        (_set("up", "metrics", "p99_ttft_ms", "direction"), "metrics.p99_ttft_ms.direction: expected one of 'higher'"),
+        (_drop("identity", "config"), "identity.config: expected a string, got nothing (the field is missing)"),
+        (_set(7, "identity", "argv_sha256"), "identity.argv_sha256: expected a string, got 7"),
+        (_set("x", "metrics", "p99_ttft_ms", "samples"), "metrics.p99_ttft_ms.samples: expected `array`, got 'x'"),
+        (_set([1.0, "2"], "metrics", "p99_ttft_ms", "samples"), "metrics.p99_ttft_ms.samples[1]: expected a number, got '2'"),
+        (_set([], "metrics", "p99_ttft_ms", "samples"), "metrics.p99_ttft_ms.samples: expected `array` of length >= 1, got []"),
+        (_set([1.0, -2.0], "metrics", "p99_ttft_ms", "samples"), "metrics.p99_ttft_ms.samples[1]: expected a number >= 0.0, got -2.0"),
+        (_set("", "identity", "model"), "identity.model: expected a string of length >= 1, got ''"),
+        (_set("up", "metrics", "p99_ttft_ms", "direction"), "metrics.p99_ttft_ms.direction: expected one of 'higher', 'lower', 'none', got 'up'"),
         (_set(1.5, "metrics", "p99_ttft_ms", "tolerance"), "metrics.p99_ttft_ms.tolerance: expected a fraction in [0, 1)"),
         (_set(1.0, "metrics", "p99_ttft_ms", "value"), "metrics.p99_ttft_ms.value: expected the centre of its samples"),
-        (_set({}, "metrics"), "metrics: expected at least one metric"),
-        (_set("eight", "context", "gpu_count"), "context.gpu_count: expected a non-negative integer or null"),
-        (_set("guessed", "provenance", "kind"), "provenance.kind: expected one of 'measured', 'published'"),
-        (_set({}, "history"), "history: expected a list"),
-        (_set([{"context": {}, "metrics": {}, "provenance": {}}], "history"), "history[0].metrics: expected at least one"),
-        (_set([], "identity"), "identity: expected a JSON object, got []"),
+        (_set({}, "metrics"), "metrics: expected `object` of length >= 1, got {}"),
+        (_set("eight", "context", "gpu_count"), "context.gpu_count: expected an integer or null, got 'eight'"),
+        (_set("guessed", "provenance", "kind"), "provenance.kind: expected one of 'measured', 'published', got 'guessed'"),
+        (_set({}, "history"), "history: expected `array`, got {}"),
+        (_set([{"context": {}, "metrics": {}, "provenance": {}}], "history"), "history[0].metrics: expected `object` of length >= 1, got {}"),
+        (_set([], "identity"), "identity: expected `object`, got []"),
     ],
 )
 def test_a_malformed_field_names_file_field_and_expectation(
@@ -238,12 +246,12 @@ def test_a_malformed_field_names_file_field_and_expectation(
 )
 def test_unfit_runs_are_refused_and_leave_the_file_untouched(tmp_path: Path, run: dict[str, Any], reason: str) -> None:
     with pytest.raises(BaselineRefused, match=reason):
-        write_baseline(tmp_path, run, git_commit="c")
+        write_baseline(tmp_path, run_of(run), git_commit="c")
     assert not any(tmp_path.rglob("*.json")), "a refused first run must not create a file"
     path = _stored(tmp_path)
     before = path.read_bytes()
     with pytest.raises(BaselineRefused, match=reason):
-        write_baseline(tmp_path, run, git_commit="c")
+        write_baseline(tmp_path, run_of(run), git_commit="c")
     assert path.read_bytes() == before
 
 
@@ -253,7 +261,7 @@ def test_a_run_that_is_not_comparable_is_refused(tmp_path: Path) -> None:
     changed = make_run()
     changed["identity"]["argv"] = [*changed["identity"]["argv"], "--max-num-seqs", "64"]
     with pytest.raises(BaselineRefused, match=r"not comparable with the stored baseline \(stored vs run: argv_sha256: "):
-        write_baseline(tmp_path, changed, git_commit="c")
+        write_baseline(tmp_path, run_of(changed), git_commit="c")
     assert path.read_bytes() == before
 
 
@@ -263,7 +271,7 @@ def test_an_update_keeps_each_stored_tolerance_and_takes_the_runs_for_new_metric
     data["metrics"]["p99_ttft_ms"]["tolerance"] = 0.6  # set by hand: the file's tolerance is authoritative
     del data["metrics"]["p99_tpot_ms"]
     path.write_text(json.dumps(data))
-    stored = load_baseline(write_baseline(tmp_path, make_run(ttft=210.0), git_commit="c"))
+    stored = load_baseline(write_baseline(tmp_path, run_of(ttft=210.0), git_commit="c"))
     assert stored.metrics["p99_ttft_ms"].tolerance == 0.6 and stored.metrics["p99_ttft_ms"].value == 210.0
     assert stored.metrics["p99_tpot_ms"].tolerance == metric("p99_tpot_ms").tolerance
     assert stored.history[0].metrics["p99_ttft_ms"].tolerance == 0.6
@@ -276,34 +284,35 @@ def test_a_published_baseline_is_replaced_only_when_asked(tmp_path: Path) -> Non
     path.write_text(json.dumps(data))
     before = path.read_bytes()
     with pytest.raises(PublishedBaselineKept, match=r"not updated: it holds published figures") as caught:
-        write_baseline(tmp_path, make_run(total=20_000.0), git_commit="c")
+        write_baseline(tmp_path, run_of(total=20_000.0), git_commit="c")
     assert isinstance(caught.value, BaselineRefused) and str(caught.value).startswith(f"{path}: ")
     assert path.read_bytes() == before
-    stored = load_baseline(write_baseline(tmp_path, make_run(total=20_000.0), git_commit="c", replace_published=True))
+    stored = load_baseline(write_baseline(tmp_path, run_of(total=20_000.0), git_commit="c", replace_published=True))
     assert stored.provenance.kind == "measured" and stored.metrics["total_token_throughput"].value == 20_000.0
     assert [h.provenance.source for h in stored.history] == ["https://example.com/figures"]
 
 
 def test_runs_carry_gated_metrics_from_metrics_server_and_samples() -> None:
     run = make_run(hit_rate=0.25, samples={"p99_tpot_ms": [19.0, 21.0]})
-    measured = parse_run(run)
-    assert measured.samples["prefix_cache_hit_rate"] == (0.25,)
-    assert measured.samples["p99_tpot_ms"] == (19.0, 21.0)
-    assert "achieved_request_rate" not in measured.samples and "completed" not in measured.samples
-    assert measured.client_bound is None and measured.tokens_match is True and measured.failed == 0
+    measured = run_of(run)
+    samples = measured.gated_samples()
+    assert samples["prefix_cache_hit_rate"] == (0.25,)
+    assert samples["p99_tpot_ms"] == (19.0, 21.0)
+    assert "achieved_request_rate" not in samples and "completed" not in samples
+    assert measured.client_bound is None and measured.token_check.matches is True and measured.failed_requests == 0
     run["context"]["hardware"]["cpu_model"] = ""  # what an unknown CPU reports
-    assert parse_run(run).context.cpu_model is None
+    assert run_of(run).baseline_context.cpu_model is None
 
 
 def test_a_runs_tolerances_become_the_baselines_and_bad_ones_name_the_field(tmp_path: Path) -> None:
     run = make_run(extra={"tolerances": {"total_token_throughput": 0.25}})
-    stored = load_baseline(write_baseline(tmp_path, run, git_commit="c"))
+    stored = load_baseline(write_baseline(tmp_path, run_of(run), git_commit="c"))
     assert stored.metrics["total_token_throughput"].tolerance == 0.25
     assert stored.metrics["output_throughput"].tolerance == 0.05  # the default where the suite says nothing
     with pytest.raises(RunJsonError, match=r"run: tolerances.completed: expected a gated metric"):
-        parse_run(make_run(extra={"tolerances": {"completed": 0.1}}))
+        run_of(extra={"tolerances": {"completed": 0.1}})
     with pytest.raises(RunJsonError, match=r"run: tolerances.p99_ttft_ms: expected a fraction in \[0, 1\), got 2"):
-        parse_run(make_run(extra={"tolerances": {"p99_ttft_ms": 2}}))
+        run_of(extra={"tolerances": {"p99_ttft_ms": 2}})
 
 
 def test_tokens_per_joule_from_gpu_telemetry_is_gated_higher_is_better(tmp_path: Path) -> None:
@@ -312,13 +321,13 @@ def test_tokens_per_joule_from_gpu_telemetry_is_gated_higher_is_better(tmp_path:
         run["telemetry"]["gpu"] = {"tokens_per_joule": tokens_per_joule}
         return run
 
-    assert parse_run(make_run() | {"telemetry": {"gpu": {"tokens_per_joule": 3.5}}}).samples["tokens_per_joule"] == (3.5,)
-    write_baseline(tmp_path, run_at(4.0, 0.02), git_commit="c")
+    assert run_of(make_run() | {"telemetry": {"gpu": {"tokens_per_joule": 3.5}}}).gated_samples()["tokens_per_joule"] == (3.5,)
+    write_baseline(tmp_path, run_of(run_at(4.0, 0.02)), git_commit="c")
     stored = load_baseline(tmp_path / "cpu-test-cpu-2c" / "embedded-tiny" / "base" / "isl128-osl128.json")
     assert stored.metrics["tokens_per_joule"].unit == "tok/J" and stored.metrics["tokens_per_joule"].direction == "higher"
-    verdicts = {j.metric: j.verdict for j in judge_run(stored, run_at(3.0, 0.02))}
+    verdicts = {j.metric: j.verdict for j in judge_run(stored, run_of(run_at(3.0, 0.02)))}
     assert verdicts["tokens_per_joule"] == "regression"
-    verdicts = {j.metric: j.verdict for j in judge_run(stored, run_at(5.0, 0.02))}
+    verdicts = {j.metric: j.verdict for j in judge_run(stored, run_of(run_at(5.0, 0.02)))}
     assert verdicts["tokens_per_joule"] == "improvement"
 
 

@@ -7,14 +7,14 @@ from pathlib import Path
 
 from pytest_qwenperf.gate.baseline import load_baseline, write_baseline
 from pytest_qwenperf.gate.update import BaselineOutcome, BaselineUpdate, update_baselines
-from tests.test_baseline import make_run
+from tests.test_baseline import run_of
 
 SOURCE = "pytest --qwenperf-update-baselines"
 
 
 def _published(root: Path) -> Path:
     """The base/isl128-osl128 baseline, marked as holding published figures."""
-    path = write_baseline(root, make_run(), git_commit="c", replace_published=True)
+    path = write_baseline(root, run_of(), git_commit="c", replace_published=True)
     data = json.loads(path.read_text())
     data["provenance"] = {"kind": "published", "source": "https://example.com/figures"}
     path.write_text(json.dumps(data))
@@ -22,13 +22,13 @@ def _published(root: Path) -> Path:
 
 
 def test_nothing_is_written_when_a_test_failed(tmp_path: Path) -> None:
-    update = update_baselines(tmp_path, [("cpu/base", make_run())], failed_tests=2, replace_published=(), source=SOURCE)
+    update = update_baselines(tmp_path, [run_of()], failed_tests=2, replace_published=(), source=SOURCE)
     assert update == BaselineUpdate(2)
     assert list(tmp_path.iterdir()) == []
 
 
 def test_each_run_is_written_and_a_refused_one_does_not_stop_the_others(tmp_path: Path) -> None:
-    runs = [("cpu/base", make_run(failed=3)), ("cpu/ctx-short", make_run(config="ctx-short"))]
+    runs = [run_of(failed=3), run_of(config="ctx-short")]
     update = update_baselines(tmp_path, runs, failed_tests=0, replace_published=(), source=SOURCE)
     refused, written = update.outcomes
     assert refused.config_key == "cpu/base" and not refused.path.exists() and not refused.published_kept
@@ -38,7 +38,7 @@ def test_each_run_is_written_and_a_refused_one_does_not_stop_the_others(tmp_path
 
 
 def _update(root: Path, *named: str) -> BaselineOutcome:
-    update = update_baselines(root, [("cpu/base", make_run(total=20_000.0))], failed_tests=0, replace_published=named, source=SOURCE)
+    update = update_baselines(root, [run_of(total=20_000.0)], failed_tests=0, replace_published=named, source=SOURCE)
     (outcome,) = update.outcomes
     return outcome
 

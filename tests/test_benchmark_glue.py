@@ -12,6 +12,7 @@ from pathlib import Path
 
 import pytest
 
+from pytest_qwenperf.core.run import decode_run
 from pytest_qwenperf.plugin.benchmark import (
     flat_metrics,
     record,
@@ -23,18 +24,19 @@ from pytest_qwenperf.serving.hardware import detect
 # A real run of the CPU suite (three repeats), as --qwenperf-json wrote it.
 SESSION = Path(__file__).parents[1] / "docs" / "upgrade-gate" / "first.json"
 
-RUN = {
-    "identity": {"suite": "cpu", "config": "base", "workload": "isl128-osl128", "hardware": "cpu"},
-    "context": {"vllm_version": "0.32.0"},
-    "metrics": {"total_token_throughput": 500_000.0, "output_throughput": 250_000.0, "p99_ttft_ms": math.nan},
+REPEATED = json.loads(SESSION.read_text())["runs"][0]
+RUN = REPEATED | {
+    "metrics": {"total_token_throughput": 500_000.0, "output_throughput": 250_000.0, "p99_ttft_ms": math.nan, "failed": 0},
     "steady_state": {"total_token_throughput": 520_000.0},
     "server": {"deltas": {"prompt_tokens": 1.0}, "prefix_cache_hit_rate": None},
+    "samples": {},
 }
 
 INNER = """
 import json
 from pathlib import Path
 
+from pytest_qwenperf.core.run import decode_run
 from pytest_qwenperf.plugin.benchmark import record, record_run
 
 SPEC = json.loads(Path("spec.json").read_text())
@@ -42,21 +44,20 @@ SPEC = json.loads(Path("spec.json").read_text())
 
 def test_two_rounds(benchmark):
     params = {"suite": "cpu", "config": "base", "workload": "isl128-osl128"}
-    record(benchmark, SPEC["run"], SPEC["seconds"], group="cpu/base", name="isl128-osl128", params=params)
+    record(benchmark, decode_run(SPEC["run"]), SPEC["seconds"], group="cpu/base", name="isl128-osl128", params=params)
 
 
 def test_one_run(benchmark):
-    record_run(benchmark, SPEC["run"])
+    record_run(benchmark, decode_run(SPEC["run"]))
 
 
 def test_repeated_run(benchmark):
-    record_run(benchmark, SPEC["repeated"])
+    record_run(benchmark, decode_run(SPEC["repeated"]))
 """
 
 
 def run_inner(pytester: pytest.Pytester, seconds: list[float], *args: str) -> pytest.RunResult:
-    repeated = json.loads(SESSION.read_text())["runs"][0]
-    (pytester.path / "spec.json").write_text(json.dumps({"run": RUN, "seconds": seconds, "repeated": repeated}))
+    (pytester.path / "spec.json").write_text(json.dumps({"run": RUN, "seconds": seconds, "repeated": REPEATED}))
     return pytester.runpytest_subprocess("-p", "no:cacheprovider", *args, timeout=120)
 
 
@@ -107,7 +108,7 @@ def test_a_run_of_several_repeats_is_one_round_per_repeat(inner: pytest.Pytester
     result = run_inner(inner, [2.0], "--benchmark-json=out.json", "-k", "repeated")
     assert result.ret == 0, result.stdout.str()
     (entry,) = json.loads((inner.path / "out.json").read_text())["benchmarks"]
-    throughputs = json.loads(SESSION.read_text())["runs"][0]["samples"]["total_token_throughput"]
+    throughputs = REPEATED["samples"]["total_token_throughput"]
     assert len(throughputs) == 3
     assert entry["stats"]["rounds"] == len(throughputs)
     assert entry["stats"]["data"] == [1e6 / t for t in throughputs]
@@ -168,11 +169,11 @@ def test_seconds_per_million_tokens() -> None:
 
 def test_record_refuses_values_that_are_not_seconds_of_work() -> None:
     with pytest.raises(ValueError, match="cpu/base / w: seconds per unit must be positive and finite"):
-        record(object(), RUN, [2.0, 0.0], group="cpu/base", name="w", params={})
+        record(object(), decode_run(RUN), [2.0, 0.0], group="cpu/base", name="w", params={})
 
 
 def test_flat_metrics_name_whole_run_steady_state_and_server_rates() -> None:
-    flat = flat_metrics(RUN)
+    flat = flat_metrics(decode_run(RUN))
     assert flat["output_throughput"] == 250_000.0
     assert flat["steady_state_total_token_throughput"] == 520_000.0
     assert "prefix_cache_hit_rate" in flat and "deltas" not in flat

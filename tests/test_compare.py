@@ -200,9 +200,17 @@ def test_unknown_metric_is_a_usage_error(tmp_path: Path, capsys: pytest.CaptureF
         ('{"schema": "qwenperf-session/9", "runs": []}', "schema: expected 'qwenperf-session/1', got 'qwenperf-session/9'"),
         ('{"benchmarks": [{"name": "t", "extra_info": {}}]}', "benchmarks[*].extra_info.qwenperf: expected at least one"),
         ('[1, 2]', "(top level): expected a qwenperf session JSON"),
-        ('{"schema": "qwenperf-session/1", "runs": [{"identity": {}}]}', "runs[0]: identity.argv: expected a list of strings"),
+        ('{"schema": "qwenperf-session/1", "runs": [{"identity": {}}]}', "runs[0]: identity.suite: expected a string, got nothing (the field is missing)"),
+        (
+            '{"schema": "qwenperf-session/1", "runs": [{"identity": {"suite": "cpu", "config": "base", "argv": "--x"}}]}',
+            "runs[0]: identity.argv: expected `array`, got '--x'",
+        ),
+        (
+            '{"benchmarks": [{"extra_info": {"qwenperf": {"identity": {"suite": "", "config": "base"}}}}]}',
+            "benchmarks[0].extra_info.qwenperf: identity.suite: expected a string of length >= 1, got ''",
+        ),
     ],
-    ids=["truncated", "schema", "no-runs", "not-an-object", "bad-run"],
+    ids=["truncated", "schema", "no-runs", "not-an-object", "bad-run", "bad-argv", "empty-suite"],
 )
 def test_an_unreadable_input_exits_2_naming_file_and_expectation(
     tmp_path: Path, capsys: pytest.CaptureFixture[str], content: str, message: str

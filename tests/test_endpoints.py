@@ -64,9 +64,11 @@ def test_valid_file(tmp_path: Path) -> None:
 URL_RULE = "expected a URL like http://10.0.0.5:8000"  # endpoint_url's own words
 BAD = {  # file content -> (field named in the message, what it says was expected)
     "not TOML": ("[[set]\nreplicas = 1", "", "expected a TOML file of [[set]] tables"),
-    "unknown top-level key": ('modle = "x"\n' + _toml([(1, ["http://a:1"])]), "modle", "unknown key; expected only model, set"),
-    "unknown set key": (_toml([(1, ["http://a:1"])]) + 'url = "http://a:1"\n', "set[0].url", "expected only replicas, urls"),
+    "unknown top-level key": ('modle = "x"\n' + _toml([(1, ["http://a:1"])]), "modle", "unknown key; expected one of ['model', 'set']"),
+    "unknown set key": (_toml([(1, ["http://a:1"])]) + 'url = "http://a:1"\n', "set[0].url", "unknown key; expected one of ['replicas', 'urls']"),
     "model not a string": ("model = 3\n" + _toml([(1, ["http://a:1"])]), "model", "expected the served model name"),
+    "model empty": ('model = ""\n' + _toml([(1, ["http://a:1"])]), "model", "expected the served model name, a non-empty string, got ''"),
+    "unknown key with credentials": ('"http://u:s3cret@a:1" = 1\n' + _toml([(1, ["http://a:1"])]), "http://u:***@a:1", "unknown key"),
     "no sets": ('model = "m"\n', "set", "expected at least one [[set]] table, got None"),
     "set not a table": ("set = [1]\n", "set[0]", "expected a [[set]] table, got 1"),
     "replicas zero": (_toml([(1, ["http://a:1"]), (0, ["http://b:1"])]), "set[1].replicas", "expected a whole number of replicas >= 1, got 0"),

@@ -104,7 +104,7 @@ def test_efficiency_pairs_each_repeat_with_its_reference() -> None:
     assert summary.efficiencies() == {2: (0.95, 0.9)}
     assert summary.samples() == {"scaling_efficiency_n2": (0.95, 0.9)}
     assert summary.request_spread() == pytest.approx(2 / 48)
-    assert summary.as_json()["replicas"]["2"]["efficiency"] == [0.95, 0.9]
+    assert summary.record().replicas["2"].efficiency == (0.95, 0.9)
 
 
 def test_scaling_needs_the_one_replica_reference() -> None:

@@ -8,11 +8,12 @@ import pytest
 from hypothesis import assume, given
 from hypothesis import strategies as st
 
+from pytest_qwenperf.core.stats import centre
 from pytest_qwenperf.core.summary import Direction
 from pytest_qwenperf.core.verdict import Judgement, judge, t_quantile
-from pytest_qwenperf.gate.baseline import baseline_from_run, centre
+from pytest_qwenperf.gate.baseline import baseline_from_run
 from pytest_qwenperf.gate.judge import judge_against_run, judge_run, render_judgements
-from tests.test_baseline import make_run
+from tests.test_baseline import make_run, run_of
 
 directions = st.sampled_from(["higher", "lower"])
 tolerances = st.floats(min_value=0.0, max_value=0.3)
@@ -111,9 +112,9 @@ def _changed(run: dict[str, Any], field: str) -> dict[str, Any]:
 )
 def test_a_run_that_is_not_comparable_never_regresses(field: str, factor: float, bound: str | None) -> None:
     """Not comparable, or invalid when it also lost data (a run that lost data never passes): never a regression."""
-    baseline = baseline_from_run(make_run(), source="test")
+    baseline = baseline_from_run(run_of(), source="test")
     run = _changed(make_run(total=10_000 * factor, ttft=200 / factor, tpot=20 / factor, bound=bound), field)
-    judgements = judge_run(baseline, run)
+    judgements = judge_run(baseline, run_of(run))
     if bound is None:
         assert judgements and {j.verdict for j in judgements} == {"not-comparable"}
         assert all(j.ratio is None and field.split("_")[0] in j.detail for j in judgements)
@@ -194,8 +195,8 @@ def test_invalid_parameters_are_rejected(bad: dict[str, Any], message: str) -> N
 
 
 def test_judge_run_against_a_baseline_uses_the_stored_tolerance() -> None:
-    baseline = baseline_from_run(make_run(ttft=200.0), source="test")
-    judgements = {j.metric: j for j in judge_run(baseline, make_run(total=9_000.0, ttft=240.0, tpot=15.0))}
+    baseline = baseline_from_run(run_of(ttft=200.0), source="test")
+    judgements = {j.metric: j for j in judge_run(baseline, run_of(total=9_000.0, ttft=240.0, tpot=15.0))}
     assert judgements["total_token_throughput"].verdict == "regression"
     assert judgements["p99_ttft_ms"].verdict == "pass"  # +20 %, within the 25 % for tail TTFT
     assert judgements["p99_tpot_ms"].verdict == "improvement"
@@ -203,9 +204,9 @@ def test_judge_run_against_a_baseline_uses_the_stored_tolerance() -> None:
 
 
 def test_judge_run_without_a_baseline_or_with_a_client_bound_run() -> None:
-    assert {j.verdict for j in judge_run(None, make_run())} == {"no-baseline"}
-    baseline = baseline_from_run(make_run(), source="test")
-    bound = judge_run(baseline, make_run(total=1_000.0, bound="sent 3 req/s, below 95% of the requested 10 req/s"))
+    assert {j.verdict for j in judge_run(None, run_of())} == {"no-baseline"}
+    baseline = baseline_from_run(run_of(), source="test")
+    bound = judge_run(baseline, run_of(total=1_000.0, bound="sent 3 req/s, below 95% of the requested 10 req/s"))
     assert {j.label for j in bound} == {"invalid: client-bound"}
     assert all("client could not keep up" in j.detail and "sent 3 req/s" in j.detail for j in bound)
     assert next(j for j in bound if j.metric == "total_token_throughput").ratio == pytest.approx(0.1)
@@ -225,45 +226,45 @@ def test_judge_run_without_a_baseline_or_with_a_client_bound_run() -> None:
     ids=["failed", "tokens", "both"],
 )
 def test_a_run_that_lost_data_is_invalid_with_or_without_a_baseline(lossy: dict[str, Any], label: str, detail: str) -> None:
-    for baseline in (baseline_from_run(make_run(), source="test"), None):
-        judgements = judge_run(baseline, lossy)
+    for baseline in (baseline_from_run(run_of(), source="test"), None):
+        judgements = judge_run(baseline, run_of(lossy))
         assert judgements and {j.label for j in judgements} == {label}
         assert all(j.detail.startswith(detail) for j in judgements), judgements[0].detail
 
 
 @pytest.mark.parametrize("value", [None, float("nan")], ids=["null", "nan"])
 def test_a_metric_without_a_value_where_the_baseline_has_one_is_invalid(value: float | None) -> None:
-    baseline = baseline_from_run(make_run(samples={"total_token_throughput": [9_900.0, 10_000.0, 10_100.0]}), source="test")
+    baseline = baseline_from_run(run_of(samples={"total_token_throughput": [9_900.0, 10_000.0, 10_100.0]}), source="test")
     run = make_run(extra={"samples": {"total_token_throughput": [9_900.0, value, 10_100.0]}})  # a lost value, as JSON has it
-    judgements = {j.metric: j for j in judge_run(baseline, run)}
+    judgements = {j.metric: j for j in judge_run(baseline, run_of(run))}
     lost = judgements["total_token_throughput"]
     assert (lost.label, lost.now, lost.ratio) == ("invalid: no value", None, None)
     assert f"samples.total_token_throughput[1] is {'null' if value is None else 'NaN'}" in lost.detail
     assert judgements["output_throughput"].verdict == "pass"
     absent = make_run()
     del absent["metrics"]["p99_ttft_ms"]
-    assert {j.metric: j.label for j in judge_run(baseline, absent)}["p99_ttft_ms"] == "invalid: no value"
+    assert {j.metric: j.label for j in judge_run(baseline, run_of(absent))}["p99_ttft_ms"] == "invalid: no value"
 
 
 def test_a_reference_run_that_lost_data_makes_the_comparison_invalid_naming_it() -> None:
     reference = make_run(bound="client busy 99% of the run (limit 95%)")
-    judgements = judge_against_run(reference, make_run(failed=2))
+    judgements = judge_against_run(run_of(reference), run_of(failed=2))
     assert {j.label for j in judgements} == {"invalid: failed requests, client-bound (reference)"}
     assert all("the reference's client could not keep up" in j.detail for j in judgements)
     lost = make_run(samples={"p99_ttft_ms": [float("nan")]})
-    by_metric = {j.metric: j for j in judge_against_run(lost, make_run())}
+    by_metric = {j.metric: j for j in judge_against_run(run_of(lost), run_of())}
     assert by_metric["p99_ttft_ms"].label == "invalid: no value (reference)"
     assert "the reference has no value for it (samples.p99_ttft_ms[0] is NaN)" in by_metric["p99_ttft_ms"].detail
     assert by_metric["total_token_throughput"].verdict == "pass"
-    assert {j.verdict for j in judge_against_run(make_run(), make_run())} == {"pass"}
+    assert {j.verdict for j in judge_against_run(run_of(), run_of())} == {"pass"}
 
 
 def test_a_metric_the_baseline_lacks_has_no_baseline_and_one_only_the_baseline_has_is_skipped() -> None:
-    baseline = baseline_from_run(make_run(samples={"scaling_efficiency_n2": [0.99]}), source="test")
-    judgements = {j.metric: j.verdict for j in judge_run(baseline, make_run(hit_rate=0.5))}
+    baseline = baseline_from_run(run_of(samples={"scaling_efficiency_n2": [0.99]}), source="test")
+    judgements = {j.metric: j.verdict for j in judge_run(baseline, run_of(hit_rate=0.5))}
     assert judgements["prefix_cache_hit_rate"] == "no-baseline"
     assert "scaling_efficiency_n2" not in judgements  # a published multi-node figure: the run did not measure it
-    lost = judge_run(baseline, make_run(extra={"samples": {"scaling_efficiency_n2": [None]}}))
+    lost = judge_run(baseline, run_of(extra={"samples": {"scaling_efficiency_n2": [None]}}))
     assert {j.metric: j.label for j in lost}["scaling_efficiency_n2"] == "invalid: no value"
 
 

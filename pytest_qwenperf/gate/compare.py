@@ -35,14 +35,17 @@ from collections import Counter
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, cast, get_args
+from typing import cast, get_args
+
+import msgspec
 
 from pytest_qwenperf.core.formats import SESSION_SCHEMA, json_safe
 from pytest_qwenperf.core.metrics import METRICS, gate_order, metric
+from pytest_qwenperf.core.run import Run, RunJsonError, decode_run
+from pytest_qwenperf.core.stats import centre
 from pytest_qwenperf.core.tables import format_table
 from pytest_qwenperf.core.textfiles import read_text
 from pytest_qwenperf.core.verdict import Judgement, Verdict, format_value
-from pytest_qwenperf.gate.baseline import RunJsonError, centre, number_at, parse_run
 from pytest_qwenperf.gate.judge import judge_against_run, judge_run
 
 SCHEMA = "qwenperf-compare/1"
@@ -72,7 +75,7 @@ class RunSet:
 
     path: Path
     label: str
-    runs: Mapping[RunKey, Mapping[str, Any]]
+    runs: Mapping[RunKey, Run]
 
 
 # ------------------------------------------------------------------ reading
@@ -102,32 +105,35 @@ def _runs_in(path: Path, data: object) -> list[tuple[str, object]]:
     raise CompareError(f"{path}: (top level): expected {_EXPECTED}")
 
 
-def _pooled(path: Path, key: RunKey, runs: list[Mapping[str, Any]]) -> Mapping[str, Any]:
+def _pooled(path: Path, key: RunKey, runs: list[Run]) -> Run:
     """Several runs of one key in one file as one run whose samples are all of theirs."""
     distinct = [run for i, run in enumerate(runs) if run not in runs[:i]]
+    first = distinct[0]
     if len(distinct) == 1:
-        return distinct[0]
-    measured = [parse_run(run) for run in distinct]
-    for other in measured[1:]:
-        differences = measured[0].identity.differences(other.identity)
+        return first
+    for other in distinct[1:]:
+        differences = first.identity.baseline().differences(other.identity.baseline())
         if differences:
             raise CompareError(
                 f"{path}: runs of {'/'.join(key[:2])} on {key[2]}: expected repeats of one setup, but they differ ("
                 + "; ".join(differences)
                 + ")"
             )
-    names = {name for m in measured for name in (*m.samples, *m.lost)}
+    gated = [run.gated_samples() for run in distinct]
+    names = {name for run, found in zip(distinct, gated, strict=True) for name in (*found, *run.lost_values())}
     # A repeat without a number for a metric the others have is a null among the pool's samples.
-    samples = {name: [s for m in measured for s in m.samples.get(name, (None,))] for name in names}
-    bound = "; ".join(m.client_bound for m in measured if m.client_bound) or None
-    tokens = next((run["token_check"] for run, m in zip(distinct, measured, strict=True) if m.tokens_match is False), None)
-    return {
-        **distinct[0],
-        "metrics": {**distinct[0]["metrics"], "failed": sum(m.failed for m in measured)},
-        "token_check": tokens or distinct[0]["token_check"],
-        "samples": samples,
-        "client": {**distinct[0]["client"], "bound": bound},
+    samples: dict[str, tuple[float | None, ...]] = {
+        name: tuple(s for found in gated for s in found.get(name, (None,))) for name in names
     }
+    bound = "; ".join(run.client_bound for run in distinct if run.client_bound) or None
+    tokens = next((run.token_check for run in distinct if run.token_check.matches is False), first.token_check)
+    return msgspec.structs.replace(
+        first,
+        metrics={**first.metrics, "failed": sum(run.failed_requests for run in distinct)},
+        token_check=tokens,
+        samples=samples,
+        client=msgspec.structs.replace(first.client, bound=bound),
+    )
 
 
 def load_runs(path: Path) -> RunSet:
@@ -137,17 +143,17 @@ def load_runs(path: Path) -> RunSet:
         data = json.loads(text)
     except json.JSONDecodeError as exc:
         raise CompareError(f"{path}: not valid JSON ({exc}); expected {_EXPECTED}") from None
-    by_key: dict[RunKey, list[Mapping[str, Any]]] = {}
+    by_key: dict[RunKey, list[Run]] = {}
     versions: set[str] = set()
-    for where, run in _runs_in(path, data):
+    for where, data_of_run in _runs_in(path, data):
         try:
-            measured = parse_run(run, where)  # type: ignore[arg-type]
+            run = decode_run(data_of_run, where)
         except RunJsonError as exc:
             raise CompareError(str(exc)) from None
-        identity = measured.identity
-        by_key.setdefault((identity.suite, identity.config, identity.workload), []).append(run)  # type: ignore[arg-type]
-        if measured.context.vllm_version:
-            versions.add(measured.context.vllm_version)
+        identity = run.identity
+        by_key.setdefault((identity.suite, identity.config, identity.workload), []).append(run)
+        if run.context.vllm_version:
+            versions.add(run.context.vllm_version)
     label = ", ".join(sorted(versions)) or Path(path).name
     return RunSet(Path(path), label, {key: _pooled(path, key, runs) for key, runs in by_key.items()})
 
@@ -191,15 +197,15 @@ class Comparison:
         return Counter(judgement.verdict for _, _, judgement in self.judgements())
 
 
-def _utilization(run: Mapping[str, Any]) -> dict[str, float]:
+def _utilization(run: Run) -> dict[str, float]:
     """The rows of :data:`_NOT_JUDGED` a run has; a missing or null entry is a sampler that did not run."""
-    values = {info.name: number_at(run, info.path) for info in _NOT_JUDGED}
+    values = {info.name: run.value(info.name) for info in _NOT_JUDGED}
     return {name: value for name, value in values.items() if value is not None}
 
 
-def _values(run: Mapping[str, Any]) -> dict[str, float]:
+def _values(run: Run) -> dict[str, float]:
     """Every metric this comparison can show, as one number (samples at their centre)."""
-    gated = {name: centre(samples) for name, samples in parse_run(run).samples.items()}
+    gated = {name: centre(samples) for name, samples in run.gated_samples().items()}
     return {**gated, **_utilization(run)}
 
 
@@ -207,25 +213,25 @@ def _shown(name: str) -> bool:
     return metric(name).row != "none"
 
 
-def _judged(reference: Mapping[str, Any] | None, run: Mapping[str, Any] | None, path: Path, key: RunKey) -> dict[str, Judgement]:
+def _judged(reference: Run | None, run: Run | None, path: Path, key: RunKey) -> dict[str, Judgement]:
     if run is None:
         return {} if reference is None else _missing(reference, path, key)
     judgements = judge_run(None, run) if reference is None else judge_against_run(reference, run)
     return {j.metric: j for j in judgements}
 
 
-def _missing(reference: Mapping[str, Any], path: Path, key: RunKey) -> dict[str, Judgement]:
+def _missing(reference: Run, path: Path, key: RunKey) -> dict[str, Judgement]:
     """A "missing" verdict for every gated metric the reference measured (for every one it names,
     when it has no value at all), so the absence counts."""
-    measured = parse_run(reference)
+    gated = reference.gated_samples()
     detail = f"{path.name} has no run of {key[0]}/{key[1]} on {key[2]}; the reference has one"
     judgements = {}
-    for name in gate_order(measured.samples or measured.lost):
+    for name in gate_order(gated or reference.lost_values()):
         spec = metric(name)
         assert spec.tolerance is not None  # runs only carry gated metrics
-        samples = measured.samples.get(name)
+        samples = gated.get(name)
         base = centre(samples) if samples else None
-        tolerance = measured.tolerances.get(name, spec.tolerance)
+        tolerance = (reference.tolerances or {}).get(name, spec.tolerance)
         judgements[name] = Judgement(name, spec.unit, spec.direction, base, None, None, tolerance, "missing", detail)
     return judgements
 
@@ -238,7 +244,7 @@ def compare(sets: Sequence[RunSet], metrics: Sequence[str] = ()) -> Comparison:
         runs = [run_set.runs.get(key) for run_set in sets]
         values = [_values(run) if run is not None else {} for run in runs]
         judged = [_judged(runs[0], run, run_set.path, key) for run, run_set in zip(runs[1:], sets[1:], strict=True)]
-        present = list(dict.fromkeys(name for v in [*values, *judged] for name in v))
+        present = list(dict.fromkeys([name for v in values for name in v] + [name for j in judged for name in j]))
         names = [m for m in metrics if m in present] if metrics else [m for m in _order(present) if _shown(m)]
         rows = tuple(
             Row(
@@ -251,7 +257,7 @@ def compare(sets: Sequence[RunSet], metrics: Sequence[str] = ()) -> Comparison:
         )
         first = next(run for run in runs if run is not None)
         throughput = tuple(v.get("total_token_throughput") for v in values)
-        groups.append(Group(key, str(first["identity"]["hardware"]), rows, throughput))
+        groups.append(Group(key, first.identity.hardware, rows, throughput))
     shown = {row.metric for group in groups for row in group.rows}
     missing = [m for m in metrics if m not in shown]
     if missing:

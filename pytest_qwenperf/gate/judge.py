@@ -3,21 +3,15 @@
 from __future__ import annotations
 
 import dataclasses
-from collections.abc import Mapping, Sequence
+from collections.abc import Sequence
 from dataclasses import dataclass
-from typing import Any
 
 from pytest_qwenperf.core.metrics import SCALING, gate_order, metric
+from pytest_qwenperf.core.run import Run
 from pytest_qwenperf.core.stats import centre
 from pytest_qwenperf.core.tables import format_table
 from pytest_qwenperf.core.verdict import DEFAULT_CONFIDENCE, Judgement, Verdict, judge
-from pytest_qwenperf.gate.baseline import (
-    Baseline,
-    MeasuredRun,
-    StoredMetric,
-    baseline_from_run,
-    parse_run,
-)
+from pytest_qwenperf.gate.baseline import Baseline, StoredMetric, baseline_from_run
 
 # ------------------------------------------------------------------ a run
 
@@ -30,14 +24,15 @@ class Loss:
     detail: str
 
 
-def losses(run: MeasuredRun, side: str = "run") -> tuple[Loss, ...]:
+def losses(run: Run, side: str = "run") -> tuple[Loss, ...]:
     """What makes every number of ``run`` untrustworthy; ``side`` names it ("run", "reference")."""
     suffix = "" if side == "run" else f" ({side})"
     found = []
-    if run.failed > 0:
-        found.append(Loss(f"failed requests{suffix}", f"{run.failed} request(s) of the {side} failed"))
-    if run.tokens_match is False:
-        detail = f"the {side}'s client and server token totals disagree ({run.token_detail})"
+    failed = run.failed_requests
+    if failed > 0:
+        found.append(Loss(f"failed requests{suffix}", f"{failed} request(s) of the {side} failed"))
+    if run.token_check.matches is False:
+        detail = f"the {side}'s client and server token totals disagree ({run.token_check.detail})"
         found.append(Loss(f"token mismatch{suffix}", detail))
     if run.client_bound is not None:
         detail = f"the {side}'s client could not keep up, so its numbers measure the client, not vLLM ({run.client_bound})"
@@ -63,31 +58,30 @@ def _invalid(j: Judgement, found: Sequence[Loss]) -> Judgement:
     return dataclasses.replace(j, verdict="invalid", reason=reason, detail="; ".join(loss.detail for loss in found))
 
 
-def _expected(name: str, run: MeasuredRun) -> bool:
-    """Whether ``run`` should have ``name`` when its baseline has it: every gated metric but a
+def _expected(name: str, lost: dict[str, str]) -> bool:
+    """Whether a run should have ``name`` when its baseline has it: every gated metric but a
     scaling efficiency it never measured (a published multi-node figure)."""
-    return name in run.lost or not SCALING.matches(name)
+    return name in lost or not SCALING.matches(name)
 
 
-def judge_run(baseline: Baseline | None, run: Mapping[str, Any], *, confidence: float = DEFAULT_CONFIDENCE) -> tuple[Judgement, ...]:
-    """Every gated metric of ``run`` (a run's JSON) against ``baseline``.
+def judge_run(baseline: Baseline | None, run: Run, *, confidence: float = DEFAULT_CONFIDENCE) -> tuple[Judgement, ...]:
+    """Every gated metric of ``run`` against ``baseline``.
 
     The stored direction and tolerance of each metric are used. A run that lost data is
     ``invalid`` for every metric, whatever its baseline (see the module docstring); so is
     a metric the comparable baseline has and the run has no value for. Scaling
     efficiencies only the baseline has (published multi-node figures) are not judged:
-    the run did not measure them. :class:`~pytest_qwenperf.gate.baseline.RunJsonError` for a
-    malformed run.
+    the run did not measure them.
     """
-    measured = parse_run(run)
-    found = losses(measured)
-    differences = baseline.identity.differences(measured.identity) if baseline else ()
-    names = set(measured.samples)
+    found = losses(run)
+    gated, lost = run.gated_samples(), run.lost_values()
+    differences = baseline.identity.differences(run.identity.baseline()) if baseline else ()
+    names = set(gated)
     if baseline is not None and not differences:
-        names |= {name for name in baseline.metrics if name not in names and _expected(name, measured)}
+        names |= {name for name in baseline.metrics if name not in names and _expected(name, lost)}
     judgements = []
     for name in gate_order(names):
-        samples = measured.samples.get(name, ())
+        samples = gated.get(name, ())
         stored = baseline.metrics.get(name) if baseline else None
         if found:
             judgements.append(_invalid(_unjudged(name, stored, samples, "invalid", "", ratio=True), found))
@@ -99,7 +93,7 @@ def judge_run(baseline: Baseline | None, run: Mapping[str, Any], *, confidence: 
         elif stored is None:
             judgements.append(_unjudged(name, None, samples, "no-baseline", "the baseline has no value for it", ratio=False))
         elif not samples:
-            where = measured.lost.get(name, "not in its JSON")
+            where = lost.get(name, "not in its JSON")
             loss = Loss("no value", f"the run has no value for it ({where}); the baseline has one")
             judgements.append(_invalid(_unjudged(name, stored, samples, "invalid", "", ratio=True), (loss,)))
         else:
@@ -117,26 +111,24 @@ def judge_run(baseline: Baseline | None, run: Mapping[str, Any], *, confidence: 
     return tuple(judgements)
 
 
-def judge_against_run(
-    reference: Mapping[str, Any], run: Mapping[str, Any], *, confidence: float = DEFAULT_CONFIDENCE
-) -> tuple[Judgement, ...]:
-    """``run`` against another run's JSON as its baseline (``qwenperf compare``).
+def judge_against_run(reference: Run, run: Run, *, confidence: float = DEFAULT_CONFIDENCE) -> tuple[Judgement, ...]:
+    """``run`` against another run as its baseline (``qwenperf compare``).
 
     As :func:`judge_run`, and the reference's own losses count too: a reference that lost
     data makes every comparison with it ``invalid`` (the reason says "(reference)"), and
     so does a metric the run has and the reference names without a value. A metric the
     reference does not name at all stays ``no-baseline``.
     """
-    measured = parse_run(reference)
-    baseline = baseline_from_run(reference, source="reference run") if measured.samples else None
+    baseline = baseline_from_run(reference, source="reference run") if reference.gated_samples() else None
     judgements = judge_run(baseline, run, confidence=confidence)
-    found = losses(measured, "reference")
-    comparable = not measured.identity.differences(parse_run(run).identity)
+    found = losses(reference, "reference")
+    reference_lost = reference.lost_values()
+    comparable = reference.identity.baseline() == run.identity.baseline()
     judged = []
     for j in judgements:
         own = [Loss(j.reason, j.detail)] if j.verdict == "invalid" else []
-        if j.verdict == "no-baseline" and j.metric in measured.lost and comparable:
-            lost = Loss("no value (reference)", f"the reference has no value for it ({measured.lost[j.metric]}); the run has one")
+        if j.verdict == "no-baseline" and j.metric in reference_lost and comparable:
+            lost = Loss("no value (reference)", f"the reference has no value for it ({reference_lost[j.metric]}); the run has one")
             judged.append(_invalid(j, [*found, lost]))
         elif found and j.verdict != "no-baseline":
             judged.append(_invalid(j, [*own, *found]))

@@ -2,12 +2,12 @@
 
 from __future__ import annotations
 
-from collections.abc import Iterable, Mapping, Sequence
+from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
 
-from pytest_qwenperf.gate.baseline import BaselineError, BaselineRefused, PublishedBaselineKept, parse_run, write_baseline
+from pytest_qwenperf.core.run import Run
+from pytest_qwenperf.gate.baseline import BaselineError, BaselineRefused, PublishedBaselineKept, write_baseline
 
 
 @dataclass(frozen=True)
@@ -30,25 +30,25 @@ class BaselineUpdate:
 
 def update_baselines(
     root: Path,
-    runs: Iterable[tuple[str, Mapping[str, Any]]],
+    runs: Iterable[Run],
     *,
     failed_tests: int,
     replace_published: Sequence[str],
     source: str,
 ) -> BaselineUpdate:
-    """Write each run (its config's key, e.g. ``b200/dp8``, and its JSON) as the baseline of its
-    identity under ``root``, unless a test failed.
+    """Write each run as the baseline of its identity under ``root``, unless a test failed.
 
     A stored baseline of published figures is replaced only by the runs of a config whose key
-    ``replace_published`` names, or when it names the file itself; a refused run leaves its
+    (e.g. ``b200/dp8``) ``replace_published`` names, or when it names the file itself; a refused run leaves its
     file untouched and the others still go ahead.
     """
     if failed_tests:
         return BaselineUpdate(failed_tests)
     named_files = {Path(name).resolve() for name in replace_published}
     outcomes = []
-    for config_key, run in runs:
-        target = parse_run(run).identity.path(root)
+    for run in runs:
+        config_key = run.config_key
+        target = run.identity.baseline().path(root)
         replace = config_key in replace_published or target.resolve() in named_files
         try:
             path = write_baseline(root, run, source=source, replace_published=replace)

@@ -6,9 +6,11 @@ import json
 from collections import Counter
 from pathlib import Path
 
+import msgspec
+
 from pytest_qwenperf.core.files import folder_lock, keep_aside, write_atomically
 from pytest_qwenperf.core.formats import SESSION_SCHEMA, json_safe
-from pytest_qwenperf.measure.run import RunResult
+from pytest_qwenperf.core.run import Run
 from pytest_qwenperf.serving.hardware import detect
 
 SCHEMA = SESSION_SCHEMA
@@ -18,25 +20,25 @@ class SessionReport:
     """Runs by (config key, workload id), and how often each config booted."""
 
     def __init__(self) -> None:
-        self._runs: dict[tuple[str, str], RunResult] = {}
+        self._runs: dict[tuple[str, str], Run] = {}
         self.boots: Counter[str] = Counter()
 
     @property
-    def runs(self) -> list[RunResult]:
+    def runs(self) -> list[Run]:
         return list(self._runs.values())
 
-    def get(self, config_key: str, workload_id: str) -> RunResult | None:
+    def get(self, config_key: str, workload_id: str) -> Run | None:
         return self._runs.get((config_key, workload_id))
 
-    def add(self, result: RunResult) -> None:
-        self._runs[(result.config.key, result.workload.id)] = result
+    def add(self, run: Run) -> None:
+        self._runs[(run.config_key, run.identity.workload)] = run
 
     def table(self) -> list[str]:
         header = f"{'config / workload':<48} {'out tok/s':>10} {'total tok/s':>11} {'TTFT p99':>9} {'TPOT p99':>9} {'ok':>5} {'failed, all repeats':>19}"
         lines = [header, "-" * len(header)]
         for run in self.runs:
-            v = run.summary.values()
-            name = f"{run.config.key} / {run.workload.id}"
+            v = run.metrics
+            name = f"{run.config_key} / {run.identity.workload}"
             lines.append(
                 f"{name:<48} {v['output_throughput']:>10.1f} {v['total_token_throughput']:>11.1f} "
                 f"{v['p99_ttft_ms']:>7.1f}ms {v['p99_tpot_ms']:>7.2f}ms {v['completed']:>5} {run.failed_requests:>19}"
@@ -49,7 +51,7 @@ class SessionReport:
             "schema": SCHEMA,
             "hardware": detect().as_dict(),
             "boots": dict(self.boots),
-            "runs": [run.as_json() for run in self.runs],
+            "runs": [msgspec.to_builtins(run) for run in self.runs],
         }
 
     def write_json(self, path: Path) -> Path | None:

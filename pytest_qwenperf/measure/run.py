@@ -1,13 +1,12 @@
 """One measured point: a workload driven against a running config, and everything it showed.
 
 Plain Python over the other modules: the plugin, the CLI and a notebook all call
-:func:`measure`, and the :class:`RunResult` is what the verdicts, the JSON report and
-pytest-benchmark get.
+:func:`measure`, and the :class:`~pytest_qwenperf.core.run.Run` it returns is what the
+verdicts, the JSON report and pytest-benchmark get.
 """
 
 from __future__ import annotations
 
-import dataclasses
 import datetime
 import json
 import os
@@ -17,8 +16,11 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from types import MappingProxyType
 
+import msgspec
+
 from pytest_qwenperf.core.apikey import ApiKey, redact_argv
 from pytest_qwenperf.core.http import http_post
+from pytest_qwenperf.core.run import ClientLoad, Run, RunContext, RunHardware, RunIdentity, ServerCounters, TokenCheck
 from pytest_qwenperf.core.summary import (
     GoodputSLO,
     RunSummary,
@@ -61,110 +63,69 @@ from pytest_qwenperf.telemetry.server_metrics import (
 )
 
 
-@dataclass(frozen=True)
-class RunResult:
-    """What one load run measured, with what was measured (identity) and where (context)."""
-
-    suite: str
-    config: ServingConfig
-    workload: SuiteWorkload
-    servers: tuple[ServerInfo, ...]
-    hardware: Hardware
-    summary: RunSummary
-    steady: RunSummary | None
-    server_deltas: Mapping[str, float | None]
-    tokens: TokenCrossCheck
-    client_bound: str | None
-    client_cpu_busy: float  # fraction of the run the client process spent on a CPU
-    client_cpus: tuple[int, ...]
-    started: str  # ISO 8601, UTC
-    telemetry: TelemetrySummary
-    requests_per_server: Mapping[str, float | None]  # base URL -> requests it finished (its /metrics)
-    samples: Mapping[str, tuple[float, ...]] = dataclasses.field(default_factory=lambda: MappingProxyType({}))  # metric -> one value per repeat
-    tolerances: Mapping[str, float] = dataclasses.field(default_factory=lambda: MappingProxyType({}))  # the suite's, per gated metric
-    scaling: ScalingSummary | None = None  # set when replica counts were compared
-
-    @property
-    def failed_requests(self) -> int:
-        """Requests that failed in any repeat: ``summary`` is the median repeat's alone."""
-        return int(sum(self.samples.get("failed", (self.summary.values()["failed"],))))
-
-    @property
-    def vllm_version(self) -> str | None:
-        return self.servers[0].version if self.servers else None
-
-    @property
-    def prefix_cache_hit_rate(self) -> float | None:
-        return _ratio(self.server_deltas.get("prefix_cache_hits"), self.server_deltas.get("prefix_cache_queries"))
-
-    @property
-    def spec_decode_acceptance_rate(self) -> float | None:
-        """Accepted draft tokens / proposed draft tokens (vLLM's definition)."""
-        return _ratio(
-            self.server_deltas.get("spec_decode_num_accepted_tokens"), self.server_deltas.get("spec_decode_num_draft_tokens")
-        )
-
-    @property
-    def spec_decode_mean_acceptance_length(self) -> float | None:
-        """1 + accepted tokens per draft: tokens produced per forward pass of the target model."""
-        accepted_per_draft = _ratio(
-            self.server_deltas.get("spec_decode_num_accepted_tokens"), self.server_deltas.get("spec_decode_num_drafts")
-        )
-        return None if accepted_per_draft is None else 1 + accepted_per_draft
-
-    def as_json(self) -> dict[str, object]:
-        """Identity (what was measured), context (where, which versions) and results, kept apart."""
-        return {
-            "identity": {
-                "suite": self.suite,
-                "config": self.config.id,
-                "argv": redact_argv(self.config.vllm_args),
-                "model": self.config.model,
-                "workload": self.workload.id,
-                "workload_fingerprint": self.workload.workload.fingerprint(),
-                "hardware": self.hardware.id,
-            },
-            "context": {
-                "vllm_version": self.vllm_version,
-                "hardware": self.hardware.as_dict(),
-                "servers": [info.as_dict() for info in self.servers],
-                "replicas": self.config.replicas,
-                "routing": self.config.routing,
-                "client_cpus": list(self.client_cpus),
-                "started": self.started,
-            },
-            "metrics": self.summary.values(),
-            "steady_state": self.steady.values() if self.steady else None,
-            "server": {
-                "deltas": dict(self.server_deltas),
-                "prefix_cache_hit_rate": self.prefix_cache_hit_rate,
-                "spec_decode_acceptance_rate": self.spec_decode_acceptance_rate,
-                "spec_decode_mean_acceptance_length": self.spec_decode_mean_acceptance_length,
-            },
-            "token_check": {"matches": self.tokens.matches, "detail": self.tokens.describe()},
-            "client": {"bound": self.client_bound, "cpu_busy": self.client_cpu_busy},
-            "telemetry": self.telemetry.as_json(),
-            "requests_per_server": dict(self.requests_per_server),
-            "scaling": self.scaling.as_json() if self.scaling else None,
-            "samples": {name: list(values) for name, values in self.samples.items()},
-            "tolerances": dict(self.tolerances),
-        }
-
-    def scalar_metrics(self) -> dict[str, float]:
-        """Client metrics, the server-side rates and tokens per joule: every figure a repeat
-        contributes a sample of."""
-        values = {name: float(value) for name, value in self.summary.values().items()}
-        rates = {
-            "prefix_cache_hit_rate": self.prefix_cache_hit_rate,
-            "spec_decode_acceptance_rate": self.spec_decode_acceptance_rate,
-            "spec_decode_mean_acceptance_length": self.spec_decode_mean_acceptance_length,
-            "tokens_per_joule": self.telemetry.gpu.tokens_per_joule if self.telemetry.gpu else None,
-        }
-        return values | {name: value for name, value in rates.items() if value is not None}
+def build_run(
+    *,
+    suite: str,
+    config: ServingConfig,
+    workload: SuiteWorkload,
+    servers: Sequence[ServerInfo],
+    hardware: Hardware,
+    summary: RunSummary,
+    steady: RunSummary | None,
+    server_deltas: Mapping[str, float | None],
+    requests_per_server: Mapping[str, float | None],  # base URL -> requests it finished (its /metrics)
+    tokens: TokenCrossCheck,
+    client_bound: str | None,
+    client_cpu_busy: float,  # fraction of the run the client process spent on a CPU
+    client_cpus: Sequence[int],
+    started: str,  # ISO 8601, UTC
+    telemetry: TelemetrySummary,
+    tolerances: Mapping[str, float] = MappingProxyType({}),  # the suite's, per gated metric
+) -> Run:
+    """The record of one load run: identity (what was measured), context (where, which
+    versions) and results, kept apart."""
+    return Run(
+        identity=RunIdentity(
+            suite=suite,
+            config=config.id,
+            argv=tuple(redact_argv(config.vllm_args)),
+            model=config.model,
+            workload=workload.id,
+            workload_fingerprint=workload.workload.fingerprint(),
+            hardware=hardware.id,
+        ),
+        context=RunContext(
+            vllm_version=servers[0].version if servers else None,
+            hardware=msgspec.convert(hardware.as_dict(), RunHardware),
+            servers=tuple(info.as_dict() for info in servers),
+            replicas=config.replicas,
+            routing=config.routing,
+            client_cpus=tuple(client_cpus),
+            started=started,
+        ),
+        metrics=dict(summary.values()),
+        steady_state=dict(steady.values()) if steady else None,
+        server=ServerCounters.of(server_deltas),
+        token_check=TokenCheck(matches=tokens.matches, detail=tokens.describe()),
+        client=ClientLoad(bound=client_bound, cpu_busy=client_cpu_busy),
+        telemetry=telemetry.as_json(),
+        requests_per_server=dict(requests_per_server),
+        samples={},
+        tolerances=dict(tolerances),
+    )
 
 
-def _ratio(part: float | None, whole: float | None) -> float | None:
-    return None if part is None or not whole else part / whole
+def _scalar_metrics(run: Run) -> dict[str, float]:
+    """Client metrics, the server-side rates and tokens per joule: every figure a repeat
+    contributes a sample of."""
+    values = {name: float(value) for name, value in run.metrics.items() if value is not None}
+    rates = {
+        "prefix_cache_hit_rate": run.server.prefix_cache_hit_rate,
+        "spec_decode_acceptance_rate": run.server.spec_decode_acceptance_rate,
+        "spec_decode_mean_acceptance_length": run.server.spec_decode_mean_acceptance_length,
+        "tokens_per_joule": run.value("tokens_per_joule"),
+    }
+    return values | {name: value for name, value in rates.items() if value is not None}
 
 
 @dataclass(frozen=True)
@@ -285,7 +246,7 @@ def measure(
     routes: Sequence[Route] | None = None,
     workers: int = 1,
     api_key: ApiKey | None = None,
-) -> RunResult:
+) -> Run:
     """Drive ``workload`` against ``server`` (running ``config``) ``repeats`` times.
 
     The result is the repeat with the median total token throughput, carrying every
@@ -308,7 +269,7 @@ def measure(
     if repeats < 1:
         raise ValueError(f"repeats must be at least 1, got {repeats}")
     routes = sorted(routes or routes_of(server, config.replicas), key=lambda route: route.replicas)
-    runs: dict[int, list[RunResult]] = {route.replicas: [] for route in routes}
+    runs: dict[int, list[Run]] = {route.replicas: [] for route in routes}
     for _ in range(repeats):
         for route in routes:
             reset_prefix_caches(route.metrics_urls)
@@ -318,26 +279,33 @@ def measure(
             server.check_alive()
             runs[route.replicas].append(run)
     own = runs.get(config.replicas) or runs[routes[-1].replicas]
-    ranked = sorted(own, key=lambda run: run.summary.values()["total_token_throughput"])
+    ranked = sorted(own, key=lambda run: _throughput(run, "total_token_throughput"))
     chosen = ranked[(len(ranked) - 1) // 2]
-    per_run = [run.scalar_metrics() for run in own]
-    samples = {name: tuple(values[name] for values in per_run) for name in per_run[0] if all(name in v for v in per_run)}
+    per_run = [_scalar_metrics(run) for run in own]
+    samples: dict[str, tuple[float | None, ...]] = {
+        name: tuple(values[name] for values in per_run) for name in per_run[0] if all(name in v for v in per_run)
+    }
     scaling = None
     if len(routes) > 1:
-        throughput = {n: [run.summary.values()[SCALING_THROUGHPUT] for run in measured] for n, measured in runs.items()}
+        throughput = {n: [_throughput(run, SCALING_THROUGHPUT) for run in measured] for n, measured in runs.items()}
         scaling = ScalingSummary.of(throughput, chosen.requests_per_server)
         samples |= scaling.samples()
     every = [run for measured in runs.values() for run in measured]
-    bound = next((run.client_bound for run in every if run.client_bound), None)
-    tokens = next((run.tokens for run in every if run.tokens.matches is False), chosen.tokens)
-    return dataclasses.replace(
+    bound = next((run.client.bound for run in every if run.client.bound), None)
+    tokens = next((run.token_check for run in every if run.token_check.matches is False), chosen.token_check)
+    return msgspec.structs.replace(
         chosen,
-        client_bound=bound,
-        tokens=tokens,
-        samples=MappingProxyType(samples),
-        tolerances=MappingProxyType(dict(tolerances)),
-        scaling=scaling,
+        client=msgspec.structs.replace(chosen.client, bound=bound),
+        token_check=tokens,
+        samples=samples,
+        tolerances=dict(tolerances),
+        scaling=scaling.record() if scaling else None,
     )
+
+
+def _throughput(run: Run, name: str) -> float:
+    """A throughput of a run just measured: the summary always has it."""
+    return float(run.metrics[name] or 0.0)
 
 
 def routes_of(server: Server, replicas: int) -> tuple[Route, ...]:
@@ -388,7 +356,7 @@ def _measure_once(
     client_cpus: frozenset[int],
     workers: int,
     api_key: ApiKey | None,
-) -> RunResult:
+) -> Run:
     hardware = detect()
     tokenizer = PromptTokenizer.load(embedded.resolve_model(config.model))
     n = route.replicas
@@ -408,7 +376,7 @@ def _measure_once(
         gpu_visible_devices=_gpu_devices(config, hardware),
         metrics_urls=route.metrics_urls,
     )
-    return RunResult(
+    return build_run(
         suite=suite,
         config=config,
         workload=workload,

@@ -17,6 +17,7 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from types import MappingProxyType
 
+from pytest_qwenperf.core.run import ReplicaScaling, Scaling
 from pytest_qwenperf.loadgen.arrivals import Arrival, ClosedLoop
 from pytest_qwenperf.loadgen.request import RequestSpec
 from pytest_qwenperf.loadgen.tokenizer import PromptTokenizer
@@ -108,14 +109,15 @@ class ScalingSummary:
         mean = sum(counts) / len(counts)
         return max(abs(c - mean) for c in counts) / mean if mean else None
 
-    def as_json(self) -> dict[str, object]:
+    def record(self) -> Scaling:
+        """What a run keeps of it (its ``scaling`` block)."""
         efficiencies = self.efficiencies()
-        return {
-            "metric": SCALING_THROUGHPUT,
-            "replicas": {
-                str(n): {"throughput": list(values), "efficiency": list(efficiencies.get(n, ())) or None}
+        return Scaling(
+            metric=SCALING_THROUGHPUT,
+            replicas={
+                str(n): ReplicaScaling(throughput=values, efficiency=efficiencies.get(n) or None)
                 for n, values in self.throughput.items()
             },
-            "requests_per_replica": dict(self.requests_per_replica),
-            "request_spread": self.request_spread(),
-        }
+            requests_per_replica=dict(self.requests_per_replica),
+            request_spread=self.request_spread(),
+        )

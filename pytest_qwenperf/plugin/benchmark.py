@@ -23,10 +23,12 @@ import math
 from collections.abc import Callable, Iterable, Mapping, Sequence
 from typing import Any
 
+import msgspec
 import pytest
 
 from pytest_qwenperf.core.formats import json_safe
 from pytest_qwenperf.core.metrics import METRICS
+from pytest_qwenperf.core.run import Run
 from pytest_qwenperf.serving.hardware import detect
 
 UNIT = "seconds per 1,000,000 total tokens (1e6 / total_token_throughput)"
@@ -54,7 +56,7 @@ def seconds_per_million_tokens(total_token_throughputs: Iterable[float | None]) 
 
 def record(
     benchmark: Any,
-    run_json: Mapping[str, Any],
+    run: Run,
     seconds_per_unit: Sequence[float],
     *,
     group: str,
@@ -64,8 +66,8 @@ def record(
 ) -> None:
     """Feed ``benchmark`` (pytest-benchmark's fixture) with measured values, one round each.
 
-    ``run_json`` is a run's ``as_json()``; it goes into ``extra_info["qwenperf"]`` and its
-    metrics into ``extra_info`` flat. With ``--benchmark-disable`` nothing is timed and no
+    ``run`` goes into ``extra_info["qwenperf"]`` as its JSON and its metrics into
+    ``extra_info`` flat. With ``--benchmark-disable`` nothing is timed and no
     statistics are kept, as for any benchmark; ``--benchmark-skip`` skips the test before
     it gets here.
     """
@@ -76,9 +78,9 @@ def record(
     benchmark.name = name
     benchmark.params = dict(params)
     # Metadata keeps a reference to this dict, so it is filled in place, never replaced.
-    benchmark.extra_info["qwenperf"] = json_safe(dict(run_json))
+    benchmark.extra_info["qwenperf"] = json_safe(msgspec.to_builtins(run))
     benchmark.extra_info["unit"] = unit
-    benchmark.extra_info.update(json_safe(flat_metrics(run_json)))
+    benchmark.extra_info.update(json_safe(flat_metrics(run)))
     benchmark._timer = _replay(values)  # the one private name used; the check below notices if it changes
     benchmark.pedantic(_no_work, rounds=len(values), iterations=1, warmup_rounds=0)
     if benchmark.enabled and benchmark.stats.stats.data != values:
@@ -89,30 +91,30 @@ def record(
         )
 
 
-def record_run(benchmark: Any, run_json: Mapping[str, Any]) -> None:
-    """Record one run's ``as_json()``: group ``suite/config``, name the workload, one round per
-    repeat (``samples.total_token_throughput``), so pytest-benchmark's statistics and
+def record_run(benchmark: Any, run: Run) -> None:
+    """Record one run: group ``suite/config``, name the workload, one round per repeat
+    (``samples.total_token_throughput``), so pytest-benchmark's statistics and
     ``--benchmark-compare-fail`` weigh the run-to-run spread; a run without samples (one
     measured before repeats were kept) is its single ``metrics`` value, one round."""
-    identity = run_json["identity"]
-    repeats = (run_json.get("samples") or {}).get("total_token_throughput")
+    identity = run.identity
+    repeats = (run.samples or {}).get("total_token_throughput")
+    throughputs = repeats or [run.metrics.get("total_token_throughput")]
     record(
         benchmark,
-        run_json,
-        seconds_per_million_tokens(repeats or [run_json["metrics"].get("total_token_throughput")]),
-        group=f"{identity['suite']}/{identity['config']}" if identity["suite"] else identity["config"],
-        name=identity["workload"],
-        params={key: identity[key] for key in ("suite", "config", "workload")},
+        run,
+        seconds_per_million_tokens(None if t is None else float(t) for t in throughputs),
+        group=run.config_key,
+        name=identity.workload,
+        params={"suite": identity.suite, "config": identity.config, "workload": identity.workload},
     )
 
 
-def flat_metrics(run_json: Mapping[str, Any]) -> dict[str, Any]:
+def flat_metrics(run: Run) -> dict[str, Any]:
     """Whole-run metrics by name, steady-state ones as ``steady_state_<name>``, and the metrics
     the registry places in the ``server`` block (the server-side rates)."""
-    flat = dict(run_json.get("metrics") or {})
-    flat |= {f"steady_state_{key}": value for key, value in (run_json.get("steady_state") or {}).items()}
-    server = run_json.get("server") or {}
-    flat |= {info.name: server[info.path[1]] for info in METRICS.values() if info.path[0] == "server" and info.path[1] in server}
+    flat: dict[str, Any] = dict(run.metrics)
+    flat |= {f"steady_state_{key}": value for key, value in (run.steady_state or {}).items()}
+    flat |= {info.name: getattr(run.server, info.path[1]) for info in METRICS.values() if info.path[0] == "server"}
     return flat
 
 

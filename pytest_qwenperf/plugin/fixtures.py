@@ -10,10 +10,11 @@ from collections.abc import Callable, Iterator
 
 import pytest
 
+from pytest_qwenperf.core.run import Run
 from pytest_qwenperf.core.verdict import Judgement
-from pytest_qwenperf.gate.baseline import BaselineError, find_baseline, parse_run
+from pytest_qwenperf.gate.baseline import BaselineError, find_baseline
 from pytest_qwenperf.gate.judge import judge_run
-from pytest_qwenperf.measure.run import RunResult, measure
+from pytest_qwenperf.measure.run import measure
 from pytest_qwenperf.measure.scaling import endpoint_routes
 from pytest_qwenperf.plugin.settings import REPORT_KEY, SETTINGS_KEY, SUITES_KEY, USES_KEY, QwenperfSettings
 from pytest_qwenperf.serving.endpoints import set_urls
@@ -79,7 +80,7 @@ def vllm_server(
             qwenperf_pool.release(serving_config.key)
 
 
-MeasureFn = Callable[[ServingConfig, SuiteWorkload], RunResult]
+MeasureFn = Callable[[ServingConfig, SuiteWorkload], Run]
 
 
 @pytest.fixture
@@ -91,7 +92,7 @@ def qwenperf_measure(pytestconfig: pytest.Config, qwenperf_pool: ServerPool, qwe
     """
     report = pytestconfig.stash[REPORT_KEY]
 
-    def _measure(cfg: ServingConfig, workload: SuiteWorkload) -> RunResult:
+    def _measure(cfg: ServingConfig, workload: SuiteWorkload) -> Run:
         result = report.get(cfg.key, workload.id)
         if result is None:
             placed = _placement(cfg, qwenperf_settings)
@@ -117,7 +118,7 @@ def qwenperf_measure(pytestconfig: pytest.Config, qwenperf_pool: ServerPool, qwe
 
 
 @pytest.fixture
-def qwenperf_run(serving_config: ServingConfig, suite_workload: SuiteWorkload, vllm_server: Server, qwenperf_measure: MeasureFn) -> RunResult:
+def qwenperf_run(serving_config: ServingConfig, suite_workload: SuiteWorkload, vllm_server: Server, qwenperf_measure: MeasureFn) -> Run:
     """The measured run of ``suite_workload`` on ``serving_config``: once per session, shared by tests."""
     return qwenperf_measure(serving_config, suite_workload)
 
@@ -137,16 +138,15 @@ def _suite_of(config: pytest.Config, cfg: ServingConfig) -> Suite:
 
 
 @pytest.fixture
-def qwenperf_judgements(qwenperf_run: RunResult, qwenperf_settings: QwenperfSettings) -> tuple[Judgement, ...]:
+def qwenperf_judgements(qwenperf_run: Run, qwenperf_settings: QwenperfSettings) -> tuple[Judgement, ...]:
     """Every gated metric of the run against its stored baseline (see :func:`~pytest_qwenperf.gate.judge.judge_run`).
 
     A baseline file that cannot be read fails the test with the one line that names the
     file, the field and what was expected (no traceback: the fault is in the file)."""
-    run = qwenperf_run.as_json()
     try:
-        baseline = find_baseline(qwenperf_settings.baselines, parse_run(run).identity)
+        baseline = find_baseline(qwenperf_settings.baselines, qwenperf_run.identity.baseline())
     except BaselineError as exc:
         unreadable = str(exc)
     else:
-        return judge_run(baseline, run)
+        return judge_run(baseline, qwenperf_run)
     pytest.fail(f"qwenperf: {unreadable}", pytrace=False)  # outside the except: no "during handling" chain

@@ -264,7 +264,7 @@ def pytest_sessionfinish(session: pytest.Session) -> None:
     if settings is not None and settings.update_baselines and report is not None:
         update = update_baselines(
             settings.baselines,
-            ((run.config.key, run.as_json()) for run in report.runs),
+            report.runs,
             failed_tests=session.testsfailed,
             replace_published=settings.replace_published,
             source="pytest --qwenperf-update-baselines",

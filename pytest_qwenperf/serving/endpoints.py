@@ -27,8 +27,12 @@ import argparse
 import tomllib
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import Annotated
 
+import msgspec
+from msgspec import Meta
+
+from pytest_qwenperf.core import schema
 from pytest_qwenperf.core.options import endpoint_url, masked_repr, redact_credentials
 from pytest_qwenperf.core.textfiles import read_text
 
@@ -76,35 +80,39 @@ def load_endpoint_sets(path: Path | str) -> EndpointSets:
         data = tomllib.loads(text)
     except tomllib.TOMLDecodeError as exc:
         raise EndpointsFileError(f"{path}: expected a TOML file of [[set]] tables: {exc}") from None
-    _only_keys(path, data, "", {"model", "set"})
-    model = data.get("model")
-    if model is not None and (not isinstance(model, str) or not model):
-        raise _error(path, "model", "the served model name, a non-empty string", model)
-    entries = data.get("set")
-    if not isinstance(entries, list) or not entries:
-        raise _error(path, "set", "at least one [[set]] table", entries)
+    file = schema.convert(data, _File, lambda m: EndpointsFileError(f"{path}: {m.text(redact_credentials(m.field), masked_repr)}"))
     sets: dict[int, tuple[int, EndpointSet]] = {}  # replica count -> (where in the file, set)
-    for n, entry in enumerate(entries):
+    for n, entry in enumerate(file.sets):
         where = f"set[{n}]"
-        if not isinstance(entry, dict):
-            raise _error(path, where, "a [[set]] table", entry)
-        _only_keys(path, entry, where, {"replicas", "urls"})
-        replicas = entry.get("replicas")
-        if type(replicas) is not int or replicas < 1:  # not isinstance: TOML's true is a Python bool, an int
-            raise _error(path, f"{where}.replicas", "a whole number of replicas >= 1", replicas)
-        if replicas in sets:
-            other = f"set[{sets[replicas][0]}]"
-            raise _error(path, f"{where}.replicas", f"a replica count that no other set has ({other} has it)", replicas)
-        urls = _urls(path, entry.get("urls"), f"{where}.urls")
-        if len(urls) > replicas:
-            raise _error(path, f"{where}.urls", f"at most {replicas} URLs (one per replica, or fewer fronts)", list(urls))
-        sets[replicas] = n, EndpointSet(replicas, urls)
+        if entry.replicas in sets:
+            other = f"set[{sets[entry.replicas][0]}]"
+            raise _error(path, f"{where}.replicas", f"a replica count that no other set has ({other} has it)", entry.replicas)
+        urls = _urls(path, entry.urls, f"{where}.urls")
+        if len(urls) > entry.replicas:
+            raise _error(path, f"{where}.urls", f"at most {entry.replicas} URLs (one per replica, or fewer fronts)", list(urls))
+        sets[entry.replicas] = n, EndpointSet(entry.replicas, urls)
     if 1 not in sets:
         raise EndpointsFileError(
             f"{path}: set: expected a set with replicas = 1, the reference every scaling efficiency is measured"
             f" against; the file has replica counts {sorted(sets)}"
         )
-    return EndpointSets(path, tuple(sets[k][1] for k in sorted(sets)), model)
+    return EndpointSets(path, tuple(sets[k][1] for k in sorted(sets)), file.model)
+
+
+class _SetTable(schema.Shape, frozen=True):
+    replicas: Annotated[int, Meta(ge=1, description="a whole number of replicas >= 1")]
+    urls: Annotated[
+        tuple[Annotated[str, Meta(description="a base URL such as http://10.0.0.5:8000")], ...],
+        Meta(min_length=1, description='a non-empty list of base URLs such as ["http://10.0.0.5:8000"]'),
+    ]
+
+
+class _File(schema.Shape, frozen=True):
+    sets: Annotated[
+        tuple[Annotated[_SetTable, Meta(description="a [[set]] table")], ...],
+        Meta(min_length=1, description="at least one [[set]] table"),
+    ] = msgspec.field(name="set")
+    model: Annotated[str, Meta(min_length=1, description="the served model name, a non-empty string")] | None = None
 
 
 def _error(path: Path, field: str, expected: str, got: object) -> EndpointsFileError:
@@ -112,25 +120,15 @@ def _error(path: Path, field: str, expected: str, got: object) -> EndpointsFileE
     return EndpointsFileError(f"{path}: {field}: expected {expected}, got {masked_repr(got)}")
 
 
-def _only_keys(path: Path, table: dict[str, Any], where: str, allowed: set[str]) -> None:
-    unknown = sorted(set(table) - allowed)
-    if unknown:
-        field = f"{where}.{unknown[0]}" if where else unknown[0]
-        raise EndpointsFileError(f"{path}: {redact_credentials(field)}: unknown key; expected only {', '.join(sorted(allowed))}")
-
-
-def _urls(path: Path, value: object, field: str) -> tuple[str, ...]:
-    if not isinstance(value, list) or not value:
-        raise _error(path, field, 'a non-empty list of base URLs such as ["http://10.0.0.5:8000"]', value)
-    urls = []
-    for k, url in enumerate(value):
-        if not isinstance(url, str):
-            raise _error(path, f"{field}[{k}]", "a base URL such as http://10.0.0.5:8000", url)
+def _urls(path: Path, urls: tuple[str, ...], field: str) -> tuple[str, ...]:
+    """The URLs as :func:`~pytest_qwenperf.core.options.endpoint_url` normalises them, or its message for the first it refuses."""
+    normalised = []
+    for k, url in enumerate(urls):
         try:
-            urls.append(endpoint_url(url))
+            normalised.append(endpoint_url(url))
         except argparse.ArgumentTypeError as exc:  # endpoint_url's message says what it expects
             raise EndpointsFileError(f"{path}: {field}[{k}]: {exc}") from None
-    return tuple(urls)
+    return tuple(normalised)
 
 
 def endpoints_file(value: str) -> EndpointSets:

@@ -12,12 +12,17 @@ import json
 import math
 import re
 import tomllib
+import typing
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from types import MappingProxyType
-from typing import Any
+from typing import Annotated, Any, Literal
 
+import msgspec
+from msgspec import Meta
+
+from pytest_qwenperf.core import schema
 from pytest_qwenperf.core.apikey import SERVER_ENV, is_api_key_option
 from pytest_qwenperf.core.identity import Identity, argv_digest
 from pytest_qwenperf.core.metrics import FLOORED, GATED, SCALING, find
@@ -29,7 +34,8 @@ from pytest_qwenperf.suite.workloads import Workload, workload_from_dict
 
 FlagValue = str | int | float | bool | dict[str, Any] | list[Any]
 
-ROUTINGS = ("round-robin", "least-outstanding", "nginx")
+Routing = Literal["round-robin", "least-outstanding", "nginx"]
+ROUTINGS: tuple[Routing, ...] = typing.get_args(Routing)
 """How the load reaches a config's replicas: the client round-robins per request (as a
 Kubernetes ClusterIP does), the client sends each request to the replica with the fewest
 in flight, or a real nginx with ``least_conn`` stands in front of them (the production
@@ -187,118 +193,181 @@ def load_suite(path: Path | str) -> Suite:
         data = tomllib.loads(text)
     except tomllib.TOMLDecodeError as exc:
         raise SuiteError(f"{path}: not valid TOML: {exc}") from None
-    reader = _Reader(path)
-    suite = reader.table(data, "suite")
-    reader.only_keys(data, "", {"suite", "config", "workload"})
-    reader.only_keys(
-        suite,
-        "suite",
-        {
-            "name",
-            "hardware",
-            "gpus",
-            "model",
-            "served_model_name",
-            "description",
-            "env",
-            "vllm",
-            "ladder_tolerance",
-            "repeats",
-            "tolerances",
-        },
-    )
-    suite_name = reader.string(suite, "suite.name")
-    model = reader.string(suite, "suite.model")
-    served = reader.optional_string(suite, "suite.served_model_name")
-    if served is None and model == embedded.TINY_MODEL_REF:
+    file = schema.convert(data, _SuiteFile, lambda m: SuiteError(f"{path}: {m.text(_field(data, m.path))}"))
+    suite = file.suite
+    served = suite.served_model_name
+    if served is None and suite.model == embedded.TINY_MODEL_REF:
         served = embedded.TINY_MODEL_NAME
-    base_env = reader.env(suite.get("env", {}), "suite.env")
-    base_flags = reader.flags(suite.get("vllm", {}), "suite.vllm")
-
-    rungs: dict[str, tuple[dict[str, FlagValue], dict[str, str], int, str]] = {}
+    base = _Rung(_flags(path, suite.vllm, "suite.vllm"), _env(path, suite.env, "suite.env"), 1, ROUTINGS[0])
+    rungs: dict[str, _Rung] = {}
     configs = []
-    entries = data.get("config", [])
-    if not isinstance(entries, list) or not entries:
-        raise SuiteError(f"{path}: config: expected at least one [[config]] table")
-    for n, entry in enumerate(entries):
-        where = f"config[{n}]"
-        if not isinstance(entry, dict):
-            raise SuiteError(f"{path}: {where}: expected a table, got {entry!r}")
-        reader.only_keys(
-            entry, where, {"id", "inherits", "description", "env", "vllm", "cpu_flags_any", "improves", "replicas", "routing"}
-        )
-        config_id = _safe_id(reader, reader.string(entry, f"{where}.id"), f"{where}.id")
+    for n, entry in enumerate(file.config):
+        config_id = _safe_id(path, entry.id, f"config[{n}].id")
         where = f"config {config_id!r}"
         if config_id in rungs:
             raise SuiteError(f"{path}: {where}: id used twice")
-        parent = reader.optional_string(entry, f"{where}.inherits")
+        parent = entry.inherits
         if parent is not None and parent not in rungs:
             raise SuiteError(f"{path}: {where}.inherits: expected the id of an earlier config, got {parent!r}")
-        flags, env, replicas, routing = rungs[parent] if parent else (base_flags, base_env, 1, ROUTINGS[0])
-        flags = {**flags, **reader.flags(entry.get("vllm", {}), f"{where}.vllm")}
-        env = {**env, **reader.env(entry.get("env", {}), f"{where}.env")}
-        replicas = _replicas(reader, entry.get("replicas", replicas), f"{where}.replicas")
-        routing = entry.get("routing", routing)
-        if routing not in ROUTINGS:
-            raise reader.fail(f"{where}.routing", f"one of {list(ROUTINGS)}", routing)
-        rungs[config_id] = (flags, env, replicas, routing)
+        if entry.improves and parent is None:
+            raise _fail(path, f"{where}.improves", "improves only on a rung that inherits from another", entry.improves)
+        inherited = rungs[parent] if parent else base
+        rung = rungs[config_id] = _Rung(
+            {**inherited.flags, **_flags(path, entry.vllm, f"{where}.vllm")},
+            {**inherited.env, **_env(path, entry.env, f"{where}.env")},
+            inherited.replicas if entry.replicas is None else entry.replicas,
+            inherited.routing if entry.routing is None else entry.routing,
+        )
         configs.append(
             ServingConfig(
                 id=config_id,
-                model=model,
-                vllm_args=render_flags(flags),
-                env=tuple(sorted(env.items())),
+                model=suite.model,
+                vllm_args=render_flags(rung.flags),
+                env=tuple(sorted(rung.env.items())),
                 served_model_name=served,
-                description=reader.optional_string(entry, f"{where}.description") or "",
+                description=entry.description,
                 inherits=parent,
-                suite=suite_name,
-                improves=reader.boolean(entry, f"{where}.improves", parent is not None),
-                cpu_flags_any=tuple(reader.strings(entry.get("cpu_flags_any", []), f"{where}.cpu_flags_any")),
-                replicas=replicas,
-                routing=routing,
+                suite=suite.name,
+                improves=entry.improves,
+                cpu_flags_any=entry.cpu_flags_any,
+                replicas=rung.replicas,
+                routing=rung.routing,
             )
         )
-    _one_file_each(reader, [c.id for c in configs], "config")
-    gpus = suite.get("gpus", 0)
-    if not isinstance(gpus, int) or isinstance(gpus, bool) or gpus < 0:
-        raise reader.fail("suite.gpus", "a whole number of GPUs per node", gpus)
-    workloads = tuple(
-        _suite_workload(reader, entry, f"workload[{n}]", set(rungs)) for n, entry in enumerate(data.get("workload", []))
-    )
+    _one_file_each(path, [c.id for c in configs], "config")
+    workloads = tuple(_suite_workload(path, entry, f"workload[{n}]", set(rungs)) for n, entry in enumerate(file.workload))
     if len({w.id for w in workloads}) != len(workloads):
         raise SuiteError(f"{path}: workload: two workloads have the same id: {[w.id for w in workloads]}")
     return Suite(
         path=path,
-        name=suite_name,
-        hardware=reader.string(suite, "suite.hardware"),
-        model=model,
+        name=suite.name,
+        hardware=suite.hardware,
+        model=suite.model,
         configs=tuple(configs),
         workloads=workloads,
-        description=reader.optional_string(suite, "suite.description") or "",
-        gpus=gpus,
-        ladder_tolerance=_fraction(reader, suite.get("ladder_tolerance", 0.10), "suite.ladder_tolerance"),
-        repeats=_repeats(reader, suite.get("repeats", 3)),
-        tolerances=_tolerances(reader, suite.get("tolerances", {})),
+        description=suite.description,
+        gpus=suite.gpus,
+        ladder_tolerance=suite.ladder_tolerance,
+        repeats=suite.repeats,
+        tolerances=_tolerances(path, suite.tolerances),
     )
 
 
-def _tolerances(reader: _Reader, value: object) -> Mapping[str, float]:
-    if not isinstance(value, dict):
-        raise reader.fail("suite.tolerances", "a table of gated metric = fraction", value)
-    for name in value:
+# --------------------------------------------------------------------------- #
+# The file's shape: what a schema can say. Rules between values are checked by load_suite.
+# --------------------------------------------------------------------------- #
+
+_NonEmpty = Annotated[str, Meta(min_length=1, description="a non-empty string")]
+_Strings = Annotated[tuple[str, ...], Meta(description="an array of strings")]
+_Fraction = Annotated[float, Meta(ge=0, lt=1, description="a fraction between 0 and 1")]
+_Env = Annotated[
+    dict[str, Annotated[str, Meta(description="a string (the variable's value)")]],
+    Meta(description="a table of strings (environment variables)"),
+]
+_Flags = Annotated[
+    dict[str, Annotated[FlagValue, Meta(description="a string, number, boolean, table or array")]],
+    Meta(description="a table of vLLM flags"),
+]
+_LOAD = "a table such as { concurrency = 32 } or { rate = 10 }"
+
+
+class _SuiteTable(schema.Shape, frozen=True):
+    name: _NonEmpty
+    hardware: _NonEmpty
+    model: _NonEmpty
+    gpus: Annotated[int, Meta(ge=0, description="a whole number of GPUs per node")] = 0
+    served_model_name: Annotated[str, Meta(description="a string")] | None = None
+    description: Annotated[str, Meta(description="a string")] = ""
+    env: _Env = msgspec.field(default_factory=dict)
+    vllm: _Flags = msgspec.field(default_factory=dict)
+    ladder_tolerance: _Fraction = 0.10
+    repeats: Annotated[int, Meta(ge=1, description="a whole number of load runs >= 1")] = 3
+    tolerances: Annotated[dict[str, _Fraction], Meta(description="a table of gated metric = fraction")] = msgspec.field(
+        default_factory=dict
+    )
+
+
+class _ConfigTable(schema.Shape, frozen=True):
+    """A rung; ``None`` where the rung keeps what it inherits."""
+
+    id: _NonEmpty
+    inherits: Annotated[str, Meta(description="the id of an earlier config")] | None = None
+    description: Annotated[str, Meta(description="a string")] = ""
+    env: _Env = msgspec.field(default_factory=dict)
+    vllm: _Flags = msgspec.field(default_factory=dict)
+    cpu_flags_any: _Strings = ()
+    improves: Annotated[bool, Meta(description="true or false")] = False
+    replicas: Annotated[int, Meta(ge=1, description="a whole number of vLLM servers >= 1")] | None = None
+    routing: Annotated[Routing, Meta(description=f"one of {list(ROUTINGS)}")] | None = None
+
+
+class _RunTable(schema.Shape, frozen=True):
+    """A [[workload]] table's keys that say how the suite runs it (the others describe the workload)."""
+
+    load: Annotated[dict[str, Any], Meta(description=_LOAD)]
+    warmup: Annotated[int, Meta(ge=0, description="a whole number of requests >= 0, below num_prompts")] = 0
+    configs: _Strings = ()
+    slo: Annotated[str, Meta(description='a goodput string such as "ttft:500 tpot:50"')] | None = None
+    floors: Annotated[
+        dict[
+            str,
+            Annotated[
+                dict[str, Annotated[float, Meta(description="a finite number (the minimum)")]],
+                Meta(description='a table of config id (or "*") = minimum'),
+            ],
+        ],
+        Meta(description="a table of metric = { config = minimum }"),
+    ] = msgspec.field(default_factory=dict)
+
+
+class _SuiteFile(schema.Shape, frozen=True):
+    suite: Annotated[_SuiteTable, Meta(description="a table")]
+    config: Annotated[
+        tuple[Annotated[_ConfigTable, Meta(description="a [[config]] table")], ...],
+        Meta(min_length=1, description="at least one [[config]] table"),
+    ]
+    workload: tuple[Annotated[dict[str, Any], Meta(description="a [[workload]] table")], ...] = ()
+
+
+@dataclass(frozen=True)
+class _Rung:
+    """What a config hands down to the configs that inherit from it."""
+
+    flags: dict[str, FlagValue]
+    env: dict[str, str]
+    replicas: int
+    routing: Routing
+
+
+def _field(data: Mapping[str, Any], path: tuple[schema.Step, ...]) -> str:
+    """A path as the file's reader names it: ``config 'base'.vllm``, not ``config[0].vllm``, once the entry has an id."""
+    if len(path) > 2 and path[0] in ("config", "workload") and isinstance(path[1], int):
+        key = "id" if path[0] == "config" else "name"
+        name = data[path[0]][path[1]].get(key)
+        if path[2] != key and isinstance(name, str) and SAFE_ID.fullmatch(name):
+            return f"{path[0]} {name!r}.{schema.field_name(path[2:])}"
+    return schema.field_name(path)
+
+
+def _fail(path: Path, key: str, expected: str, got: object) -> SuiteError:
+    return SuiteError(f"{path}: {key}: expected {expected}, got {got!r}")
+
+
+def _tolerances(path: Path, tolerances: Mapping[str, float]) -> Mapping[str, float]:
+    for name in tolerances:
         info = find(name)
         if info is None or not info.gated:
-            raise reader.fail(f"suite.tolerances.{name}", f"a gated metric, one of {list(GATED)} or {SCALING.shape}", name)
-    return MappingProxyType({name: _fraction(reader, v, f"suite.tolerances.{name}") for name, v in value.items()})
+            raise _fail(path, f"suite.tolerances.{name}", f"a gated metric, one of {list(GATED)} or {SCALING.shape}", name)
+    return MappingProxyType(dict(tolerances))
 
 
-def _safe_id(reader: _Reader, value: str, key: str) -> str:
+def _safe_id(path: Path, value: str, key: str) -> str:
     if not SAFE_ID.fullmatch(value):
-        raise reader.fail(key, f"an id of {_SAFE_ID_EXPECTED}", value)
+        raise _fail(path, key, f"an id of {_SAFE_ID_EXPECTED}", value)
     return value
 
 
-def _one_file_each(reader: _Reader, ids: Sequence[str], key: str) -> None:
+def _one_file_each(path: Path, ids: Sequence[str], key: str) -> None:
     """No two ids may name the same baseline file, on case-insensitive file systems (macOS, Windows) either.
 
     An id of :data:`SAFE_ID` is its own file name (``baseline.slug`` leaves such text as it is),
@@ -308,174 +377,95 @@ def _one_file_each(reader: _Reader, ids: Sequence[str], key: str) -> None:
         other = seen.setdefault(name.casefold(), name)
         if other != name:
             raise SuiteError(
-                f"{reader.path}: {key}: ids {other!r} and {name!r} map to the same baseline file name {name!r}; "
+                f"{path}: {key}: ids {other!r} and {name!r} map to the same baseline file name {name!r}; "
                 "expected ids that differ in more than letter case"
             )
 
 
-def _replicas(reader: _Reader, value: object, key: str) -> int:
-    if isinstance(value, bool) or not isinstance(value, int) or value < 1:
-        raise reader.fail(key, "a whole number of vLLM servers >= 1", value)
-    return value
+def _env(path: Path, env: dict[str, str], key: str) -> dict[str, str]:
+    if SERVER_ENV in env:
+        raise _no_api_key(path, f"{key}.{SERVER_ENV}")
+    return env
 
 
-def _repeats(reader: _Reader, value: object) -> int:
-    if isinstance(value, bool) or not isinstance(value, int) or value < 1:
-        raise reader.fail("suite.repeats", "a whole number of load runs >= 1", value)
-    return value
+def _flags(path: Path, flags: dict[str, FlagValue], key: str) -> dict[str, FlagValue]:
+    for name in flags:
+        if is_api_key_option(f"--{name}"):
+            raise _no_api_key(path, f"{key}.{name}")
+        if name.startswith("-") or "_" in name:
+            raise _fail(path, f"{key}.{name}", "a flag name as vLLM spells it, without leading dashes (max-model-len)", name)
+    return flags
 
 
-def _fraction(reader: _Reader, value: object, key: str) -> float:
-    if isinstance(value, bool) or not isinstance(value, (int, float)) or not 0 <= value < 1:
-        raise reader.fail(key, "a fraction between 0 and 1", value)
-    return float(value)
+def _no_api_key(path: Path, key: str) -> SuiteError:
+    """A key in a suite file would be committed with it and printed by ``qwenperf show``; refused without echoing it."""
+    return SuiteError(
+        f"{path}: {key}: an API key does not belong in a suite file; set {SERVER_ENV} in the environment of "
+        "the pytest run instead (the servers the plugin starts get it from there, and its requests carry it)"
+    )
 
 
-_RUN_KEYS = {"load", "warmup", "configs", "slo", "floors"}
-
-
-def _suite_workload(reader: _Reader, entry: object, where: str, config_ids: set[str]) -> SuiteWorkload:
-    if not isinstance(entry, dict):
-        raise reader.fail(where, "a [[workload]] table", entry)
-    if "name" in entry:
-        if isinstance(entry["name"], str):
-            _safe_id(reader, entry["name"], f"{where}.name")
-        where = f"workload {entry['name']!r}"
-    source = f"{reader.path}: {where}"
+def _suite_workload(path: Path, entry: Mapping[str, Any], where: str, config_ids: set[str]) -> SuiteWorkload:
+    name = entry.get("name")
+    if isinstance(name, str):
+        where = f"workload {_safe_id(path, name, f'{where}.name')!r}"
+    source = f"{path}: {where}"
+    run = schema.convert(
+        {k: v for k, v in entry.items() if k in _RunTable.__struct_fields__},
+        _RunTable,
+        lambda m: SuiteError(f"{source}.{m.text()}"),
+    )
     try:
-        workload = workload_from_dict({k: v for k, v in entry.items() if k not in _RUN_KEYS}, source=source)
+        workload = workload_from_dict({k: v for k, v in entry.items() if k not in _RunTable.__struct_fields__}, source=source)
     except ValueError as exc:
         raise SuiteError(str(exc)) from None
-    arrival = _arrival(reader, entry.get("load"), f"{where}.load")
-    warmup = entry.get("warmup", 0)
-    if not isinstance(warmup, int) or isinstance(warmup, bool) or not 0 <= warmup < workload.num_prompts:
-        raise reader.fail(f"{where}.warmup", f"a whole number of requests below num_prompts ({workload.num_prompts})", warmup)
-    configs = tuple(reader.strings(entry.get("configs", []), f"{where}.configs"))
-    unknown = [c for c in configs if c not in config_ids]
+    arrival = _arrival(path, run.load, f"{where}.load")
+    # A JSONL workload without num_prompts sends every line: the count is known once the file is read.
+    if workload.num_prompts is not None and run.warmup >= workload.num_prompts:
+        raise _fail(path, f"{where}.warmup", f"a whole number of requests below num_prompts ({workload.num_prompts})", run.warmup)
+    unknown = [c for c in run.configs if c not in config_ids]
     if unknown:
-        raise reader.fail(f"{where}.configs", f"ids of configs of this suite {sorted(config_ids)}", unknown)
+        raise _fail(path, f"{where}.configs", f"ids of configs of this suite {sorted(config_ids)}", unknown)
     slo = None
-    if "slo" in entry:
+    if run.slo is not None:
         try:
-            slo = GoodputSLO.parse(entry["slo"]) if isinstance(entry["slo"], str) else None
+            slo = GoodputSLO.parse(run.slo)
         except ValueError as exc:
-            raise reader.fail(f"{where}.slo", str(exc), entry["slo"]) from None
-        if slo is None:
-            raise reader.fail(f"{where}.slo", 'a goodput string such as "ttft:500 tpot:50"', entry["slo"])
-    floors = _floors(reader, entry.get("floors", {}), f"{where}.floors", configs or sorted(config_ids))
-    return SuiteWorkload(workload, arrival, warmup, configs, slo, floors)
+            raise _fail(path, f"{where}.slo", str(exc), run.slo) from None
+    floors = _floors(path, run.floors, f"{where}.floors", run.configs or sorted(config_ids))
+    return SuiteWorkload(workload, arrival, run.warmup, run.configs, slo, floors)
 
 
 _OPEN_LOOP_KEYS = ("rate", "distribution", "burstiness", "seed", "max_concurrency")
 
 
-def _arrival(reader: _Reader, load: object, key: str) -> Arrival:
+def _arrival(path: Path, load: dict[str, Any], key: str) -> Arrival:
     """``{ concurrency = N }`` (a closed loop) or ``{ rate = R, ... }`` (an open loop, :class:`OpenLoop`'s fields)."""
-    if not isinstance(load, dict) or not ({"concurrency", "rate"} & set(load)):
-        raise reader.fail(key, "a table such as { concurrency = 32 } or { rate = 10 }", load)
+    if not {"concurrency", "rate"} & set(load):
+        raise _fail(path, key, _LOAD, load)
     closed = "concurrency" in load
     allowed = ("concurrency",) if closed else _OPEN_LOOP_KEYS
     unknown = sorted(set(load) - set(allowed))
     if unknown:
         kind = "a closed loop (concurrency = N)" if closed else "an open loop (rate = R)"
-        raise SuiteError(f"{reader.path}: {key}.{unknown[0]}: unknown key for {kind}; expected only {list(allowed)}")
+        raise SuiteError(f"{path}: {key}.{unknown[0]}: unknown key for {kind}; expected only {list(allowed)}")
     try:
         return ClosedLoop(load["concurrency"]) if closed else OpenLoop(**load)
     except ArrivalError as exc:
-        raise reader.fail(f"{key}.{exc.field}", exc.expected, exc.got) from None
+        raise _fail(path, f"{key}.{exc.field}", exc.expected, exc.got) from None
 
 
 def _floors(
-    reader: _Reader, data: object, key: str, config_ids: Sequence[str]
+    path: Path, data: Mapping[str, Mapping[str, float]], key: str, config_ids: Sequence[str]
 ) -> tuple[tuple[str, tuple[tuple[str, float], ...]], ...]:
     """``metric = { config = minimum }``: a metric the perf tests hold to a floor, configs this workload runs on."""
-    if not isinstance(data, dict):
-        raise reader.fail(key, "a table of metric = { config = minimum }", data)
-    floors = []
     for metric, per_config in data.items():
         info = find(metric)
         if info is None or not info.floor:
-            raise reader.fail(f"{key}.{metric}", f"a metric with a floor, one of {list(FLOORED)} or {SCALING.shape}", metric)
-        if not isinstance(per_config, dict):
-            raise reader.fail(f"{key}.{metric}", 'a table of config id (or "*") = minimum', per_config)
+            raise _fail(path, f"{key}.{metric}", f"a metric with a floor, one of {list(FLOORED)} or {SCALING.shape}", metric)
         for config_id, minimum in per_config.items():
             if config_id != "*" and config_id not in config_ids:
-                raise reader.fail(f"{key}.{metric}.{config_id}", f'a config this workload runs on {list(config_ids)} or "*"', config_id)
-            if isinstance(minimum, bool) or not isinstance(minimum, (int, float)) or not math.isfinite(minimum):
-                raise reader.fail(f"{key}.{metric}.{config_id}", "a finite number (the minimum)", minimum)
-        floors.append((metric, tuple((c, float(v)) for c, v in per_config.items())))
-    return tuple(floors)
-
-
-class _Reader:
-    """Typed access to parsed TOML with errors that say file, key and expectation."""
-
-    def __init__(self, path: Path) -> None:
-        self.path = path
-
-    def fail(self, key: str, expected: str, got: object) -> SuiteError:
-        return SuiteError(f"{self.path}: {key}: expected {expected}, got {got!r}")
-
-    def table(self, data: Mapping[str, Any], key: str) -> dict[str, Any]:
-        value = data.get(key)
-        if not isinstance(value, dict):
-            raise self.fail(key, "a table", value)
-        return value
-
-    def only_keys(self, data: Mapping[str, Any], where: str, allowed: set[str]) -> None:
-        unknown = sorted(set(data) - allowed)
-        if unknown:
-            prefix = f"{where}." if where else ""
-            raise SuiteError(f"{self.path}: {prefix}{unknown[0]}: unknown key; expected one of {sorted(allowed)}")
-
-    def string(self, data: Mapping[str, Any], key: str) -> str:
-        value = data.get(key.rsplit(".", 1)[-1])
-        if not isinstance(value, str) or not value:
-            raise self.fail(key, "a non-empty string", value)
-        return value
-
-    def optional_string(self, data: Mapping[str, Any], key: str) -> str | None:
-        value = data.get(key.rsplit(".", 1)[-1])
-        if value is not None and not isinstance(value, str):
-            raise self.fail(key, "a string", value)
-        return value
-
-    def boolean(self, data: Mapping[str, Any], key: str, allowed: bool) -> bool:
-        value = data.get(key.rsplit(".", 1)[-1], False)
-        if not isinstance(value, bool):
-            raise self.fail(key, "true or false", value)
-        if value and not allowed:
-            raise self.fail(key, "improves only on a rung that inherits from another", value)
-        return value
-
-    def strings(self, data: object, key: str) -> list[str]:
-        if not isinstance(data, list) or not all(isinstance(v, str) for v in data):
-            raise self.fail(key, "an array of strings", data)
-        return data
-
-    def env(self, data: object, key: str) -> dict[str, str]:
-        if not isinstance(data, dict) or not all(isinstance(v, str) for v in data.values()):
-            raise self.fail(key, "a table of strings (environment variables)", data)
-        if SERVER_ENV in data:
-            raise self.no_api_key(f"{key}.{SERVER_ENV}")
-        return dict(data)
-
-    def no_api_key(self, key: str) -> SuiteError:
-        """A key in a suite file would be committed with it and printed by ``qwenperf show``;
-        refused without echoing it."""
-        return SuiteError(
-            f"{self.path}: {key}: an API key does not belong in a suite file; set {SERVER_ENV} in the environment of "
-            "the pytest run instead (the servers the plugin starts get it from there, and its requests carry it)"
-        )
-
-    def flags(self, data: object, key: str) -> dict[str, FlagValue]:
-        if not isinstance(data, dict):
-            raise self.fail(key, "a table of vLLM flags", data)
-        for name, value in data.items():
-            if is_api_key_option(f"--{name}"):
-                raise self.no_api_key(f"{key}.{name}")
-            if name.startswith("-") or "_" in name:
-                raise self.fail(f"{key}.{name}", "a flag name as vLLM spells it, without leading dashes (max-model-len)", name)
-            if not isinstance(value, (str, int, float, bool, dict, list)):
-                raise self.fail(f"{key}.{name}", "a string, number, boolean, table or array", value)
-        return dict(data)
+                raise _fail(path, f"{key}.{metric}.{config_id}", f'a config this workload runs on {list(config_ids)} or "*"', config_id)
+            if not math.isfinite(minimum):
+                raise _fail(path, f"{key}.{metric}.{config_id}", "a finite number (the minimum)", minimum)
+    return tuple((metric, tuple(per_config.items())) for metric, per_config in data.items())

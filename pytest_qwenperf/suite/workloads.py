@@ -18,13 +18,15 @@ import itertools
 import json
 import math
 import struct
-import types
 import typing
 from collections.abc import Iterator, Mapping
 from dataclasses import KW_ONLY, dataclass
 from pathlib import Path
-from typing import Any, ClassVar, Literal
+from typing import Any, ClassVar
 
+import msgspec
+
+from pytest_qwenperf.core import schema
 from pytest_qwenperf.loadgen.request import Api, RequestSpec
 from pytest_qwenperf.loadgen.tokenizer import PromptTokenizer
 
@@ -303,24 +305,34 @@ def workload_from_dict(data: Mapping[str, Any], *, source: str) -> Workload:
     Errors are ValueErrors reading ``{source}: {key}: expected ..., got ...``.
     """
     kind = data.get("kind")
-    if kind not in KINDS:
+    if not isinstance(kind, str) or kind not in KINDS:
         raise ValueError(f"{source}: kind: expected one of {sorted(KINDS)}, got {kind!r}")
-    cls = KINDS[kind]
-    fields = {f.name: f for f in dataclasses.fields(cls)}
-    hints = typing.get_type_hints(cls)
-    kwargs = {key: value for key, value in data.items() if key != "kind"}
-    for key, value in kwargs.items():
-        if key not in fields:
-            raise ValueError(f"{source}: {key}: unknown key for a {kind!r} workload; expected one of {sorted(fields)}")
-        if not _matches(value, hints[key]):
-            raise ValueError(f"{source}: {key}: expected {_describe(hints[key])}, got {value!r}")
-    for key, field in fields.items():
-        if key not in kwargs and field.default is dataclasses.MISSING:
-            raise ValueError(f"{source}: {key}: missing; a {kind!r} workload needs {_describe(hints[key])} here")
+    table = schema.convert({k: v for k, v in data.items() if k != "kind"}, _TABLES[kind], lambda m: _table_error(m, kind, source))
     try:
-        return cls(**kwargs)
+        return KINDS[kind](**msgspec.structs.asdict(table))
     except ValueError as exc:
         raise ValueError(f"{source}: {exc}") from None
+
+
+def _table_shape(cls: type[Workload]) -> type[msgspec.Struct]:
+    """The suite-file table of a kind (less ``kind``): its dataclass's fields, typed by their hints."""
+    hints = typing.get_type_hints(cls)
+    fields = [
+        (f.name, hints[f.name]) if f.default is dataclasses.MISSING else (f.name, hints[f.name], f.default)
+        for f in dataclasses.fields(cls)
+    ]
+    return msgspec.defstruct(f"{cls.__name__}Table", fields, bases=(schema.Shape,), kw_only=True)
+
+
+_TABLES = {kind: _table_shape(cls) for kind, cls in KINDS.items()}
+
+
+def _table_error(mismatch: schema.Mismatch, kind: str, source: str) -> ValueError:
+    if mismatch.unknown_key:
+        return ValueError(f"{source}: {mismatch.field}: unknown key for a {kind!r} workload; expected {mismatch.expected}")
+    if mismatch.missing:
+        return ValueError(f"{source}: {mismatch.field}: missing; a {kind!r} workload needs {mismatch.expected} here")
+    return ValueError(f"{source}: {mismatch.text()}")
 
 
 def length_range(mean: int, range_ratio: float) -> tuple[int, int]:
@@ -447,29 +459,6 @@ def _with_api(base: str, api: Api) -> str:
 
 def _is_int(value: object) -> bool:
     return isinstance(value, int) and not isinstance(value, bool)
-
-
-def _matches(value: object, hint: Any) -> bool:
-    """Whether a parsed (TOML/JSON) value fits a field's type hint."""
-    origin = typing.get_origin(hint)
-    if origin is Literal:
-        return value in typing.get_args(hint)
-    if origin in (typing.Union, types.UnionType):
-        return any(_matches(value, arg) for arg in typing.get_args(hint))
-    if hint is int:
-        return _is_int(value)
-    if hint is float:
-        return _is_int(value) or isinstance(value, float)
-    return isinstance(value, hint)
-
-
-def _describe(hint: Any) -> str:
-    origin = typing.get_origin(hint)
-    if origin is Literal:
-        return "one of " + ", ".join(repr(a) for a in typing.get_args(hint))
-    if origin in (typing.Union, types.UnionType):
-        return " or ".join(_describe(arg) for arg in typing.get_args(hint) if arg is not type(None))
-    return {int: "an integer", float: "a number", str: "a string"}.get(hint, getattr(hint, "__name__", str(hint)))
 
 
 def _short(value: object) -> str:

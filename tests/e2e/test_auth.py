@@ -63,10 +63,10 @@ OUT = Path({out!r})
 
 
 def test_measured_with_the_key(qwenperf_run, benchmark):
-    metrics = qwenperf_run.summary.values()
+    metrics = qwenperf_run.metrics
     assert (metrics["completed"], metrics["failed"]) == (24, 0), metrics
-    assert qwenperf_run.tokens.matches is True, qwenperf_run.tokens.describe()
-    record_run(benchmark, qwenperf_run.as_json())
+    assert qwenperf_run.token_check.matches is True, qwenperf_run.token_check.detail
+    record_run(benchmark, qwenperf_run)
 
 
 def test_vllm_enforces_the_key_and_bench_sends_it(vllm_server, suite_workload):

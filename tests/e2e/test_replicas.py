@@ -11,6 +11,7 @@ import time
 from collections.abc import Iterator
 from pathlib import Path
 
+import msgspec
 import pytest
 
 from pytest_qwenperf.gate.baseline import load_baseline, write_baseline
@@ -52,25 +53,24 @@ def test_two_replicas_share_the_load_and_their_scaling_is_reported_and_gated(tmp
         assert sorted(p.name for p in tmp_path.glob("*.log")) == ["e2e-pair-r0.log", "e2e-pair-r1.log"]
         result = measure(replicas, PAIR, WORKLOAD, suite="e2e", repeats=2)
 
-    run = result.as_json()
-    assert run["metrics"]["completed"] == 80 and run["metrics"]["failed"] == 0  # two replicas' load, warm-up excluded
-    assert result.tokens.matches, result.tokens.describe()
+    assert result.metrics["completed"] == 80 and result.metrics["failed"] == 0  # two replicas' load, warm-up excluded
+    assert result.token_check.matches, result.token_check.detail
     # Round-robin over interleaved copies: each replica finished exactly one copy (48 requests).
     assert sorted(result.requests_per_server.values()) == [48, 48]
-    scaling = run["scaling"]
-    assert set(scaling["replicas"]) == {"1", "2"} and scaling["request_spread"] == 0
+    scaling, samples = result.scaling, result.samples or {}
+    assert scaling is not None and set(scaling.replicas) == {"1", "2"} and scaling.request_spread == 0
     # Each repeat's two-replica throughput over twice its one-replica reference. How far that is from 1
     # is this machine's (two replicas and the client share two cores, and other load shifts it either way).
-    one, two = scaling["replicas"]["1"]["throughput"], scaling["replicas"]["2"]["throughput"]
-    assert two == run["samples"]["total_token_throughput"] and len(one) == 2 and min(one + two) > 0
-    efficiencies = scaling["replicas"]["2"]["efficiency"]
-    assert efficiencies == pytest.approx([t2 / (2 * t1) for t1, t2 in zip(one, two, strict=True)]), (one, two, efficiencies)
-    assert list(result.samples["scaling_efficiency_n2"]) == efficiencies
+    one, two = scaling.replicas["1"].throughput, scaling.replicas["2"].throughput
+    assert two == samples["total_token_throughput"] and len(one) == 2 and min(one + two) > 0
+    efficiencies = scaling.replicas["2"].efficiency or ()
+    assert list(efficiencies) == pytest.approx([t2 / (2 * t1) for t1, t2 in zip(one, two, strict=True)]), (one, two, efficiencies)
+    assert samples["scaling_efficiency_n2"] == efficiencies
 
     # Gated like every baseline metric: recorded, then a run that scales like one replica doing
     # all the work (efficiency halved; what a router sending everything to one replica gives).
-    path = write_baseline(tmp_path / "baselines", run, source="test")
-    worse = {**run, "samples": {**run["samples"], "scaling_efficiency_n2": [e * 0.5 for e in efficiencies]}}
+    path = write_baseline(tmp_path / "baselines", result, source="test")
+    worse = msgspec.structs.replace(result, samples={**samples, "scaling_efficiency_n2": tuple(e * 0.5 for e in efficiencies)})
     judged = {j.metric: j for j in judge_run(load_baseline(path), worse)}
     scaled = judged["scaling_efficiency_n2"]
     assert scaled.ratio == pytest.approx(0.5)

@@ -20,8 +20,8 @@ import time
 from collections.abc import Iterator
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
-from typing import Any
 
+import msgspec
 import psutil
 import pytest
 import yaml
@@ -35,13 +35,14 @@ from pytest_qwenperf.core.apikey import (
 )
 from pytest_qwenperf.core.formats import json_safe
 from pytest_qwenperf.core.http import http_get
+from pytest_qwenperf.core.run import Run, decode_run
 from pytest_qwenperf.core.summary import RunSummary, TokenCrossCheck
-from pytest_qwenperf.gate.baseline import parse_run, write_baseline
+from pytest_qwenperf.gate.baseline import write_baseline
 from pytest_qwenperf.loadgen.arrivals import ClosedLoop
 from pytest_qwenperf.loadgen.client import LoadOptions, run_load_sync
 from pytest_qwenperf.loadgen.request import RequestSpec
 from pytest_qwenperf.loadgen.workers import run_load_in_workers
-from pytest_qwenperf.measure.run import RunResult
+from pytest_qwenperf.measure.run import build_run
 from pytest_qwenperf.serving.hardware import Hardware
 from pytest_qwenperf.serving.process import PortInUseError, free_port
 from pytest_qwenperf.serving.server import (
@@ -375,12 +376,12 @@ def test_a_suite_file_with_a_key_is_refused_without_echoing_it(tmp_path: Path, t
     assert shown.returncode == 2 and secret not in shown.stdout + shown.stderr
 
 
-def _run_with_argv(argv: tuple[str, ...]) -> dict[str, Any]:
-    """A run's JSON, as the report writes it, of the CPU suite's base config with ``argv``."""
+def _run_with_argv(argv: tuple[str, ...]) -> Run:
+    """A run, as a file's is read, of the CPU suite's base config with ``argv``."""
     cpu = load_suite(CPU)
     values = {"duration": 10.0, "completed": 256, "failed": 0, "total_input_tokens": 32768, "total_output_tokens": 32768}
     values |= {"request_throughput": 39.0, "output_throughput": 5000.0, "total_token_throughput": 10000.0}
-    result = RunResult(
+    result = build_run(
         suite=cpu.name,
         config=dataclasses.replace(cpu.config("base"), vllm_args=argv),
         workload=cpu.workloads[0],
@@ -397,18 +398,18 @@ def _run_with_argv(argv: tuple[str, ...]) -> dict[str, Any]:
         started="2026-04-01T02:00:00+00:00",
         telemetry=TelemetrySummary(window=None, gpu=None, cpu=None, server=None),
     )
-    return json.loads(json.dumps(json_safe(result.as_json())))
+    return decode_run(json.loads(json.dumps(json_safe(msgspec.to_builtins(result)))))
 
 
 def test_a_key_in_a_configs_argv_is_redacted_in_run_json_and_baselines(tmp_path: Path) -> None:
     """A config built in Python (no suite file to refuse it): the key is neither written nor part of the identity."""
     first, second = new_key(), new_key()
     run = _run_with_argv(("--max-model-len", "2048", "--api-key", first))
-    assert run["identity"]["argv"] == ["--max-model-len", "2048", "--api-key", "***"]
+    assert run.identity.argv == ("--max-model-len", "2048", "--api-key", "***")
     path = write_baseline(tmp_path, run, source="test")
     assert first not in path.read_text()
-    rotated = parse_run(_run_with_argv(("--max-model-len", "2048", "--api-key", second)))
-    assert rotated.identity == parse_run(run).identity  # a new key: still comparable with the baseline
+    rotated = _run_with_argv(("--max-model-len", "2048", "--api-key", second))
+    assert rotated.identity.baseline() == run.identity.baseline()  # a new key: still comparable with the baseline
 
 
 def render(*args: str) -> subprocess.CompletedProcess[str]:

@@ -200,7 +200,7 @@ from pytest_qwenperf.suite.config import load_suite
 from pytest_qwenperf.serving.hardware import Hardware
 from pytest_qwenperf.core.summary import RunSummary, TokenCrossCheck
 from pytest_qwenperf.plugin.settings import REPORT_KEY
-from pytest_qwenperf.measure.run import RunResult
+from pytest_qwenperf.measure.run import build_run
 from pytest_qwenperf.serving.server import ServerInfo
 from pytest_qwenperf.telemetry import TelemetrySummary
 
@@ -220,7 +220,7 @@ def measured(pytestconfig, suite_name, config_id, workload_id, hardware, total):
         }}
     )
     pytestconfig.stash[REPORT_KEY].add(
-        RunResult(
+        build_run(
             suite=suite.name, config=suite.config(config_id), workload=next(w for w in suite.workloads if w.id == workload_id),
             servers=(ServerInfo("http://127.0.0.1:8000", "m", "0.32.0", 2048),), hardware=hardware, summary=summary,
             steady=None, server_deltas={{}}, requests_per_server={{}}, tokens=TokenCrossCheck(1, 1, 1.0, 1.0, 0, True),

@@ -1,0 +1,293 @@
+"""One measured run, typed: what :func:`~pytest_qwenperf.measure.run.measure` returns, what the
+verdicts, baselines, the session report, pytest-benchmark and ``qwenperf compare`` take.
+
+Its encoded form is a run's JSON: an entry of ``runs`` in the session JSON
+(``qwenperf-session/1``), ``extra_info["qwenperf"]`` of a pytest-benchmark JSON. Decoding a
+file's run (:func:`decode_run`) checks what a schema states, then what it cannot
+(:func:`_check`); a run built in memory is taken as it is.
+
+``telemetry`` and ``context.servers`` stay JSON objects: their producers live above the core.
+
+Standard library and msgspec only: the gate imports it.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+from collections.abc import Mapping, Sequence
+from typing import Any
+
+import msgspec
+
+from pytest_qwenperf.core import schema
+from pytest_qwenperf.core.formats import show
+from pytest_qwenperf.core.identity import Context, Count, Identity, Text, argv_digest
+from pytest_qwenperf.core.metrics import GATED, find, gate_order
+
+Number = int | float | None
+"""A metric's value as a run holds it: null (or NaN, in memory) where it was not measured."""
+
+
+class RunJsonError(ValueError):
+    """A run's JSON lacks a field or holds a wrong one; the message names where, the field and what was expected."""
+
+
+class RunIdentity(msgspec.Struct, frozen=True, kw_only=True):
+    """What was measured, with the rendered vLLM argv (a baseline keeps its sha256)."""
+
+    suite: Text
+    config: Text
+    argv: tuple[str, ...]
+    model: Text
+    workload: Text
+    workload_fingerprint: Text
+    hardware: Text
+
+    def baseline(self) -> Identity:
+        """The identity a baseline of this run is stored and matched by."""
+        return Identity(
+            hardware=self.hardware,
+            model=self.model,
+            suite=self.suite,
+            config=self.config,
+            argv_sha256=argv_digest(self.argv),
+            workload=self.workload,
+            workload_fingerprint=self.workload_fingerprint,
+        )
+
+
+class RunHardware(msgspec.Struct, frozen=True, kw_only=True):
+    """The machine that measured the run (``Hardware.as_dict()``)."""
+
+    kind: str | None = None
+    id: str | None = None
+    gpu_name: str | None = None
+    gpu_count: Count | None = None
+    driver_version: str | None = None
+    cuda_version: str | None = None
+    cpu_model: str | None = None
+    cpu_count: Count | None = None
+
+
+class RunContext(msgspec.Struct, frozen=True, kw_only=True):
+    """Where the run was measured and with which versions; allowed to differ between compared runs."""
+
+    vllm_version: str | None = None
+    hardware: RunHardware | None = None
+    servers: tuple[dict[str, Any], ...] = ()  # ``ServerInfo.as_dict()`` per server
+    replicas: int | None = None
+    routing: str | None = None
+    client_cpus: tuple[int, ...] = ()
+    started: str | None = None  # ISO 8601, UTC
+
+
+class ServerCounters(msgspec.Struct, frozen=True, kw_only=True):
+    """The servers' /metrics counter deltas over the run and the rates taken from them."""
+
+    deltas: dict[str, float | None] = msgspec.field(default_factory=dict)
+    prefix_cache_hit_rate: float | None = None
+    spec_decode_acceptance_rate: float | None = None  # accepted draft tokens / proposed draft tokens
+    spec_decode_mean_acceptance_length: float | None = None  # 1 + accepted tokens per draft
+
+    @classmethod
+    def of(cls, deltas: Mapping[str, float | None]) -> ServerCounters:
+        accepted_per_draft = _ratio(deltas.get("spec_decode_num_accepted_tokens"), deltas.get("spec_decode_num_drafts"))
+        return cls(
+            deltas=dict(deltas),
+            prefix_cache_hit_rate=_ratio(deltas.get("prefix_cache_hits"), deltas.get("prefix_cache_queries")),
+            spec_decode_acceptance_rate=_ratio(
+                deltas.get("spec_decode_num_accepted_tokens"), deltas.get("spec_decode_num_draft_tokens")
+            ),
+            spec_decode_mean_acceptance_length=None if accepted_per_draft is None else 1 + accepted_per_draft,
+        )
+
+
+def _ratio(part: float | None, whole: float | None) -> float | None:
+    return None if part is None or not whole else part / whole
+
+
+class TokenCheck(msgspec.Struct, frozen=True, kw_only=True):
+    """Client token totals against the server's counters: None where the server exposed none."""
+
+    matches: bool | None
+    detail: str = ""
+
+
+class ClientLoad(msgspec.Struct, frozen=True, kw_only=True):
+    bound: str | None = None  # why the client, not the server, limited the run
+    cpu_busy: float | None = None  # fraction of the run the client process spent on a CPU
+
+
+class ReplicaScaling(msgspec.Struct, frozen=True, kw_only=True):
+    throughput: tuple[float, ...]  # per repeat
+    efficiency: tuple[float, ...] | None = None  # per repeat, against one replica; None for the reference
+
+
+class Scaling(msgspec.Struct, frozen=True, kw_only=True):
+    """Replica counts compared: throughput per repeat and the efficiency against one replica."""
+
+    metric: str
+    replicas: dict[str, ReplicaScaling]  # replica count -> its figures
+    requests_per_replica: dict[str, float | None]  # the largest set: requests each server finished
+    request_spread: float | None  # largest relative distance of a replica's requests from the mean
+
+    def efficiencies(self) -> dict[int, tuple[float, ...]]:
+        """Replica count (> 1) → efficiency per repeat."""
+        return {int(n): figures.efficiency for n, figures in self.replicas.items() if figures.efficiency}
+
+
+class Run(msgspec.Struct, frozen=True, kw_only=True):
+    """One measured run; its fields are the blocks of a run's JSON, in order."""
+
+    identity: RunIdentity
+    context: RunContext
+    metrics: dict[str, Number]  # ``vllm bench serve``'s names; the median repeat's
+    steady_state: dict[str, Number] | None = None
+    server: ServerCounters = msgspec.field(default_factory=ServerCounters)
+    token_check: TokenCheck
+    client: ClientLoad
+    telemetry: dict[str, Any] | None = None  # ``TelemetrySummary.as_json()``
+    requests_per_server: dict[str, float | None] = msgspec.field(default_factory=dict)
+    scaling: Scaling | None = None  # set when replica counts were compared
+    samples: dict[str, tuple[float | None, ...]] | None = None  # metric -> one value per repeat
+    tolerances: dict[str, float] | None = None  # the suite's, per gated metric
+
+    @property
+    def config_key(self) -> str:
+        """The serving config's key, unique across suites (``ServingConfig.key``: ``b200/dp8``)."""
+        return f"{self.identity.suite}/{self.identity.config}" if self.identity.suite else self.identity.config
+
+    @property
+    def failed_requests(self) -> int:
+        """Requests that failed in any repeat: ``metrics`` is the median repeat's alone."""
+        failed = _number(self.metrics.get("failed")) or 0.0
+        repeats = (self.samples or {}).get("failed")
+        if repeats:
+            failed = max(failed, math.fsum(v for v in repeats if v is not None))
+        return int(failed)
+
+    @property
+    def client_bound(self) -> str | None:
+        return self.client.bound or None
+
+    @property
+    def baseline_context(self) -> Context:
+        """The run's context as a baseline stores it (an empty text, an unknown CPU model, is null)."""
+        hardware = self.context.hardware or RunHardware()
+        return Context(
+            vllm_version=self.context.vllm_version or None,
+            gpu_name=hardware.gpu_name or None,
+            gpu_count=hardware.gpu_count,
+            driver_version=hardware.driver_version or None,
+            cuda_version=hardware.cuda_version or None,
+            cpu_model=hardware.cpu_model or None,
+            cpu_count=hardware.cpu_count,
+            date=self.context.started or None,
+        )
+
+    def value(self, name: str) -> float | None:
+        """The finite number at the metric's registry path (``metrics.<name>``, ``telemetry.gpu...``);
+        None where the run has none."""
+        info = find(name)
+        return None if info is None else _number(_leaf(self, info.path))
+
+    def gated_samples(self) -> dict[str, tuple[float, ...]]:
+        """Every gated metric the run has a number for: ``samples.<name>`` when the run carries
+        them (one value per repeat), else its single value at the registry path; in gate order."""
+        return self._gated()[0]
+
+    def lost_values(self) -> dict[str, str]:
+        """Gated metric the run names without a number (a null, a NaN, among its samples or as
+        its single value) -> where; data the run lost, which the verdicts decide about."""
+        return self._gated()[1]
+
+    def _gated(self) -> tuple[dict[str, tuple[float, ...]], dict[str, str]]:
+        repeats = self.samples or {}
+        found: dict[str, tuple[float, ...]] = {}
+        lost: dict[str, str] = {}
+        for name in {*self.metrics, *GATED, *repeats}:
+            info = find(name)
+            if info is None or not info.gated:
+                continue
+            if name in repeats:
+                values = repeats[name]
+                gaps = [i for i, v in enumerate(values) if _number(v) is None]
+                if gaps:
+                    lost[name] = f"samples.{name}[{gaps[0]}] is {json.dumps(values[gaps[0]])}"
+                else:
+                    found[name] = tuple(float(v) for v in values if v is not None)
+                continue
+            leaf = _leaf(self, info.path)
+            value = _number(leaf)
+            if value is not None:
+                found[name] = (value,)
+            elif leaf is None or isinstance(leaf, float):  # a null or a NaN: named without a number
+                lost[name] = f"{'.'.join(info.path)} is {json.dumps(leaf)}"
+        return {name: found[name] for name in gate_order(found)}, {name: lost[name] for name in gate_order(lost)}
+
+
+_ABSENT = object()
+MISSING = "nothing (the field is missing)"
+"""What a message says a missing field got."""
+
+
+def _leaf(node: object, path: Sequence[str]) -> object:
+    """The value at ``path`` through the run's blocks and JSON objects; ``_ABSENT`` where a step is missing."""
+    for key in path:
+        if isinstance(node, msgspec.Struct) and key in node.__struct_fields__:
+            node = getattr(node, key)
+        elif isinstance(node, Mapping) and key in node:
+            node = node[key]
+        else:
+            return _ABSENT
+    return node
+
+
+def _number(value: object) -> float | None:
+    """A finite number as a float; None for anything else (null, NaN, an infinity, absent)."""
+    if isinstance(value, (int, float)) and not isinstance(value, bool) and math.isfinite(value):
+        return float(value)
+    return None
+
+
+# ------------------------------------------------------------------ decoding
+
+
+def decode_run(data: object, where: str = "run") -> Run:
+    """A run from parsed JSON; :class:`RunJsonError` names ``where``, the field and what was expected."""
+    run = schema.convert(data, Run, lambda m: RunJsonError(f"{where}: {m.text(show=show, absent=MISSING)}"), null=True)
+    fault = _check(run)
+    if fault:
+        raise RunJsonError(f"{where}: {fault}")
+    return run
+
+
+def _check(run: Run) -> str | None:
+    """What a schema cannot say about a run: the failed requests, the samples of a gated metric
+    that has no gap, the tolerances (``field: expected ..., got ...``); None when all hold."""
+    failed = run.metrics.get("failed", _ABSENT)
+    number = _number(failed)
+    if number is None or number < 0:
+        return _fault("metrics.failed", "a finite, non-negative number", failed)
+    for name, values in (run.samples or {}).items():
+        info = find(name)
+        checked = name == "failed" or (info is not None and info.gated and all(v is not None and math.isfinite(v) for v in values))
+        if not checked:
+            continue
+        if not values:
+            return _fault(f"samples.{name}", "a non-empty list of finite, non-negative numbers", list(values))
+        for i, v in enumerate(values):
+            if v is None or not math.isfinite(v) or v < 0:
+                return _fault(f"samples.{name}[{i}]", "a finite, non-negative number", v)
+    for name, fraction in (run.tolerances or {}).items():
+        info = find(name)
+        if info is None or not info.gated:
+            return _fault(f"tolerances.{name}", "a gated metric (" + ", ".join(GATED) + ")", name)
+        if not (math.isfinite(fraction) and 0 <= fraction < 1):
+            return _fault(f"tolerances.{name}", "a fraction in [0, 1)", fraction)
+    return None
+
+
+def _fault(field: str, expected: str, got: object) -> str:
+    return f"{field}: expected {expected}, got {MISSING if got is _ABSENT else show(got)}"
