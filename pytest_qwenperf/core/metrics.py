@@ -127,8 +127,7 @@ _ENTRIES = (
     MetricInfo("gpu_utilization", "fraction", "higher", ("telemetry", "gpu", "utilization_mean"), floor=True, row="shown"),
     MetricInfo("gpu_sm_activity", "fraction", "higher", ("telemetry", "gpu", "sm_activity_mean"), row="shown"),
     MetricInfo("gpu_tensor_activity", "fraction", "higher", ("telemetry", "gpu", "tensor_activity_mean"), row="shown"),
-    MetricInfo("server_cpu_cores_busy", "cores", "higher", _SERVER_CORES_BUSY, row="shown"),
-    MetricInfo("server_cpu_busy", "cores", "higher", _SERVER_CORES_BUSY, floor=True),  # the name suites give its floor
+    MetricInfo("server_cpu_busy", "cores", "higher", _SERVER_CORES_BUSY, floor=True, row="shown"),  # the CPU build's device
     _server("spec_decode_mean_acceptance_length", "tokens", floor=True),
 )
 METRICS: Mapping[str, MetricInfo] = MappingProxyType({info.name: info for info in _ENTRIES})
