@@ -111,10 +111,10 @@ def test_the_nginx_route_spreads_the_load_end_to_end(tmp_path: Path, nginx: str,
             assert time.monotonic() < deadline, (routed, served)
             time.sleep(0.05)
 
-    assert result.summary.values()["failed"] == 0
-    assert result.tokens.matches, result.tokens.describe()  # /metrics read from the replicas, not through nginx
+    assert result.metrics["failed"] == 0
+    assert result.token_check.matches, result.token_check.detail  # /metrics read from the replicas, not through nginx
     assert sum(served.values()) == 96 and all(count > 0 for count in served.values()), served
     # How even the spread is follows the replicas' speeds (least_conn favours a replica whose core is less
     # busy), which is this machine's load: the figure must only be the served counts'.
     assert result.scaling is not None
-    assert result.scaling.request_spread() == pytest.approx(abs(next(iter(served.values())) - 48) / 48), served
+    assert result.scaling.request_spread == pytest.approx(abs(next(iter(served.values())) - 48) / 48), served

@@ -44,8 +44,11 @@ def test_run_token_totals_equal_usage_and_server_counters(vllm_server: ManagedSe
     """Exact prompt lengths (token ids) and ignore_eos: every total is known in advance."""
     workload = SuiteWorkload(RandomWorkload(input_len=64, output_len=32, num_prompts=40, seed=3), ClosedLoop(8), warmup=4)
     result = measure(vllm_server, TINY, workload)
-    assert result.tokens.matches is True, result.tokens.describe()
-    assert (result.tokens.client_prompt, result.tokens.client_generation) == (40 * 64, 40 * 32)
-    assert (result.tokens.server_prompt, result.tokens.server_generation) == (40 * 64, 40 * 32)
-    metrics = result.summary.values()
+    assert result.token_check.matches is True, result.token_check.detail
+    assert result.token_check.detail == (
+        f"token counts agree: client {40 * 64} prompt / {40 * 32} generation tokens, "
+        f"server {40 * 64} prompt / {40 * 32} generation tokens"
+    )
+    assert (result.server.deltas["prompt_tokens"], result.server.deltas["generation_tokens"]) == (40 * 64, 40 * 32)
+    metrics = result.metrics
     assert (metrics["completed"], metrics["total_input_tokens"], metrics["total_output_tokens"]) == (36, 36 * 64, 36 * 32)
