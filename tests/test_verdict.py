@@ -30,9 +30,12 @@ def _samples(value: float, factors: list[float]) -> list[float]:
 
 
 @given(samples=st.lists(st.floats(min_value=0.0, max_value=1e9), min_size=1, max_size=10), direction=directions, tolerance=tolerances)
-def test_identical_samples_always_pass(samples: list[float], direction: Direction, tolerance: float) -> None:
-    """However wide their spread: a file compared with itself is never noisy (nothing points at a change)."""
-    assert judge("m", samples, list(samples), direction=direction, tolerance=tolerance).verdict == "pass"
+def test_identical_samples_never_point_at_a_change(samples: list[float], direction: Direction, tolerance: float) -> None:
+    """However wide their spread: a file compared with itself is never noisy (nothing points at a change), but a
+    spread too wide to see a change of the tolerance's size is said to be so."""
+    j = judge("m", samples, list(samples), direction=direction, tolerance=tolerance)
+    assert j.verdict in ("pass", "underpowered"), j.detail
+    assert (j.verdict == "underpowered") == (j.mde is not None and j.mde > tolerance), j.detail
 
 
 @given(
@@ -41,20 +44,26 @@ def test_identical_samples_always_pass(samples: list[float], direction: Directio
     direction=directions,
     tolerance=tolerances,
 )
-def test_the_point_estimate_decides_between_pass_and_a_change_the_interval_between_it_and_noisy(
+def test_the_point_estimate_decides_between_pass_and_a_change_significance_and_the_mde_the_rest(
     before: list[float], after: list[float], direction: Direction, tolerance: float
 ) -> None:
     j = judge("m", before, after, direction=direction, tolerance=tolerance)
     assert j.ratio is not None
     worse = j.ratio < 1 - tolerance if direction == "higher" else j.ratio > 1 + tolerance
     better = j.ratio > 1 + tolerance if direction == "higher" else j.ratio < 1 - tolerance
+    # The MDE is the change the interval can tell from none, on the side the direction calls worse.
+    change = (1 - j.ratio) if direction == "higher" else (j.ratio - 1)
+    underpowered = j.mde is not None and j.mde > tolerance
     if worse:
         assert j.verdict in ("regression", "noisy"), j.detail
-        assert (j.verdict == "noisy") == ("reaches back inside it" in j.detail)
+        assert (j.verdict == "noisy") == ("cannot confirm" in j.detail)
+        if j.verdict == "regression":  # significant: beyond the MDE as well as the tolerance
+            assert j.mde is None or change >= j.mde * (1 - 1e-9), j.detail
     elif better:
-        assert j.verdict in ("improvement", "pass"), j.detail
+        assert j.verdict in ("improvement", "pass", "underpowered"), j.detail
     else:
-        assert j.verdict == "pass" and "within tolerance" in j.detail, j.detail
+        assert j.verdict == ("underpowered" if underpowered else "pass"), j.detail
+        assert ("could not have seen" if underpowered else "within tolerance") in j.detail, j.detail
 
 
 @given(
@@ -142,16 +151,36 @@ def test_a_clear_slowdown_over_repeats_is_a_regression_with_its_interval() -> No
 def test_a_change_beyond_the_tolerance_that_the_spread_cannot_confirm_is_noisy() -> None:
     j = judge("total_token_throughput", [100, 110, 90], [90, 99, 81], direction="higher", tolerance=0.05)
     assert j.verdict == "noisy" and j.ratio == pytest.approx(0.9)
-    assert "worse than the tolerance bound 0.950, but the interval reaches back inside it: -10.0%" in j.detail
+    assert "worse than the tolerance, but the noise cannot confirm it: -10.0%" in j.detail
+    assert j.mde is not None and j.mde > 0.1 and "MDE" in j.detail
 
 
-def test_a_small_change_with_a_wide_spread_passes_and_states_its_interval() -> None:
+def test_a_small_change_with_a_wide_spread_is_underpowered_and_states_its_interval() -> None:
     j = judge("total_token_throughput", [100, 110, 90], [97, 106.7, 87.3], direction="higher", tolerance=0.05)
-    assert j.verdict == "pass" and j.ratio == pytest.approx(0.97)
-    assert "within tolerance: -3.0%" in j.detail
+    assert j.verdict == "underpowered" and j.ratio == pytest.approx(0.97)
+    assert "could not have seen a change of the tolerance's size" in j.detail and "-3.0%" in j.detail
     assert "95% interval 0.7" in j.detail  # reaches far below the 0.950 bound: said, not hidden
     better = judge("total_token_throughput", [90, 99, 81], [100, 110, 90], direction="higher", tolerance=0.05)
-    assert better.verdict == "pass" and "better than the tolerance bound 1.050, but the interval reaches back" in better.detail
+    assert better.verdict == "underpowered" and "+11.1%" in better.detail
+    tight = judge("total_token_throughput", [100, 101, 99], [97, 98, 96], direction="higher", tolerance=0.05)
+    assert tight.verdict == "pass" and "within tolerance: -3.0%" in tight.detail
+    assert tight.mde is not None and 0.02 < tight.mde < 0.05
+
+
+def test_the_mde_is_the_smallest_change_the_interval_tells_from_none() -> None:
+    """Half-width h on the log scale: a higher-is-better metric detects drops beyond 1 - e^-h, a lower one rises beyond e^h - 1."""
+    import math
+
+    before = [100.0, 102.0, 98.0, 101.0]
+    higher = judge("m", before, before, direction="higher", tolerance=0.2)
+    lower = judge("m", before, before, direction="lower", tolerance=0.2)
+    assert higher.mde is not None and lower.mde is not None
+    h = -math.log(1 - higher.mde)
+    assert lower.mde == pytest.approx(math.exp(h) - 1)
+    # Moving a copy of the samples by just more than the MDE makes the change significant; by just less, not.
+    scaled = [a * (1 - higher.mde) for a in before]
+    assert judge("m", before, [s * 0.999 for s in scaled], direction="higher", tolerance=0.0).verdict == "regression"
+    assert judge("m", before, [s * 1.001 for s in scaled], direction="higher", tolerance=0.0).verdict == "noisy"
 
 
 def test_one_sample_each_side_is_decided_on_the_tolerance_alone_and_says_so() -> None:
@@ -276,10 +305,10 @@ def test_the_table_shows_each_judgement_and_the_detail_of_what_did_not_pass() ->
     text = render_judgements(judgements)
     lines = text.splitlines()
     assert lines[0].split() == list(Judgement.HEADER)
-    assert lines[2].split() == ["total_token_throughput", "(tok/s)", "95,317", "80,000", "0.839", "5%", "regression"]
-    assert lines[3].split() == ["p99_tpot_ms", "(ms)", "46.0", "46.5", "1.011", "10%", "pass"]
+    assert lines[2].split() == ["total_token_throughput", "(tok/s)", "95,317", "80,000", "0.839", "5%", "—", "regression"]
+    assert lines[3].split() == ["p99_tpot_ms", "(ms)", "46.0", "46.5", "1.011", "10%", "—", "pass"]
     assert "total_token_throughput: regression: worse than the tolerance: -16.1%" in text
     assert "p99_tpot_ms: pass" not in text
     markdown = render_judgements(judgements, markdown=True).splitlines()
-    assert markdown[1] == "|:---|---:|---:|---:|---:|:---|"
-    assert markdown[2] == "| total_token_throughput (tok/s) | 95,317 | 80,000 | 0.839 | 5% | regression |"
+    assert markdown[1] == "|:---|---:|---:|---:|---:|---:|:---|"
+    assert markdown[2] == "| total_token_throughput (tok/s) | 95,317 | 80,000 | 0.839 | 5% | — | regression |"

@@ -1,39 +1,43 @@
-"""Verdicts: is a metric of a run worse than its baseline, honestly?
+"""Verdicts: is a metric of a run worse than its baseline, honestly, and could the run have seen it?
 
 The rule, per metric with a better direction and a tolerance τ (the fraction of the
-baseline a run may be worse by):
+baseline a run may be worse by, the smallest change the user cares about):
 
-* The bounds are ``1 - τ`` and ``1 + τ`` on the ratio now / baseline; for a
-  higher-is-better metric the lower bound is the *worse* one, for lower-is-better the
-  upper bound.
-* An interval for that ratio comes from the run-to-run spread: Welch's t interval on
-  the log of the samples (confidence 95 % by default), so it is an interval for the
-  ratio of geometric means. Logs, because performance noise is multiplicative and a
-  ratio's interval must be the same whichever side is called the baseline.
-* **regression**: the point estimate (the ratio of the centres) and the whole interval
-  lie beyond the worse bound; **noisy**: the point estimate lies beyond the worse bound
-  but the interval reaches back inside it, so it looks like a regression the noise cannot
-  confirm; **improvement**: the whole interval lies beyond the better bound; **pass**
-  otherwise: a point estimate within the tolerance passes however wide its interval
-  (the detail states the interval), and so does one beyond the better bound that the
-  noise cannot confirm.
+* An interval for the ratio now / baseline comes from the run-to-run spread: Welch's t
+  interval on the log of the samples (confidence 95 % by default), so it is an interval
+  for the ratio of geometric means. Logs, because performance noise is multiplicative
+  and a ratio's interval must be the same whichever side is called the baseline.
+* The **minimum detectable effect** (MDE) is the smallest change the interval can tell
+  from none: with half-width h (log scale) it is ``1 - exp(-h)`` for a higher-is-better
+  metric and ``exp(h) - 1`` for a lower-is-better one, a fraction of the baseline. A
+  change must be beyond the MDE to be significant and beyond τ to matter, so the
+  smallest change that would have been judged a regression is ``max(τ, MDE)``. A true
+  change of exactly the MDE is caught about half of the time; one of twice the MDE
+  nearly always.
+* **regression**: the point estimate (the ratio of the centres) lies beyond the worse
+  bound (``1 - τ`` for higher-is-better, ``1 + τ`` for lower) *and* the interval lies
+  wholly on the worse side of 1 (the change is significant, one-sided at half the
+  interval's error rate). **improvement**: the same on the better side.
+* **noisy**: the point estimate is beyond the worse bound but the change is not
+  significant: it looks like a regression the noise cannot confirm.
+* **underpowered**: nothing points at a regression, but the MDE exceeds τ: the run
+  could not have seen a change of the size the tolerance names, so "pass" would claim
+  more than the data show.
+* **pass**: otherwise, with the MDE at most τ.
 
-Why the whole interval for a regression: a red build must mean "worse than the
-tolerance, and not by chance". Requiring only the point estimate beyond the tolerance
-would turn a true change right at the tolerance red half of the nights; requiring only
-significance would flag changes smaller than anyone cares about. Asking the interval to
-clear the bound asks for both at once, and "noisy" says out loud when the data point at
-a regression but cannot decide (more rounds, or pinning the client and the server apart,
-are the cure). Why the point estimate for "noisy": the same samples on both sides, or a
-repeat of the same build, have a ratio near 1; however wide their spread, nothing points
-at a regression, so they pass (a wide interval means the run could not have seen a small
-change: that is what the interval in the detail says).
+Why significance and the tolerance together: a red build must mean "worse by more than
+the user cares about, and not by chance". Significance alone would flag changes smaller
+than anyone cares about; the tolerance alone would turn noise red. Both conditions at
+once keep the false-alarm rate under the null at or below ``(1 - confidence) / 2`` per
+look, and "noisy" and "underpowered" say out loud when the data cannot decide (more
+repeats are the cure: the plugin runs them, see :mod:`pytest_qwenperf.core.sequential`).
 
 Sample sizes: with one sample on one side (a published figure) its spread is taken to
 be the other side's per-sample spread, with that side's degrees of freedom. With one
 sample on each side there is no spread to test, and the ratio alone is compared with
-the bounds; the detail says so. Samples that include zero (a hit rate of 0) have no
-logarithm: the ratio of their means is compared with the bounds alone.
+the bounds; the MDE is unknown and the detail says so. Samples that include zero (a
+hit rate of 0) have no logarithm: the ratio of their means is compared with the bounds
+alone.
 
 Metrics whose direction is "none" are never gated. A run is judged whole before any
 metric is (:func:`judge_run`):
@@ -61,7 +65,11 @@ from typing import ClassVar, Literal
 from pytest_qwenperf.core.metrics import Direction
 from pytest_qwenperf.core.stats import centre, t_quantile
 
-Verdict = Literal["pass", "regression", "improvement", "noisy", "not-comparable", "no-baseline", "missing", "invalid"]
+Verdict = Literal[
+    "pass", "regression", "improvement", "noisy", "underpowered", "not-comparable", "no-baseline", "missing", "invalid"
+]
+UNDECIDED: tuple[Verdict, ...] = ("noisy", "underpowered")
+"""Verdicts more repeats can settle: the data point at a regression, or could not have seen one."""
 
 DEFAULT_CONFIDENCE = 0.95
 
@@ -80,8 +88,10 @@ class Judgement:
     verdict: Verdict
     detail: str
     reason: str = ""  # an invalid verdict's short why ("failed requests", "client-bound (reference)")
+    mde: float | None = None  # minimum detectable effect, a fraction of the baseline; None: no spread to know it
+    confidence: float = DEFAULT_CONFIDENCE  # of the interval the verdict was decided on
 
-    HEADER: ClassVar[tuple[str, ...]] = ("metric", "baseline", "now", "ratio", "tolerance", "verdict")
+    HEADER: ClassVar[tuple[str, ...]] = ("metric", "baseline", "now", "ratio", "tolerance", "MDE", "verdict")
 
     @property
     def label(self) -> str:
@@ -96,6 +106,7 @@ class Judgement:
             format_value(self.now),
             "—" if self.ratio is None else f"{self.ratio:.3f}",
             f"{self.tolerance:.0%}",
+            format_mde(self.mde),
             self.label,
         )
 
@@ -111,22 +122,28 @@ def format_value(value: float | None) -> str:
     return f"{value:.4g}"
 
 
+def format_mde(mde: float | None) -> str:
+    """An MDE as a table shows it: ``4.3%``, ``>999%`` when the spread decides nothing, ``—`` when unknown."""
+    if mde is None:
+        return "—"
+    return ">999%" if mde > 9.99 else f"{mde:.1%}"
+
+
 # ------------------------------------------------------------------ one metric
 
 
 @dataclass(frozen=True)
 class _Interval:
-    low: float
-    high: float
+    half: float | None  # half-width on the log scale; None: no spread to build an interval from
     how: str  # how it was obtained, for the detail
 
 
-def _ratio_interval(baseline: Sequence[float], current: Sequence[float], ratio: float, confidence: float) -> _Interval:
+def _log_interval(baseline: Sequence[float], current: Sequence[float], confidence: float) -> _Interval:
     if min(*baseline, *current) <= 0:
-        return _Interval(ratio, ratio, "samples include zero, so no log-scale interval: decided on the ratio alone")
+        return _Interval(None, "samples include zero, so no log-scale interval: decided on the ratio alone")
     n_b, n_c = len(baseline), len(current)
     if n_b == 1 and n_c == 1:
-        return _Interval(ratio, ratio, "one sample on each side, no spread to test: decided on the tolerance alone")
+        return _Interval(None, "one sample on each side, no spread to test: decided on the tolerance alone")
     log_b = [math.log(s) for s in baseline]
     log_c = [math.log(s) for s in current]
     df: float
@@ -142,10 +159,8 @@ def _ratio_interval(baseline: Sequence[float], current: Sequence[float], ratio: 
         df = (v_b + v_c) ** 2 / (v_b**2 / (n_b - 1) + v_c**2 / (n_c - 1)) if se > 0 else 0
         how = f"Welch on log values, {n_b} vs {n_c} samples"
     if se == 0:
-        return _Interval(ratio, ratio, f"{n_b} vs {n_c} samples without spread: decided on the ratio alone")
-    half = t_quantile(1 - (1 - confidence) / 2, df) * se
-    low, high = _exp(math.log(ratio) - half), _exp(math.log(ratio) + half)
-    return _Interval(low, high, f"{confidence:.0%} interval {_ratio_text(low)}–{_ratio_text(high)} ({how}, {df:.1f} df)")
+        return _Interval(0.0, f"{n_b} vs {n_c} samples without spread")
+    return _Interval(t_quantile(1 - (1 - confidence) / 2, df) * se, f"{how}, {df:.1f} df")
 
 
 def _exp(x: float) -> float:
@@ -183,8 +198,8 @@ def judge(
         raise ValueError(f"{metric}: confidence must be in (0, 1), got {confidence}")
     base, now = centre(baseline_samples), centre(current_samples)
 
-    def verdict(result: Verdict, detail: str, ratio: float | None) -> Judgement:
-        return Judgement(metric, unit, direction, base, now, ratio, tolerance, result, detail)
+    def verdict(result: Verdict, detail: str, ratio: float | None, mde: float | None = None) -> Judgement:
+        return Judgement(metric, unit, direction, base, now, ratio, tolerance, result, detail, mde=mde, confidence=confidence)
 
     if base == 0:
         if now == 0:
@@ -193,25 +208,28 @@ def judge(
     ratio = now / base
     if direction == "none":
         return verdict("pass", "not gated: neither direction is better", ratio)
-    interval = _ratio_interval(baseline_samples, current_samples, ratio, confidence)
-    worse_bound = 1 - tolerance if direction == "higher" else 1 + tolerance
-    better_bound = 1 + tolerance if direction == "higher" else 1 - tolerance
-
-    def worse(x: float) -> bool:
-        return x < worse_bound if direction == "higher" else x > worse_bound
-
-    def better(x: float) -> bool:
-        return x > better_bound if direction == "higher" else x < better_bound
-
-    change = f"{ratio - 1:+.1%} ({direction} is better, tolerance {tolerance:.0%}); {interval.how}"
-    if worse(ratio):
-        if worse(interval.low) and worse(interval.high):
-            return verdict("regression", f"worse than the tolerance: {change}", ratio)
-        detail = f"worse than the tolerance bound {worse_bound:.3f}, but the interval reaches back inside it: {change}"
-        return verdict("noisy", detail, ratio)
-    if better(interval.low) and better(interval.high):
-        return verdict("improvement", f"better than the tolerance: {change}", ratio)
-    if better(ratio):
-        detail = f"better than the tolerance bound {better_bound:.3f}, but the interval reaches back inside it: {change}"
-        return verdict("pass", detail, ratio)
-    return verdict("pass", f"within tolerance: {change}", ratio)
+    interval = _log_interval(baseline_samples, current_samples, confidence)
+    sign = 1 if direction == "higher" else -1  # log ratio times sign: positive is better
+    change = sign * (math.log(ratio) if ratio > 0 else -math.inf)
+    bound = -math.log1p(-tolerance) if direction == "higher" else math.log1p(tolerance)  # tolerance, log scale
+    if interval.half is None:
+        mde = None
+        significant = True  # no spread to test: the tolerance alone decides
+        spread = interval.how
+    else:
+        low, high = _exp(math.log(ratio) - interval.half), _exp(math.log(ratio) + interval.half)
+        mde = (1 - _exp(-interval.half)) if direction == "higher" else (_exp(interval.half) - 1)
+        significant = abs(change) > interval.half
+        spread = f"{confidence:.0%} interval {_ratio_text(low)}–{_ratio_text(high)} ({interval.how}), MDE {format_mde(mde)}"
+    known = "" if mde is None else ", and significant"
+    text = f"{ratio - 1:+.1%} ({direction} is better, tolerance {tolerance:.0%}); {spread}"
+    if change < -bound:
+        if significant:
+            return verdict("regression", f"worse than the tolerance{known}: {text}", ratio, mde)
+        return verdict("noisy", f"worse than the tolerance, but the noise cannot confirm it: {text}", ratio, mde)
+    if change > bound and significant:
+        return verdict("improvement", f"better than the tolerance{known}: {text}", ratio, mde)
+    if mde is not None and mde > tolerance:
+        detail = f"the run could not have seen a change of the tolerance's size (MDE {format_mde(mde)} > {tolerance:.0%}): {text}"
+        return verdict("underpowered", detail, ratio, mde)
+    return verdict("pass", f"within tolerance: {text}", ratio, mde)
