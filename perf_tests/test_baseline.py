@@ -5,7 +5,9 @@ recorded with ``--qwenperf-update-baselines`` from a passing session. A run with
 baseline, or one measured on other hardware or with other flags or workload, cannot be
 judged: the test is skipped and says which (that is never reported as a regression). A run
 that lost data (failed requests, token totals that disagree with the server, a client that
-could not keep up, a metric without a value) fails as ``invalid``, baseline or not.
+could not keep up, a metric without a value) fails as ``invalid``, baseline or not. A verdict
+the data cannot decide (``noisy``, ``underpowered``) after the extra repeats the suite allows
+(``max_repeats``) warns and never fails.
 """
 
 from __future__ import annotations
@@ -27,3 +29,8 @@ def test_no_regression_against_baseline(qwenperf_judgements: tuple[Judgement, ..
     assert "regression" not in verdicts, f"slower than the baseline beyond tolerance and noise\n{table}"
     if "noisy" in verdicts:
         warnings.warn(f"some metrics look worse than the tolerance, but the noise cannot confirm it\n{table}", stacklevel=1)
+    if "underpowered" in verdicts:
+        warnings.warn(
+            f"some metrics could not have shown a change of their tolerance's size: the spread is too wide (MDE above the tolerance)\n{table}",
+            stacklevel=1,
+        )

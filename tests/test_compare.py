@@ -10,6 +10,7 @@ from typing import Any
 import pytest
 
 from pytest_qwenperf.cli.main import main
+from pytest_qwenperf.core.verdict import format_mde, judge
 from tests.test_baseline import make_run
 
 
@@ -102,6 +103,28 @@ def test_repeats_in_one_file_are_pooled_and_judged_with_their_spread(tmp_path: P
     assert status == 1
     assert [line.split()[0] for line in out.splitlines()[3:4]] == ["total_token_throughput"]
     assert "Welch on log values, 3 vs 3 samples" in out
+
+
+def test_every_judged_cell_with_a_spread_shows_its_mde(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    before, tight, wide = (10_000.0, 10_100.0, 9_900.0), (10_000.0, 10_050.0, 9_950.0), (10_000.0, 12_000.0, 8_000.0)
+    old = benchmark_file(tmp_path / "old.json", [make_run(total=t) for t in before])
+    new = benchmark_file(tmp_path / "new.json", [make_run(version="0.33.0", total=t) for t in tight])
+    noisy = benchmark_file(tmp_path / "noisy.json", [make_run(version="0.34.0", total=t) for t in wide])
+    passed, underpowered = (judge("total_token_throughput", before, after, direction="higher", tolerance=0.05) for after in (tight, wide))
+    assert passed.verdict == "pass" and underpowered.verdict == "underpowered"
+    assert passed.mde is not None and underpowered.mde is not None
+    status, out, _ = compare(capsys, old, new, noisy, "--metric", "total_token_throughput")
+    assert status == 0
+    line = next(line for line in out.splitlines() if line.startswith("total_token_throughput"))
+    assert f"pass (MDE {format_mde(passed.mde)})" in line and f"underpowered (MDE {format_mde(underpowered.mde)})" in line
+    status, out, _ = compare(capsys, old, new, noisy, "--metric", "total_token_throughput", "--markdown")
+    assert f"| **underpowered** (MDE {format_mde(underpowered.mde)}) |" in out
+    status, out, _ = compare(capsys, old, new, noisy, "--metric", "total_token_throughput", "--json")
+    cells = json.loads(out)["groups"][0]["rows"][0]["judgements"]
+    assert [cell["mde"] for cell in cells] == [pytest.approx(passed.mde), pytest.approx(underpowered.mde)]
+    single = session_file(tmp_path / "single.json", [make_run(version="0.33.0")])
+    status, out, _ = compare(capsys, session_file(tmp_path / "one.json", [make_run()]), single, "--json")
+    assert json.loads(out)["groups"][0]["rows"][0]["judgements"][0]["mde"] is None  # one sample a side: no spread
 
 
 def test_different_argv_is_not_comparable_and_never_a_regression(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
@@ -197,7 +220,7 @@ def test_unknown_metric_is_a_usage_error(tmp_path: Path, capsys: pytest.CaptureF
     ("content", "message"),
     [
         ('{"schema": "qwenperf-session/1", "runs": [', "not valid JSON"),
-        ('{"schema": "qwenperf-session/9", "runs": []}', "schema: expected 'qwenperf-session/1', got 'qwenperf-session/9'"),
+        ('{"schema": "qwenperf-session/9", "runs": []}', "schema: expected 'qwenperf-session/1' or 'qwenperf-bench/1', got 'qwenperf-session/9'"),
         ('{"benchmarks": [{"name": "t", "extra_info": {}}]}', "benchmarks[*].extra_info.qwenperf: expected at least one"),
         ('[1, 2]', "(top level): expected a qwenperf session JSON"),
         ('{"schema": "qwenperf-session/1", "runs": [{"identity": {}}]}', "runs[0]: identity.suite: expected a string, got nothing (the field is missing)"),

@@ -29,7 +29,7 @@ from typing import TextIO
 
 from pytest_qwenperf.core.apikey import ApiKey, ApiKeyError, resolve_api_key
 from pytest_qwenperf.core.files import unwritable, write_atomically
-from pytest_qwenperf.core.formats import json_safe
+from pytest_qwenperf.core.formats import BENCH_SCHEMA, json_safe
 from pytest_qwenperf.core.options import (
     cpu_list,
     endpoint_url,
@@ -53,7 +53,7 @@ from pytest_qwenperf.serving.server import (
 )
 from pytest_qwenperf.suite.workloads import KINDS, Workload, workload_from_dict
 
-SCHEMA = "qwenperf-bench/1"
+SCHEMA = BENCH_SCHEMA
 _AT_LEAST_0, _AT_LEAST_1 = whole_number(0), whole_number(1)
 _SHOWN_REASONS = 10  # failure reasons printed; the JSON has them all
 _MESSAGE_CHARS = 160

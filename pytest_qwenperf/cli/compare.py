@@ -14,18 +14,22 @@ from pytest_qwenperf.gate import compare
 
 HELP = "compare runs across vLLM versions (or config changes), with verdicts against the first file"
 DESCRIPTION = (
-    "Tables per config x workload: one column per file (session JSON from --qwenperf-json or "
-    "pytest-benchmark JSON), deltas and verdicts against REFERENCE. A run that lost data (failed requests, token "
+    "Tables per config x workload: one column per file or directory (session JSON from --qwenperf-json, "
+    "pytest-benchmark JSON, qwenperf bench --json, vllm bench serve --save-result; a directory's *.json files are "
+    "repeats of one column), deltas and verdicts against REFERENCE, each with its minimum detectable effect (MDE). "
+    "A run that lost data (failed requests, token "
     "totals that disagree with the server, client-bound, a metric without a value) is 'invalid: <why>', a "
-    "config x workload that REFERENCE has and a FILE lacks is 'missing'. Exit 1 on a --fail-on verdict, "
+    "config x workload that REFERENCE has and a FILE lacks is 'missing'; bench results whose setups differ "
+    "(model, dataset, lengths, load, sampling: vllm bench serve saves no dataset or temperature, so record them "
+    "with --metadata dataset_name=NAME temperature=T) are 'not-comparable'. Exit 1 on a --fail-on verdict, "
     "exit 2 for an unreadable input."
 )
 ERRORS: tuple[type[Exception], ...] = ()
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
-    parser.add_argument("reference", type=Path, metavar="REFERENCE", help="the file the others are judged against")
-    parser.add_argument("files", nargs="+", type=Path, metavar="FILE")
+    parser.add_argument("reference", type=Path, metavar="REFERENCE", help="the file or directory the others are judged against")
+    parser.add_argument("files", nargs="+", type=Path, metavar="FILE", help="a results file, or a directory of them (repeats)")
     parser.add_argument(
         "--fail-on",
         action="append",

@@ -7,6 +7,8 @@ import math
 
 SESSION_SCHEMA = "qwenperf-session/1"
 """A pytest session's runs (``--qwenperf-json``)."""
+BENCH_SCHEMA = "qwenperf-bench/1"
+"""One ``qwenperf bench --json`` result."""
 
 
 def json_safe(value: object) -> object:

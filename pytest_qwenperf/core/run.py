@@ -151,6 +151,7 @@ class Run(msgspec.Struct, frozen=True, kw_only=True):
     requests_per_server: dict[str, float | None] = msgspec.field(default_factory=dict)
     scaling: Scaling | None = None  # set when replica counts were compared
     samples: dict[str, tuple[float | None, ...]] | None = None  # metric -> one value per repeat
+    extra_repeats: Count = 0  # repeats added after the first ones because the verdicts could not decide
     tolerances: dict[str, float] | None = None  # the suite's, per gated metric
 
     @property

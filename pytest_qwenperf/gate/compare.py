@@ -1,17 +1,24 @@
 """Compare runs across files (vLLM versions, or config changes): one table per config × workload.
 
-Inputs are session JSON (``--qwenperf-json``: ``{"schema": "qwenperf-session/1", "runs":
-[...]}``) and pytest-benchmark JSON (``{"benchmarks": [{"extra_info": {"qwenperf": run}}]}``;
-benchmarks without a run are other tests and are skipped). Each file is a column,
-labelled by the vLLM version its runs report. The first file is the reference: every
-later file's runs are judged against it with the same verdicts as a stored baseline
+Inputs (read by :mod:`~pytest_qwenperf.gate.sources`) are session JSON (``--qwenperf-json``),
+pytest-benchmark JSON carrying qwenperf runs, ``qwenperf bench --json`` results and ``vllm
+bench serve --save-result`` results. Each file, or directory of such files, is a column,
+labelled by the vLLM version its runs report. The first column is the reference: every
+later column's runs are judged against it with the same verdicts as a stored baseline
 (:func:`~pytest_qwenperf.core.verdict.judge_against_run`), so a different argv or workload is
 "not comparable", never a regression, and a run that lost data on either side (failed
 requests, token totals that disagree with the server, a client-bound run, a metric without
 a value) is "invalid" with the reason. A config × workload the reference has and a later
 file lacks is "missing" in that file's column, one verdict per row, so it counts in the
 summary like any other. :data:`LOST_DATA` are the verdicts ``--fail-on`` fails on whatever
-else it names.
+else it names. Every judged cell shows its minimum detectable effect where the spread gives
+one (``pass (MDE 3.2%)``): the smallest change the repeats could have told from none.
+
+Bench results have no config × workload: a column's bench results are one setup, in one
+table of their own, and a pair whose setups differ (model, dataset, lengths, load, sampling;
+:func:`~pytest_qwenperf.gate.sources.differences`) is "not comparable" naming the fields.
+A column holding a single suite run and one holding a single bench setup share a table,
+so that their pair says why it is not comparable instead of "missing".
 
 Rows: the metrics whose :attr:`~pytest_qwenperf.core.metrics.MetricInfo.row` says so,
 when a run has them: total and output tok/s, p99 TTFT and TPOT first, then prefix-cache
@@ -19,17 +26,18 @@ hit rate, speculative acceptance, multi-node scaling efficiency (``metrics``) an
 utilization from the run's ``telemetry`` block (shown, not judged: utilization explains
 a throughput change, it is not a goal). Only the rows shown are judged.
 
-Runs of the same config × workload that appear more than once in one file are pooled
-as repeats (their samples joined), so rounds recorded separately still give a spread; the
-pool has every repeat's failed requests, token mismatch and client-bound reason, and a
-metric that one repeat lacks has no value in the pool.
+Runs of the same config × workload that appear more than once in one column (one file, or
+the files of one directory) are pooled as repeats (their samples joined), so rounds recorded
+separately still give a spread; the pool has every repeat's failed requests, token mismatch
+and client-bound reason, and a metric that one repeat lacks has no value in the pool.
+Repeats must be of one setup: runs that differ are an error naming the files and the field.
 
 :func:`as_json` is the machine-readable form (``schema`` :data:`SCHEMA`).
 """
 
 from __future__ import annotations
 
-import json
+import dataclasses
 import math
 from collections import Counter
 from collections.abc import Mapping, Sequence
@@ -39,14 +47,15 @@ from typing import cast, get_args
 
 import msgspec
 
-from pytest_qwenperf.core.formats import SESSION_SCHEMA, json_safe
+from pytest_qwenperf.core.formats import json_safe
 from pytest_qwenperf.core.metrics import METRICS, gate_order, metric
-from pytest_qwenperf.core.run import Run, RunJsonError, decode_run
+from pytest_qwenperf.core.run import Run
 from pytest_qwenperf.core.stats import centre
 from pytest_qwenperf.core.tables import format_table
-from pytest_qwenperf.core.textfiles import read_text
-from pytest_qwenperf.core.verdict import Judgement, Verdict, format_value
+from pytest_qwenperf.core.verdict import Judgement, Verdict, format_mde, format_value
+from pytest_qwenperf.gate import sources
 from pytest_qwenperf.gate.judge import judge_against_run, judge_run
+from pytest_qwenperf.gate.sources import BENCH_KEY, Result, RunKey, Setup
 
 SCHEMA = "qwenperf-compare/1"
 
@@ -57,12 +66,10 @@ FAILABLE: tuple[Verdict, ...] = tuple(v for v in get_args(Verdict) if v != "pass
 LOST_DATA: tuple[Verdict, ...] = ("missing", "invalid")
 """Verdicts ``--fail-on`` fails on whatever it names (unless ``--allow``-ed): a run that lost data never passes."""
 
-RunKey = tuple[str, str, str]  # suite, config id, workload id
-
-_EXPECTED = (
-    f'a qwenperf session JSON ({{"schema": "{SESSION_SCHEMA}", "runs": [...]}}, from --qwenperf-json) '
-    'or a pytest-benchmark JSON ({"benchmarks": [{"extra_info": {"qwenperf": <run>}}, ...]})'
-)
+_ON_THE_NUMBERS: tuple[Verdict, ...] = ("pass", "regression", "improvement", "noisy", "underpowered")
+"""Verdicts decided on the numbers: theirs is the MDE a cell shows (an invalid run's spread is no power)."""
+_APART = "(another setup)"
+"""The workload fingerprint of a run judged as not comparable with its reference (no digest looks like it)."""
 
 
 class CompareError(ValueError):
@@ -71,65 +78,45 @@ class CompareError(ValueError):
 
 @dataclass(frozen=True)
 class RunSet:
-    """The runs of one input file, by config × workload."""
+    """The runs of one column (a file or a directory), by config × workload; the setup of its bench results."""
 
     path: Path
     label: str
     runs: Mapping[RunKey, Run]
+    setups: Mapping[RunKey, Setup] = dataclasses.field(default_factory=dict)
 
 
 # ------------------------------------------------------------------ reading
 
 
-def _runs_in(path: Path, data: object) -> list[tuple[str, object]]:
-    """(where, run JSON) pairs of either input format."""
-    if isinstance(data, dict) and data.get("schema") == SESSION_SCHEMA:
-        runs = data.get("runs")
-        if not isinstance(runs, list) or not runs:
-            raise CompareError(f"{path}: runs: expected a non-empty list of runs, got {runs!r:.80}")
-        return [(f"{path}: runs[{i}]", run) for i, run in enumerate(runs)]
-    if isinstance(data, dict) and "schema" in data:
-        raise CompareError(f"{path}: schema: expected {SESSION_SCHEMA!r}, got {data['schema']!r:.80}")
-    if isinstance(data, dict) and isinstance(data.get("benchmarks"), list):
-        found = []
-        for i, bench in enumerate(data["benchmarks"]):
-            extra = bench.get("extra_info") if isinstance(bench, dict) else None
-            if isinstance(extra, dict) and extra.get("qwenperf") is not None:
-                found.append((f"{path}: benchmarks[{i}].extra_info.qwenperf", extra["qwenperf"]))
-        if not found:
-            raise CompareError(
-                f"{path}: benchmarks[*].extra_info.qwenperf: expected at least one benchmark carrying a qwenperf run, "
-                f"found none in {len(data['benchmarks'])} benchmark(s)"
-            )
-        return found
-    raise CompareError(f"{path}: (top level): expected {_EXPECTED}")
-
-
-def _pooled(path: Path, key: RunKey, runs: list[Run]) -> Run:
-    """Several runs of one key in one file as one run whose samples are all of theirs."""
-    distinct = [run for i, run in enumerate(runs) if run not in runs[:i]]
-    first = distinct[0]
+def _pooled(path: Path, key: RunKey, results: list[Result]) -> Run:
+    """Several runs of one key in one column as one run whose samples are all of theirs."""
+    runs = [result.run for result in results]
+    distinct = [(run, result) for i, (run, result) in enumerate(zip(runs, results, strict=True)) if run not in runs[:i]]
+    first, origin = distinct[0]
     if len(distinct) == 1:
         return first
-    for other in distinct[1:]:
-        differences = first.identity.baseline().differences(other.identity.baseline())
+    for other, where in distinct[1:]:
+        if origin.setup is not None and where.setup is not None:
+            differences = origin.setup.differences(where.setup)
+            subject = f"{origin.file.name} and {where.file.name}"
+        else:
+            differences = first.identity.baseline().differences(other.identity.baseline())
+            files = f" in {origin.file.name} and {where.file.name}" if origin.file != where.file else ""
+            subject = f"runs of {'/'.join(key[:2])} on {key[2]}{files}"
         if differences:
-            raise CompareError(
-                f"{path}: runs of {'/'.join(key[:2])} on {key[2]}: expected repeats of one setup, but they differ ("
-                + "; ".join(differences)
-                + ")"
-            )
-    gated = [run.gated_samples() for run in distinct]
-    names = {name for run, found in zip(distinct, gated, strict=True) for name in (*found, *run.lost_values())}
+            raise CompareError(f"{path}: {subject}: expected repeats of one setup, but they differ (" + "; ".join(differences) + ")")
+    gated = [run.gated_samples() for run, _ in distinct]
+    names = {name for (run, _), found in zip(distinct, gated, strict=True) for name in (*found, *run.lost_values())}
     # A repeat without a number for a metric the others have is a null among the pool's samples.
     samples: dict[str, tuple[float | None, ...]] = {
         name: tuple(s for found in gated for s in found.get(name, (None,))) for name in names
     }
-    bound = "; ".join(run.client_bound for run in distinct if run.client_bound) or None
-    tokens = next((run.token_check for run in distinct if run.token_check.matches is False), first.token_check)
+    bound = "; ".join(run.client_bound for run, _ in distinct if run.client_bound) or None
+    tokens = next((run.token_check for run, _ in distinct if run.token_check.matches is False), first.token_check)
     return msgspec.structs.replace(
         first,
-        metrics={**first.metrics, "failed": sum(run.failed_requests for run in distinct)},
+        metrics={**first.metrics, "failed": sum(run.failed_requests for run, _ in distinct)},
         token_check=tokens,
         samples=samples,
         client=msgspec.structs.replace(first.client, bound=bound),
@@ -137,25 +124,18 @@ def _pooled(path: Path, key: RunKey, runs: list[Run]) -> Run:
 
 
 def load_runs(path: Path) -> RunSet:
-    """Read one input file; :class:`CompareError` names the file, the field and what was expected."""
-    text = read_text(Path(path), "results file", _EXPECTED, CompareError)
+    """Read one column, a results file or a directory of them; :class:`CompareError` names the file, the field and what was expected."""
     try:
-        data = json.loads(text)
-    except json.JSONDecodeError as exc:
-        raise CompareError(f"{path}: not valid JSON ({exc}); expected {_EXPECTED}") from None
-    by_key: dict[RunKey, list[Run]] = {}
-    versions: set[str] = set()
-    for where, data_of_run in _runs_in(path, data):
-        try:
-            run = decode_run(data_of_run, where)
-        except RunJsonError as exc:
-            raise CompareError(str(exc)) from None
-        identity = run.identity
-        by_key.setdefault((identity.suite, identity.config, identity.workload), []).append(run)
-        if run.context.vllm_version:
-            versions.add(run.context.vllm_version)
+        results = sources.read_results(Path(path))
+    except sources.SourceError as exc:
+        raise CompareError(str(exc)) from None
+    by_key: dict[RunKey, list[Result]] = {}
+    for result in results:
+        by_key.setdefault(result.key, []).append(result)
+    versions = {result.run.context.vllm_version for result in results if result.run.context.vllm_version}
     label = ", ".join(sorted(versions)) or Path(path).name
-    return RunSet(Path(path), label, {key: _pooled(path, key, runs) for key, runs in by_key.items()})
+    setups = {key: found[0].setup for key, found in by_key.items() if found[0].setup is not None}
+    return RunSet(Path(path), label, {key: _pooled(Path(path), key, found) for key, found in by_key.items()}, setups)
 
 
 # ------------------------------------------------------------------ comparing
@@ -175,6 +155,15 @@ class Group:
     hardware: str
     rows: tuple[Row, ...]
     throughput: tuple[float | None, ...]  # total tok/s per file, for the plot whatever the rows
+    setups: tuple[Setup | None, ...] = ()  # per file, where bench results are in the group
+
+    @property
+    def title(self) -> str:
+        """``suite/config · workload (hardware)``; a bench group's first setup."""
+        if self.key == BENCH_KEY:
+            return next(setup for setup in self.setups if setup is not None).describe()
+        suite, config, workload = self.key
+        return f"{suite}/{config} · {workload} ({self.hardware})"
 
 
 @dataclass(frozen=True)
@@ -213,10 +202,23 @@ def _shown(name: str) -> bool:
     return metric(name).row != "none"
 
 
-def _judged(reference: Run | None, run: Run | None, path: Path, key: RunKey) -> dict[str, Judgement]:
+def _judged(
+    reference: Run | None, run: Run | None, setups: tuple[Setup | None, Setup | None], path: Path, key: RunKey
+) -> dict[str, Judgement]:
+    """``run``'s judgements against ``reference``. A pair whose setups differ is judged as runs of
+    different identities (an unknown field matches nothing, so equal run identities do not decide),
+    and its "not comparable" says which fields differ."""
     if run is None:
         return {} if reference is None else _missing(reference, path, key)
-    judgements = judge_run(None, run) if reference is None else judge_against_run(reference, run)
+    if reference is None:
+        return {j.metric: j for j in judge_run(None, run)}
+    apart = sources.differences(*setups)
+    if apart:
+        run = msgspec.structs.replace(run, identity=msgspec.structs.replace(run.identity, workload_fingerprint=_APART))
+    judgements = judge_against_run(reference, run)
+    if apart:
+        detail = "not comparable (reference vs run): " + "; ".join(apart)
+        judgements = tuple(dataclasses.replace(j, detail=detail) if j.verdict == "not-comparable" else j for j in judgements)
     return {j.metric: j for j in judgements}
 
 
@@ -224,7 +226,8 @@ def _missing(reference: Run, path: Path, key: RunKey) -> dict[str, Judgement]:
     """A "missing" verdict for every gated metric the reference measured (for every one it names,
     when it has no value at all), so the absence counts."""
     gated = reference.gated_samples()
-    detail = f"{path.name} has no run of {key[0]}/{key[1]} on {key[2]}; the reference has one"
+    what = "bench result" if key == BENCH_KEY else f"run of {key[0]}/{key[1]} on {key[2]}"
+    detail = f"{path.name} has no {what}; the reference has one"
     judgements = {}
     for name in gate_order(gated or reference.lost_values()):
         spec = metric(name)
@@ -238,12 +241,17 @@ def _missing(reference: Run, path: Path, key: RunKey) -> dict[str, Judgement]:
 
 def compare(sets: Sequence[RunSet], metrics: Sequence[str] = ()) -> Comparison:
     """Tables of ``metrics`` (default: the standard rows) per config × workload, judged against ``sets[0]``."""
+    sets = _aligned(sets)
     keys = list(dict.fromkeys(key for run_set in sets for key in run_set.runs))
     groups = []
     for key in keys:
         runs = [run_set.runs.get(key) for run_set in sets]
+        setups = tuple(run_set.setups.get(key) for run_set in sets)
         values = [_values(run) if run is not None else {} for run in runs]
-        judged = [_judged(runs[0], run, run_set.path, key) for run, run_set in zip(runs[1:], sets[1:], strict=True)]
+        judged = [
+            _judged(runs[0], run, (setups[0], setup), run_set.path, key)
+            for run, setup, run_set in zip(runs[1:], setups[1:], sets[1:], strict=True)
+        ]
         present = list(dict.fromkeys([name for v in values for name in v] + [name for j in judged for name in j]))
         names = [m for m in metrics if m in present] if metrics else [m for m in _order(present) if _shown(m)]
         rows = tuple(
@@ -257,13 +265,30 @@ def compare(sets: Sequence[RunSet], metrics: Sequence[str] = ()) -> Comparison:
         )
         first = next(run for run in runs if run is not None)
         throughput = tuple(v.get("total_token_throughput") for v in values)
-        groups.append(Group(key, first.identity.hardware, rows, throughput))
+        groups.append(Group(key, first.identity.hardware, rows, throughput, setups if any(setups) else ()))
     shown = {row.metric for group in groups for row in group.rows}
     missing = [m for m in metrics if m not in shown]
     if missing:
         present = sorted({name for run_set in sets for run in run_set.runs.values() for name in _values(run)})
         raise CompareError(f"--metric {', '.join(missing)}: no input has it; metrics present: {', '.join(present)}")
     return Comparison(_unique_labels(sets), tuple(groups), tuple(s.path for s in sets))
+
+
+def _aligned(sets: Sequence[RunSet]) -> Sequence[RunSet]:
+    """``sets`` with the single run of a later column under the key of the reference's single run,
+    where one of the two is a bench result: one table whose verdict says why they do not compare."""
+    if len(sets[0].runs) != 1:
+        return sets
+    (key,) = sets[0].runs
+    aligned = [sets[0]]
+    for run_set in sets[1:]:
+        if len(run_set.runs) == 1 and key not in run_set.runs and BENCH_KEY in (key, *run_set.runs):
+            ((own, run),) = run_set.runs.items()
+            setups = {key: run_set.setups[own]} if own in run_set.setups else {}
+            aligned.append(dataclasses.replace(run_set, runs={key: run}, setups=setups))
+        else:
+            aligned.append(run_set)
+    return aligned
 
 
 def _order(names: Sequence[str]) -> list[str]:
@@ -288,9 +313,16 @@ def _delta(row: Row, index: int) -> str:
 
 
 def _verdict_cell(judgement: Judgement | None, markdown: bool) -> str:
+    """The verdict, with its MDE where the spread gives one: ``pass (MDE 3.2%)``."""
     if judgement is None:
         return ""
-    return f"**{judgement.label}**" if markdown and judgement.verdict not in ("pass", "improvement") else judgement.label
+    label = f"**{judgement.label}**" if markdown and judgement.verdict not in ("pass", "improvement") else judgement.label
+    mde = _mde(judgement)
+    return label if mde is None else f"{label} (MDE {format_mde(mde)})"
+
+
+def _mde(judgement: Judgement) -> float | None:
+    return judgement.mde if judgement.verdict in _ON_THE_NUMBERS else None
 
 
 def render(comparison: Comparison, *, markdown: bool = False) -> str:
@@ -302,9 +334,7 @@ def render(comparison: Comparison, *, markdown: bool = False) -> str:
         header += [label, "Δ", "verdict"]
     lines: list[str] = []
     for group in comparison.groups:
-        suite, config, workload = group.key
-        title = f"{suite}/{config} · {workload} ({group.hardware})"
-        lines += [f"### {title}", ""] if markdown else [title]
+        lines += [f"### {group.title}", ""] if markdown else [group.title]
         rows = []
         for row in group.rows:
             cells = [f"{row.metric} ({row.unit})" if row.unit else row.metric, format_value(row.values[0])]
@@ -330,25 +360,25 @@ def render(comparison: Comparison, *, markdown: bool = False) -> str:
 def as_json(comparison: Comparison) -> dict[str, object]:
     """Every group, row, value and judgement: ``files`` in column order (the first is the
     reference), per row ``values`` one per file and ``judgements`` one per later file (null
-    where a row is shown, not judged), and ``verdicts`` counted as the summary line does.
+    where a row is shown, not judged; ``mde`` a fraction of the baseline, null where unknown or the
+    verdict is not decided on the numbers), and
+    ``verdicts`` counted as the summary line does. A group of bench results has no suite, config,
+    workload or hardware (nulls) but ``setups``, one per file (null where a file has none).
     JSON-safe (:func:`~pytest_qwenperf.core.formats.json_safe`), as every file this package writes."""
     labels = comparison.labels
 
     def judgement(label: str, j: Judgement | None) -> dict[str, object] | None:
         if j is None:
             return None
-        numbers = {key: getattr(j, key) for key in ("baseline", "now", "ratio", "tolerance", "direction")}
+        numbers = {key: getattr(j, key) for key in ("baseline", "now", "ratio", "tolerance", "direction")} | {"mde": _mde(j)}
         return {"file": label, "verdict": j.verdict, "reason": j.reason or None, "detail": j.detail} | numbers
 
     document = {
         "schema": SCHEMA,
         "files": [{"label": label, "path": str(path)} for label, path in zip(labels, comparison.paths, strict=True)],
         "groups": [
-            {
-                "suite": group.key[0],
-                "config": group.key[1],
-                "workload": group.key[2],
-                "hardware": group.hardware,
+            _where(group)
+            | {
                 "rows": [
                     {
                         "metric": row.metric,
@@ -366,6 +396,16 @@ def as_json(comparison: Comparison) -> dict[str, object]:
     return cast(dict[str, object], json_safe(document))
 
 
+def _where(group: Group) -> dict[str, object]:
+    """A group's suite, config, workload and hardware; the setups, where it has bench results."""
+    bench = group.key == BENCH_KEY
+    where: dict[str, object] = dict(zip(("suite", "config", "workload"), (None,) * 3 if bench else group.key, strict=True))
+    where["hardware"] = None if bench else group.hardware
+    if group.setups:
+        where["setups"] = [None if setup is None else setup.as_json() for setup in group.setups]
+    return where
+
+
 def plot_throughput(comparison: Comparison, path: Path) -> None:
     """A PNG of total tok/s per rung, one bar per file, one panel per workload."""
     try:
@@ -375,7 +415,7 @@ def plot_throughput(comparison: Comparison, path: Path) -> None:
         raise CompareError("--plot needs matplotlib: pip install 'pytest-qwenperf[plot]'") from None
     by_workload: dict[str, list[Group]] = {}
     for group in comparison.groups:
-        by_workload.setdefault(group.key[2], []).append(group)
+        by_workload.setdefault("bench results" if group.key == BENCH_KEY else group.key[2], []).append(group)
     labels = comparison.labels
     figure = Figure(figsize=(max(6.0, 1.2 * max(len(g) for g in by_workload.values()) * len(labels)), 3.5 * len(by_workload)))
     FigureCanvasAgg(figure)
@@ -385,7 +425,8 @@ def plot_throughput(comparison: Comparison, path: Path) -> None:
         for j, label in enumerate(labels):
             heights = [math.nan if g.throughput[j] is None else g.throughput[j] for g in groups]
             ax.bar([x - 0.4 + (j + 0.5) * width for x in range(len(groups))], heights, width, label=label)
-        ax.set_xticks(range(len(groups)), [f"{g.key[0]}/{g.key[1]}" for g in groups], rotation=15, ha="right")
+        ticks = ["bench" if g.key == BENCH_KEY else f"{g.key[0]}/{g.key[1]}" for g in groups]
+        ax.set_xticks(range(len(groups)), ticks, rotation=15, ha="right")
         ax.set_ylabel("total tok/s")
         ax.set_title(workload)
         ax.legend(title="vLLM", fontsize="small", loc="upper left", bbox_to_anchor=(1.01, 1.0))

@@ -1,4 +1,9 @@
-"""The session's runs: kept for the tests that compare rungs, printed as a table, written as JSON."""
+"""The session's runs: kept for the tests that compare rungs, printed as a table, written as JSON.
+
+Each run is kept with the verdicts decided as it was measured (against its baseline, at
+the confidence of its last look: :mod:`pytest_qwenperf.measure.sequential`); the JSON
+holds the runs alone, as before.
+"""
 
 from __future__ import annotations
 
@@ -11,16 +16,18 @@ import msgspec
 from pytest_qwenperf.core.files import folder_lock, keep_aside, write_atomically
 from pytest_qwenperf.core.formats import SESSION_SCHEMA, json_safe
 from pytest_qwenperf.core.run import Run
+from pytest_qwenperf.core.verdict import Judgement, format_mde
 from pytest_qwenperf.serving.hardware import detect
 
 SCHEMA = SESSION_SCHEMA
 
 
 class SessionReport:
-    """Runs by (config key, workload id), and how often each config booted."""
+    """Runs by (config key, workload id) with their verdicts, and how often each config booted."""
 
     def __init__(self) -> None:
         self._runs: dict[tuple[str, str], Run] = {}
+        self._judgements: dict[tuple[str, str], tuple[Judgement, ...]] = {}
         self.boots: Counter[str] = Counter()
 
     @property
@@ -30,20 +37,38 @@ class SessionReport:
     def get(self, config_key: str, workload_id: str) -> Run | None:
         return self._runs.get((config_key, workload_id))
 
-    def add(self, run: Run) -> None:
-        self._runs[(run.config_key, run.identity.workload)] = run
+    def add(self, run: Run, judgements: tuple[Judgement, ...] = ()) -> None:
+        key = (run.config_key, run.identity.workload)
+        self._runs[key] = run
+        self._judgements[key] = judgements
+
+    def judgements(self, run: Run) -> tuple[Judgement, ...]:
+        """The verdicts ``run`` was added with."""
+        return self._judgements.get((run.config_key, run.identity.workload), ())
 
     def table(self) -> list[str]:
-        header = f"{'config / workload':<48} {'out tok/s':>10} {'total tok/s':>11} {'TTFT p99':>9} {'TPOT p99':>9} {'ok':>5} {'failed, all repeats':>19}"
+        """One line per run: its figures, the repeats it added and the MDE of its output throughput
+        verdict (``—`` where not judged); then how many points took extra repeats."""
+        header = (
+            f"{'config / workload':<48} {'out tok/s':>10} {'total tok/s':>11} {'TTFT p99':>9} {'TPOT p99':>9} {'ok':>5} "
+            f"{'failed, all repeats':>19} {'extra':>5} {'out MDE':>7}"
+        )
         lines = [header, "-" * len(header)]
         for run in self.runs:
             v = run.metrics
             name = f"{run.config_key} / {run.identity.workload}"
+            mde = next((j.mde for j in self.judgements(run) if j.metric == "output_throughput"), None)
             lines.append(
                 f"{name:<48} {v['output_throughput']:>10.1f} {v['total_token_throughput']:>11.1f} "
-                f"{v['p99_ttft_ms']:>7.1f}ms {v['p99_tpot_ms']:>7.2f}ms {v['completed']:>5} {run.failed_requests:>19}"
+                f"{v['p99_ttft_ms']:>7.1f}ms {v['p99_tpot_ms']:>7.2f}ms {v['completed']:>5} {run.failed_requests:>19} "
+                f"{run.extra_repeats:>5} {format_mde(mde):>7}"
                 + (f"  CLIENT-BOUND: {run.client_bound}" if run.client_bound else "")
             )
+        extended = [run.extra_repeats for run in self.runs if run.extra_repeats]
+        lines.append(
+            f"extra repeats, taken while a verdict was noisy or underpowered: {len(extended)} of {len(self.runs)} point(s), "
+            f"{sum(extended)} repeat(s) in all"
+        )
         return lines
 
     def as_json(self) -> dict[str, object]:

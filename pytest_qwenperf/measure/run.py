@@ -234,6 +234,10 @@ def _client_cpu_s() -> float:
     return own.ru_utime + own.ru_stime + children.ru_utime + children.ru_stime
 
 
+Repeat = Mapping[int, Run]
+"""One repeat of a point: the load run of each route, by its replica count."""
+
+
 def measure(
     server: Server,
     config: ServingConfig,
@@ -265,20 +269,50 @@ def measure(
     of ours that stops during a run raises :class:`ServerError` naming it. ``workers``:
     load-generator processes (see :func:`observe`). ``api_key``: the key the servers require
     (vLLM's ``--api-key``), sent with every request.
+
+    The repeats are :func:`measure_repeat` and their result :func:`combine_repeats`, which
+    a caller adding repeats as the verdicts ask (:mod:`pytest_qwenperf.measure.sequential`) uses.
     """
     if repeats < 1:
         raise ValueError(f"repeats must be at least 1, got {repeats}")
-    routes = sorted(routes or routes_of(server, config.replicas), key=lambda route: route.replicas)
-    runs: dict[int, list[Run]] = {route.replicas: [] for route in routes}
-    for _ in range(repeats):
-        for route in routes:
-            reset_prefix_caches(route.metrics_urls)
-            run = _measure_once(
-                server, route, config, workload, suite=suite, client_cpus=client_cpus, workers=workers, api_key=api_key
-            )
-            server.check_alive()
-            runs[route.replicas].append(run)
-    own = runs.get(config.replicas) or runs[routes[-1].replicas]
+    measured = [
+        measure_repeat(server, config, workload, suite=suite, client_cpus=client_cpus, routes=routes, workers=workers, api_key=api_key)
+        for _ in range(repeats)
+    ]
+    return combine_repeats(measured, config.replicas, tolerances=tolerances)
+
+
+def measure_repeat(
+    server: Server,
+    config: ServingConfig,
+    workload: SuiteWorkload,
+    *,
+    suite: str = "",
+    client_cpus: frozenset[int] = frozenset(),
+    routes: Sequence[Route] | None = None,
+    workers: int = 1,
+    api_key: ApiKey | None = None,
+) -> Repeat:
+    """One repeat of a point: a load run on each route, fewest replicas first, each on empty
+    prefix caches (the arguments are :func:`measure`'s)."""
+    runs: dict[int, Run] = {}
+    for route in sorted(routes or routes_of(server, config.replicas), key=lambda route: route.replicas):
+        reset_prefix_caches(route.metrics_urls)
+        runs[route.replicas] = _measure_once(
+            server, route, config, workload, suite=suite, client_cpus=client_cpus, workers=workers, api_key=api_key
+        )
+        server.check_alive()
+    return MappingProxyType(runs)
+
+
+def combine_repeats(repeats: Sequence[Repeat], replicas: int, *, tolerances: Mapping[str, float] = MappingProxyType({})) -> Run:
+    """The run of a point measured as ``repeats`` (as :func:`measure` describes it): the median
+    repeat of the ``replicas`` route (else the largest), every repeat's figures as its samples."""
+    if not repeats:
+        raise ValueError("a run needs at least one repeat")
+    counts = sorted(repeats[0])
+    runs = {n: [repeat[n] for repeat in repeats] for n in counts}
+    own = runs.get(replicas) or runs[counts[-1]]
     ranked = sorted(own, key=lambda run: _throughput(run, "total_token_throughput"))
     chosen = ranked[(len(ranked) - 1) // 2]
     per_run = [_scalar_metrics(run) for run in own]
@@ -286,7 +320,7 @@ def measure(
         name: tuple(values[name] for values in per_run) for name in per_run[0] if all(name in v for v in per_run)
     }
     scaling = None
-    if len(routes) > 1:
+    if len(counts) > 1:
         throughput = {n: [_throughput(run, SCALING_THROUGHPUT) for run in measured] for n, measured in runs.items()}
         scaling = ScalingSummary.of(throughput, chosen.requests_per_server)
         samples |= scaling.samples()

@@ -7,16 +7,16 @@ from __future__ import annotations
 
 from collections import Counter
 from collections.abc import Callable, Iterator
+from pathlib import Path
 
 import pytest
 
 from pytest_qwenperf.core.run import Run
 from pytest_qwenperf.core.verdict import Judgement
-from pytest_qwenperf.gate.baseline import BaselineError, find_baseline
-from pytest_qwenperf.gate.judge import judge_run
-from pytest_qwenperf.measure.run import measure
+from pytest_qwenperf.gate.baseline import Baseline, BaselineError, find_baseline
 from pytest_qwenperf.measure.scaling import endpoint_routes
-from pytest_qwenperf.plugin.settings import REPORT_KEY, SETTINGS_KEY, SUITES_KEY, USES_KEY, QwenperfSettings
+from pytest_qwenperf.measure.sequential import measure_point
+from pytest_qwenperf.plugin.settings import REPORT_KEY, SETTINGS_KEY, SUITES_KEY, USES_KEY, QwenperfSettings, repeat_plan
 from pytest_qwenperf.serving.endpoints import set_urls
 from pytest_qwenperf.serving.hardware import detect
 from pytest_qwenperf.serving.placement import Placement, gpu_ids, placement
@@ -87,8 +87,11 @@ MeasureFn = Callable[[ServingConfig, SuiteWorkload], Run]
 def qwenperf_measure(pytestconfig: pytest.Config, qwenperf_pool: ServerPool, qwenperf_settings: QwenperfSettings) -> MeasureFn:
     """``measure(config, workload)``: the session's run of that pair, measured on first use.
 
-    Tests comparing two rungs use it for the rung they are not parametrized with; the
-    test ordering usually means that run already exists.
+    It is judged against its baseline as it is measured, and takes extra repeats while the
+    verdicts cannot decide (:func:`~pytest_qwenperf.measure.sequential.measure_point`, up to
+    the suite's plan: :func:`~pytest_qwenperf.plugin.settings.repeat_plan`); the session's
+    report keeps the run with those verdicts. Tests comparing two rungs use it for the rung
+    they are not parametrized with; the test ordering usually means that run already exists.
     """
     report = pytestconfig.stash[REPORT_KEY]
 
@@ -99,19 +102,21 @@ def qwenperf_measure(pytestconfig: pytest.Config, qwenperf_pool: ServerPool, qwe
             server = qwenperf_pool.get(cfg, placed.server_cpus, gpu_ids(cfg, detect()))
             suite = _suite_of(pytestconfig, cfg)
             sets = qwenperf_settings.endpoint_sets
-            result = measure(
+            decided = measure_point(
                 server,
                 cfg,
                 workload,
+                repeat_plan(qwenperf_settings, suite),
+                lambda run: _readable_baseline(qwenperf_settings.baselines, run),
                 suite=cfg.suite,
                 client_cpus=placed.client_cpus,
-                repeats=qwenperf_settings.repeats or suite.repeats,
                 tolerances=suite.tolerances,
                 routes=endpoint_routes(sets) if sets else None,
                 workers=qwenperf_settings.client_workers,
                 api_key=qwenperf_settings.api_key,
             )
-            report.add(result)
+            report.add(decided.run, decided.judgements)
+            result = decided.run
         return result
 
     return _measure
@@ -137,16 +142,28 @@ def _suite_of(config: pytest.Config, cfg: ServingConfig) -> Suite:
     return found
 
 
+def _readable_baseline(root: Path, run: Run) -> Baseline | None:
+    """The run's stored baseline; None when there is none, or when its file cannot be read
+    (:func:`qwenperf_judgements` fails the test that asks for the verdicts then)."""
+    try:
+        return find_baseline(root, run.identity.baseline())
+    except BaselineError:
+        return None
+
+
 @pytest.fixture
-def qwenperf_judgements(qwenperf_run: Run, qwenperf_settings: QwenperfSettings) -> tuple[Judgement, ...]:
-    """Every gated metric of the run against its stored baseline (see :func:`~pytest_qwenperf.gate.judge.judge_run`).
+def qwenperf_judgements(
+    pytestconfig: pytest.Config, qwenperf_run: Run, qwenperf_settings: QwenperfSettings
+) -> tuple[Judgement, ...]:
+    """Every gated metric of the run against its stored baseline (see :func:`~pytest_qwenperf.gate.judge.judge_run`),
+    as decided when the run was measured: at the confidence of its last look (see :func:`qwenperf_measure`).
 
     A baseline file that cannot be read fails the test with the one line that names the
     file, the field and what was expected (no traceback: the fault is in the file)."""
     try:
-        baseline = find_baseline(qwenperf_settings.baselines, qwenperf_run.identity.baseline())
+        find_baseline(qwenperf_settings.baselines, qwenperf_run.identity.baseline())
     except BaselineError as exc:
         unreadable = str(exc)
     else:
-        return judge_run(baseline, qwenperf_run)
+        return pytestconfig.stash[REPORT_KEY].judgements(qwenperf_run)
     pytest.fail(f"qwenperf: {unreadable}", pytrace=False)  # outside the except: no "during handling" chain

@@ -20,7 +20,7 @@ from pytest_qwenperf.core.apikey import CLIENT_ENVS
 from pytest_qwenperf.core.options import cpu_list, endpoint_url, launcher_argv, positive_seconds, whole_number
 from pytest_qwenperf.gate.update import update_baselines
 from pytest_qwenperf.measure.report import SessionReport
-from pytest_qwenperf.plugin.settings import REPORT_KEY, SETTINGS_KEY, SUITES_KEY, USES_KEY, resolve_settings
+from pytest_qwenperf.plugin.settings import REPORT_KEY, SETTINGS_KEY, SUITES_KEY, USES_KEY, repeat_plan, resolve_settings
 from pytest_qwenperf.serving import gpu_memory, proctree
 from pytest_qwenperf.serving.endpoints import endpoints_file
 from pytest_qwenperf.serving.hardware import detect
@@ -85,6 +85,12 @@ def pytest_addoption(parser: pytest.Parser) -> None:
     group.addoption("--qwenperf-client-cpus", type=cpu_list, help="CPUs for the load generator (CPU suites default: the last one)")
     group.addoption("--qwenperf-repeats", type=whole_number(1), help="load runs per (config, workload) (default: the suite's repeats)")
     group.addoption(
+        "--qwenperf-max-repeats",
+        type=whole_number(1),
+        help="most load runs per (config, workload): while a verdict is noisy or underpowered, one more is run and the "
+        "point judged again (default: the suite's max_repeats, else the repeats: none extra)",
+    )
+    group.addoption(
         "--qwenperf-client-workers",
         type=whole_number(1),
         help="load-generator processes, each with its own event loop, for loads one process cannot drive (default 1)",
@@ -109,6 +115,7 @@ def pytest_addoption(parser: pytest.Parser) -> None:
     parser.addini("qwenperf_endpoints", "default for --qwenperf-endpoint", type="linelist")
     parser.addini("qwenperf_suites", "suite files or globs, relative to the rootdir", type="linelist")
     parser.addini("qwenperf_repeats", "default for --qwenperf-repeats")
+    parser.addini("qwenperf_max_repeats", "default for --qwenperf-max-repeats")
     parser.addini("qwenperf_client_workers", "default for --qwenperf-client-workers")
     parser.addini("qwenperf_baselines", "default for --qwenperf-baselines, relative to the rootdir")
     parser.addini("qwenperf_api_key_env", "default for --qwenperf-api-key-env (a variable name, never the key)")
@@ -120,9 +127,11 @@ def pytest_configure(config: pytest.Config) -> None:
     config.stash[SETTINGS_KEY] = settings = resolve_settings(config)
     config.stash[REPORT_KEY] = SessionReport()
     try:
-        config.stash[SUITES_KEY] = tuple(load_suite(p) for p in settings.suites)
+        config.stash[SUITES_KEY] = suites = tuple(load_suite(p) for p in settings.suites)
     except SuiteError as exc:
         raise pytest.UsageError(str(exc)) from None
+    for suite in suites:
+        repeat_plan(settings, suite)  # a most below the repeats in force fails before anything boots
     _terminate_like_ctrl_c()
 
 

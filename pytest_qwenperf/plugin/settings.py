@@ -1,5 +1,9 @@
 """The plugin's settings, resolved once per session: CLI option → ini key → default.
 
+The repeats of a point are resolved per suite (:func:`repeat_plan`): ``--qwenperf-repeats``
+→ ini → the suite's ``repeats``; the most a point may take while its verdicts cannot decide,
+``--qwenperf-max-repeats`` → ini → the suite's ``max_repeats`` → the repeats in force.
+
 :func:`resolve_settings` reads them in ``pytest_configure`` into a frozen
 :class:`QwenperfSettings`; the hooks keep it, the loaded suites and the session's report
 in ``config.stash`` under the keys below.
@@ -21,6 +25,8 @@ import pytest
 from pytest_qwenperf.core.apikey import ApiKey, ApiKeyError, key_from_environment
 from pytest_qwenperf.core.files import unwritable, unwritable_folder
 from pytest_qwenperf.core.options import endpoint_url, launcher_argv, positive_seconds, whole_number
+from pytest_qwenperf.core.sequential import SequentialPlan
+from pytest_qwenperf.core.verdict import DEFAULT_CONFIDENCE
 from pytest_qwenperf.measure.report import SessionReport
 from pytest_qwenperf.serving.endpoints import EndpointSets
 from pytest_qwenperf.serving.server import DEFAULT_BOOT_TIMEOUT_S, DEFAULT_LAUNCHER
@@ -39,11 +45,14 @@ class QwenperfSettings:
     server_cpus: frozenset[int] | None  # None: the default placement for the suite's hardware
     client_cpus: frozenset[int] | None
     repeats: int | None  # None: each suite's own
+    max_repeats: int | None  # None: each suite's max_repeats, else the repeats in force
     client_workers: int  # load-generator processes (one event loop each)
     baselines: Path
     update_baselines: bool
     replace_published: tuple[str, ...] = ()  # config keys or baseline files whose published figures a run may replace
     api_key: ApiKey | None = None  # from the environment (see _api_key); booted servers require it, requests carry it
+    repeats_from: str = ""  # the option or ini key repeats came from, for messages ("": neither)
+    max_repeats_from: str = ""  # the same for max_repeats
 
 
 SETTINGS_KEY = pytest.StashKey[QwenperfSettings]()
@@ -72,11 +81,14 @@ def resolve_settings(config: pytest.Config) -> QwenperfSettings:
         server_cpus=config.getoption("qwenperf_server_cpus"),
         client_cpus=config.getoption("qwenperf_client_cpus"),
         repeats=_resolve(config, "qwenperf_repeats", whole_number(1), None),
+        max_repeats=_resolve(config, "qwenperf_max_repeats", whole_number(1), None),
         client_workers=_resolve(config, "qwenperf_client_workers", whole_number(1), 1),
         baselines=config.rootpath / _resolve(config, "qwenperf_baselines", Path, Path("baselines")),
         update_baselines=config.getoption("qwenperf_update_baselines"),
         replace_published=tuple(config.getoption("qwenperf_replace_published")),
         api_key=_api_key(config),
+        repeats_from=_origin(config, "qwenperf_repeats"),
+        max_repeats_from=_origin(config, "qwenperf_max_repeats"),
     )
     _check_outputs(settings)
     return settings
@@ -105,6 +117,33 @@ def _check_outputs(settings: QwenperfSettings) -> None:
             f"--qwenperf-update-baselines: cannot write baselines into the folder {settings.baselines} "
             f"(--qwenperf-baselines or ini qwenperf_baselines): {why}"
         )
+
+
+def repeat_plan(settings: QwenperfSettings, suite: Suite) -> SequentialPlan:
+    """How many repeats a point of ``suite`` takes first and at most; a :class:`pytest.UsageError`
+    names both numbers and where they came from when a most given as an option or ini key is below
+    the first (a suite's own ``max_repeats`` rises to the repeats in force)."""
+    first, first_from = (settings.repeats, settings.repeats_from) if settings.repeats else (suite.repeats, f"{suite.path}: suite.repeats")
+    if settings.max_repeats:
+        most, most_from = settings.max_repeats, settings.max_repeats_from
+    elif suite.max_repeats is not None:
+        # A suite's budget is its own default: more repeats asked for on the command line raise it.
+        most, most_from = max(suite.max_repeats, first), f"{suite.path}: suite.max_repeats"
+    else:
+        most, most_from = first, first_from
+    if most < first:
+        raise pytest.UsageError(
+            f"qwenperf: suite {suite.name}: max repeats {most} ({most_from}) is below the repeats in force, "
+            f"{first} ({first_from}); expected a max of at least {first}"
+        )
+    return SequentialPlan(DEFAULT_CONFIDENCE, first, most)
+
+
+def _origin(config: pytest.Config, name: str) -> str:
+    """Where a setting's value came from: its option, its ini key, or nowhere ("")."""
+    if config.getoption(name) is not None:
+        return "--" + name.replace("_", "-")
+    return f"{config.inipath}: ini key {name}" if config.getini(name) else ""
 
 
 def _resolve(config: pytest.Config, name: str, parse: Callable[[str], _T], default: _T) -> _T:

@@ -156,6 +156,7 @@ class Suite:
     gpus: int = 0  # GPUs one node must have (0: a CPU suite)
     ladder_tolerance: float = 0.10  # an improving rung may be this much slower before the ladder test fails
     repeats: int = 3  # load runs per (config, workload): the spread a verdict weighs changes against
+    max_repeats: int | None = None  # load runs a point may take while its verdicts cannot decide; None: the repeats in force
     tolerances: Mapping[str, float] = field(default_factory=lambda: MappingProxyType({}))  # per gated metric, for baselines recorded from this suite
 
     def config(self, config_id: str) -> ServingConfig:
@@ -195,6 +196,8 @@ def load_suite(path: Path | str) -> Suite:
         raise SuiteError(f"{path}: not valid TOML: {exc}") from None
     file = schema.convert(data, _SuiteFile, lambda m: SuiteError(f"{path}: {m.text(_field(data, m.path))}"))
     suite = file.suite
+    if suite.max_repeats is not None and suite.max_repeats < suite.repeats:
+        raise _fail(path, "suite.max_repeats", f"a whole number of load runs >= suite.repeats ({suite.repeats})", suite.max_repeats)
     served = suite.served_model_name
     if served is None and suite.model == embedded.TINY_MODEL_REF:
         served = embedded.TINY_MODEL_NAME
@@ -249,6 +252,7 @@ def load_suite(path: Path | str) -> Suite:
         gpus=suite.gpus,
         ladder_tolerance=suite.ladder_tolerance,
         repeats=suite.repeats,
+        max_repeats=suite.max_repeats,
         tolerances=_tolerances(path, suite.tolerances),
     )
 
@@ -282,6 +286,7 @@ class _SuiteTable(schema.Shape, frozen=True):
     vllm: _Flags = msgspec.field(default_factory=dict)
     ladder_tolerance: _Fraction = 0.10
     repeats: Annotated[int, Meta(ge=1, description="a whole number of load runs >= 1")] = 3
+    max_repeats: Annotated[int, Meta(ge=1, description="a whole number of load runs >= 1")] | None = None
     tolerances: Annotated[dict[str, _Fraction], Meta(description="a table of gated metric = fraction")] = msgspec.field(
         default_factory=dict
     )

@@ -142,11 +142,14 @@ def test_lost_data_can_be_allowed_explicitly(tmp_path: Path) -> None:
 
 
 # The sessions whose repeats spread wider than a tolerance somewhere: each was 1 to 7 times
-# "noisy" against itself under the old rule (slowed.json, the other one kept, never was).
+# "noisy" against itself under an early rule (slowed.json, the other one kept, never was).
 @pytest.mark.parametrize("session", ["first.json", "second.json", "reset-first.json", "reset-second.json", "vllm-0.31.0.json"])
 def test_a_session_compared_with_itself_is_never_noisy(session: str) -> None:
     done = qwenperf_compare(SESSIONS / session, SESSIONS / session, "--fail-on", "regression", "--fail-on", "noisy")
     assert done.returncode == 0, done.stdout + done.stderr
     assert "noisy" not in done.stdout
+    # Nothing points at a change; where the repeats spread wider than the tolerance, the gate says
+    # it could not have seen one of that size ("underpowered"), never more.
     summary = done.stdout.rstrip().splitlines()[-1]
-    assert summary.endswith(" pass") and "," not in summary.split(": ", 1)[1], summary
+    counts = summary.split(": ", 1)[1].split(", ")
+    assert {count.split(" ", 1)[1] for count in counts} <= {"pass", "underpowered"}, summary

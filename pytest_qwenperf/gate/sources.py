@@ -1,0 +1,391 @@
+"""The result files ``qwenperf compare`` reads, as runs: one reader per format, and what a bench
+result measured (its :class:`Setup`).
+
+A column is a file or a directory: every ``*.json`` file in it, but the ``*.pytorch.json``
+files ``vllm bench serve`` writes beside its results when ``SAVE_TO_PYTORCH_BENCHMARK_FORMAT``
+is set (the same result in another shape). The formats:
+
+* session JSON (``--qwenperf-json``) and pytest-benchmark JSON whose benchmarks carry a
+  qwenperf run (the others are other tests, skipped): runs of a suite, matched by their
+  :class:`~pytest_qwenperf.core.run.RunIdentity` (config, vLLM argv, workload, hardware).
+* ``qwenperf bench --json`` (schema ``qwenperf-bench/1``) and ``vllm bench serve --save-result``
+  (no schema key; told by its ``model_id`` or ``backend``): one result of one command line each. They name
+  no suite config and no argv, so what they measured is their :class:`Setup`, compared field
+  by field, and all of them share one key (:data:`BENCH_KEY`): a column holds one setup.
+
+What ``vllm bench serve --save-result`` saves (vLLM 0.32, read off a real run): ``model_id``,
+``num_prompts``, ``request_rate`` (``"inf"`` for none), ``burstiness``, ``max_concurrency``,
+``completed``, ``failed``, the token totals, the three throughputs, and the mean, median,
+std and ``p<N>`` of TTFT, TPOT and ITL (``--metric-percentiles`` defaults to 99, so p99 is
+there unless ``--percentile-metrics`` leaves a metric out; a row it lacks is absent, not
+invalid), plus every ``--metadata KEY=VALUE`` as a top-level string. It saves neither the
+dataset, nor the lengths asked for, nor the sampling, so:
+
+* input and output length are the means per completed request (``total_input_tokens /
+  completed``): what was sent, not what was asked (the random dataset's prompts come out a
+  few tokens longer than ``--random-input-len`` after re-tokenizing);
+* the dataset is ``--metadata dataset_name=NAME`` (with ``num_prompts``), else unknown;
+* the sampling is ``--metadata temperature=T`` (0: ``greedy``), else unknown. Without
+  ``--temperature`` the benchmark sends none and the server samples with its own default,
+  which measured about 10 % faster than greedy on the tiny model: not the work of our runs,
+  which are greedy (the load generator sends temperature 0).
+
+An unknown field differs from every known value (:meth:`Setup.differences`): a default-sampling
+``vllm bench serve`` run is not the greedy work of ours. Two unknowns match, within a column and
+across columns: two results of the same command line (the common case, two ad-hoc runs before
+and after an upgrade) record the same nothing, and the table's title says which fields were
+not recorded, so the assumption is in view.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import math
+from collections.abc import Mapping
+from dataclasses import dataclass, fields
+from pathlib import Path
+from typing import Annotated, Any, Literal, TypeVar
+
+import msgspec
+
+from pytest_qwenperf.core import schema
+from pytest_qwenperf.core.formats import BENCH_SCHEMA, SESSION_SCHEMA, show
+from pytest_qwenperf.core.identity import Count, Text
+from pytest_qwenperf.core.metrics import find
+from pytest_qwenperf.core.run import (
+    MISSING,
+    ClientLoad,
+    Number,
+    Run,
+    RunContext,
+    RunIdentity,
+    RunJsonError,
+    ServerCounters,
+    TokenCheck,
+    decode_run,
+)
+from pytest_qwenperf.core.textfiles import read_text
+
+T = TypeVar("T")
+RunKey = tuple[str, str, str]  # suite, config id, workload id
+BENCH_KEY: RunKey = ("bench", "", "")
+"""The key of every bench result: the columns' bench results meet on it, whatever their setups."""
+GREEDY = "greedy"
+SUITE_RUN = "a qwenperf suite run"
+
+EXPECTED = (
+    f'a qwenperf session JSON ({{"schema": "{SESSION_SCHEMA}", "runs": [...]}}, from --qwenperf-json), '
+    'a pytest-benchmark JSON ({"benchmarks": [{"extra_info": {"qwenperf": <run>}}, ...]}), '
+    f'a qwenperf bench --json result ({{"schema": "{BENCH_SCHEMA}", ...}}) '
+    'or a vllm bench serve --save-result result ({"model_id": ..., "completed": ..., ...})'
+)
+
+
+class SourceError(ValueError):
+    """A file that is none of the formats, or holds a wrong field; the message names the file, the field and what was expected."""
+
+
+# ------------------------------------------------------------------ setups
+
+_UNKNOWN = {
+    "dataset": "vllm bench serve saves no dataset name: record it with --metadata dataset_name=NAME",
+    "input_len": "no request completed",
+    "output_len": "no request completed",
+    "sampling": "vllm bench serve saves no temperature, and without --temperature the server samples with its own "
+    "default: record it with --metadata temperature=T",
+}
+
+
+@dataclass(frozen=True)
+class Setup:
+    """What a bench result measured, a text per field; None where its file cannot tell (``_UNKNOWN`` says why)."""
+
+    client: str  # the command that measured it
+    model: str
+    dataset: str | None
+    input_len: str | None  # tokens per completed request, the mean
+    output_len: str | None
+    load: str
+    sampling: str | None
+
+    def differences(self, other: Setup) -> tuple[str, ...]:
+        """``"field: 'mine' vs 'other'"`` for every field that differs; an unknown differs from any known value."""
+        found = []
+        for name in (f.name for f in fields(self)):
+            mine, theirs = getattr(self, name), getattr(other, name)
+            if mine != theirs:
+                found.append(f"{name}: {_shown(name, mine)} vs {_shown(name, theirs)}")
+        return tuple(found)
+
+    def describe(self) -> str:
+        """One line for a table's title; fields not recorded are named, since matching them is an assumption."""
+        lengths = f"{self.input_len or '?'} in / {self.output_len or '?'} out tokens per request"
+        parts = [self.model, self.dataset or "dataset not recorded", lengths, self.load, self.sampling or "sampling not recorded"]
+        return f"{' · '.join(parts)} ({self.client})"
+
+    def as_json(self) -> dict[str, str | None]:
+        return {f.name: getattr(self, f.name) for f in fields(self)}
+
+
+def _shown(name: str, value: str | None) -> str:
+    return f"unknown ({_UNKNOWN[name]})" if value is None else repr(value)
+
+
+def differences(reference: Setup | None, run: Setup | None) -> tuple[str, ...]:
+    """Why a run is no verdict on the reference (``reference`` vs ``run``); None stands for a
+    suite run, which its run identity matches instead. A suite run and a bench result never
+    match: one is identified by its config's vLLM argv, the other by its command line."""
+    if reference is not None and run is not None:
+        return reference.differences(run)
+    if reference is None and run is None:
+        return ()
+    kinds = [SUITE_RUN if s is None else s.client for s in (reference, run)]
+    found = [f"source: {kinds[0]!r} vs {kinds[1]!r} (a suite run is identified by its config's vLLM argv, a bench result by its options)"]
+    sampling = [GREEDY if s is None else s.sampling for s in (reference, run)]
+    if sampling[0] != sampling[1] or None in sampling:
+        found.append(f"sampling: {_shown('sampling', sampling[0])} vs {_shown('sampling', sampling[1])}")
+    return tuple(found)
+
+
+# ------------------------------------------------------------------ results
+
+
+@dataclass(frozen=True)
+class Result:
+    """One run read from a file: a suite run, or a bench result with its :class:`Setup`."""
+
+    file: Path
+    run: Run
+    setup: Setup | None = None
+
+    @property
+    def key(self) -> RunKey:
+        identity = self.run.identity
+        return BENCH_KEY if self.setup is not None else (identity.suite, identity.config, identity.workload)
+
+
+def read_results(path: Path) -> tuple[Result, ...]:
+    """Every run of a results file, or of every results file in a directory; :class:`SourceError` otherwise."""
+    return tuple(result for file in _files(Path(path)) for result in _read(file))
+
+
+def _files(path: Path) -> list[Path]:
+    if not path.is_dir():
+        return [path]
+    files = sorted(p for p in path.glob("*.json") if p.is_file() and not p.name.endswith(".pytorch.json"))
+    if not files:
+        raise SourceError(f"{path}: a directory without a *.json file; expected a results file or a directory of them")
+    return files
+
+
+def _read(path: Path) -> list[Result]:
+    text = read_text(path, "results file", EXPECTED, SourceError)
+    try:
+        data = json.loads(text)
+    except json.JSONDecodeError as exc:
+        raise SourceError(f"{path}: not valid JSON ({exc}); expected {EXPECTED}") from None
+    if isinstance(data, dict) and data.get("schema") == BENCH_SCHEMA:
+        return [_qwenperf_bench(path, data)]
+    if isinstance(data, dict) and "schema" not in data and any(key in data for key in _SERVE_MARKS):
+        return [_vllm_bench_serve(path, data)]
+    runs = []
+    for where, data_of_run in _suite_runs(path, data):
+        try:
+            runs.append(Result(path, decode_run(data_of_run, where)))
+        except RunJsonError as exc:
+            raise SourceError(str(exc)) from None
+    return runs
+
+
+def _suite_runs(path: Path, data: object) -> list[tuple[str, object]]:
+    """(where, run JSON) pairs of a session or pytest-benchmark JSON."""
+    if isinstance(data, dict) and data.get("schema") == SESSION_SCHEMA:
+        runs = data.get("runs")
+        if not isinstance(runs, list) or not runs:
+            raise SourceError(f"{path}: runs: expected a non-empty list of runs, got {runs!r:.80}")
+        return [(f"{path}: runs[{i}]", run) for i, run in enumerate(runs)]
+    if isinstance(data, dict) and "schema" in data:
+        raise SourceError(f"{path}: schema: expected {SESSION_SCHEMA!r} or {BENCH_SCHEMA!r}, got {data['schema']!r:.80}")
+    if isinstance(data, dict) and isinstance(data.get("benchmarks"), list):
+        found = []
+        for i, bench in enumerate(data["benchmarks"]):
+            extra = bench.get("extra_info") if isinstance(bench, dict) else None
+            if isinstance(extra, dict) and extra.get("qwenperf") is not None:
+                found.append((f"{path}: benchmarks[{i}].extra_info.qwenperf", extra["qwenperf"]))
+        if not found:
+            raise SourceError(
+                f"{path}: benchmarks[*].extra_info.qwenperf: expected at least one benchmark carrying a qwenperf run, "
+                f"found none in {len(data['benchmarks'])} benchmark(s)"
+            )
+        return found
+    raise SourceError(f"{path}: (top level): expected {EXPECTED}")
+
+
+def _convert(path: Path, data: object, shape: type[T]) -> T:
+    return schema.convert(data, shape, lambda m: SourceError(f"{path}: {m.text(show=show, absent=MISSING)}"), null=True)
+
+
+def _fault(path: Path, field: str, expected: str, got: str) -> SourceError:
+    """``file: field: expected ..., got ...`` as :mod:`~pytest_qwenperf.core.schema` words it; ``got`` as shown."""
+    return SourceError(f"{path}: {field}: expected {expected}, got {got}")
+
+
+def _mean(total: float | None, completed: float | None) -> str | None:
+    return f"{total / completed:.1f}" if total is not None and completed else None
+
+
+def _bench_run(path: Path, setup: Setup, metrics: dict[str, Number], **blocks: Any) -> Result:
+    """A bench result as a run whose identity is its setup's digest."""
+    digest = hashlib.sha256(json.dumps(setup.as_json(), sort_keys=True).encode()).hexdigest()[:16]
+    identity = RunIdentity(
+        suite=BENCH_KEY[0],
+        config=setup.client,
+        argv=(),
+        model=setup.model,
+        workload=setup.dataset or "unknown",
+        workload_fingerprint=digest,
+        hardware="not recorded",
+    )
+    return Result(path, Run(identity=identity, metrics=metrics, **blocks), setup)
+
+
+# ------------------------------------------------------------------ qwenperf bench --json
+
+
+class _BenchIdentity(msgspec.Struct, frozen=True, kw_only=True):
+    model: Text
+    workload: Text
+    workload_fingerprint: Text
+    arrival: Text
+
+
+class _BenchContext(msgspec.Struct, frozen=True, kw_only=True):
+    vllm_version: str | None = None
+    servers: tuple[dict[str, Any], ...] = ()
+    started: str | None = None
+
+
+class _BenchServer(msgspec.Struct, frozen=True, kw_only=True):
+    deltas: dict[str, float | None] = msgspec.field(default_factory=dict)
+
+
+class _QwenperfBench(msgspec.Struct, frozen=True, kw_only=True):
+    """The blocks of a ``qwenperf bench --json`` file a run has (see ``cli/bench.py``); it has more."""
+
+    identity: _BenchIdentity
+    context: _BenchContext
+    metrics: dict[str, Number]
+    steady_state: dict[str, Number] | None = None
+    server: _BenchServer = msgspec.field(default_factory=_BenchServer)
+    token_check: TokenCheck
+    client: ClientLoad
+    telemetry: dict[str, Any] | None = None
+
+
+def _qwenperf_bench(path: Path, data: object) -> Result:
+    """Greedy (the load generator sends temperature 0); the load is the arrival as the file names it."""
+    bench = _convert(path, data, _QwenperfBench)
+    failed = bench.metrics.get("failed")
+    if failed is None or not math.isfinite(failed) or failed < 0:
+        got = show(failed) if "failed" in bench.metrics else MISSING
+        raise _fault(path, "metrics.failed", "a finite, non-negative number", got)
+    completed = bench.metrics.get("completed")
+    setup = Setup(
+        client="qwenperf bench",
+        model=bench.identity.model,
+        dataset=f"{bench.identity.workload} (fingerprint {bench.identity.workload_fingerprint})",
+        input_len=_mean(bench.metrics.get("total_input_tokens"), completed),
+        output_len=_mean(bench.metrics.get("total_output_tokens"), completed),
+        load=bench.identity.arrival,
+        sampling=GREEDY,
+    )
+    context = RunContext(vllm_version=bench.context.vllm_version, servers=bench.context.servers, started=bench.context.started)
+    return _bench_run(
+        path,
+        setup,
+        dict(bench.metrics),
+        context=context,
+        steady_state=bench.steady_state,
+        server=ServerCounters.of(bench.server.deltas),
+        token_check=bench.token_check,
+        client=bench.client,
+        telemetry=bench.telemetry,
+    )
+
+
+# ------------------------------------------------------------------ vllm bench serve --save-result
+
+NonNegative = Annotated[float, msgspec.Meta(ge=0)]
+_SERVE_MARKS = ("model_id", "backend", "endpoint_type", "tokenizer_id")
+"""Keys every ``vllm bench serve`` result has and no other format: a file with one is read as one."""
+
+
+class _VllmBenchServe(msgspec.Struct, frozen=True, kw_only=True):
+    """The fields of a ``vllm bench serve --save-result`` file this reads; it has more."""
+
+    model_id: Text
+    num_prompts: Count
+    request_rate: Annotated[NonNegative | Literal["inf"], msgspec.Meta(description="a number of requests/s >= 0, or 'inf'")]
+    burstiness: NonNegative = 1.0
+    max_concurrency: Annotated[int, msgspec.Meta(ge=1)] | None = None
+    completed: Count
+    failed: Count | None = None  # older vLLM saves none: num_prompts - completed
+    total_input_tokens: Count
+    total_output_tokens: Count
+    request_throughput: NonNegative
+    output_throughput: NonNegative
+    total_token_throughput: NonNegative
+    p99_ttft_ms: NonNegative | None = None
+    p99_tpot_ms: NonNegative | None = None
+    temperature: str | float | None = None  # --metadata temperature=T
+    dataset_name: Text | None = None  # --metadata dataset_name=NAME
+
+
+def _vllm_bench_serve(path: Path, data: Mapping[str, Any]) -> Result:
+    """Its metrics under their own names (every number the registry knows as a client metric),
+    ``failed`` counted when the file has none; the setup as the module docstring says."""
+    bench = _convert(path, data, _VllmBenchServe)
+    failed = bench.failed if bench.failed is not None else max(bench.num_prompts - bench.completed, 0)
+    metrics: dict[str, Number] = {name: value for name, value in data.items() if _client_metric(name) and _finite(value)}
+    setup = Setup(
+        client="vllm bench serve",
+        model=bench.model_id,
+        dataset=f"{bench.dataset_name}, {bench.num_prompts} prompts" if bench.dataset_name else None,
+        input_len=_mean(bench.total_input_tokens, bench.completed),
+        output_len=_mean(bench.total_output_tokens, bench.completed),
+        load=_load(bench),
+        sampling=_sampling(path, bench.temperature),
+    )
+    checks = TokenCheck(matches=None, detail="vllm bench serve does not check its token totals against the server's")
+    return _bench_run(path, setup, metrics | {"failed": failed}, context=RunContext(), token_check=checks, client=ClientLoad())
+
+
+def _client_metric(name: str) -> bool:
+    info = find(name)
+    return info is not None and info.path == ("metrics", name)
+
+
+def _finite(value: object) -> bool:
+    return isinstance(value, (int, float)) and not isinstance(value, bool) and math.isfinite(value)
+
+
+def _load(bench: _VllmBenchServe) -> str:
+    concurrency = f"max_concurrency={bench.max_concurrency}" if bench.max_concurrency else "max_concurrency=none"
+    rate = bench.request_rate
+    if rate == "inf" or rate == math.inf:
+        return f"{concurrency}, request_rate=inf"
+    return f"{concurrency}, request_rate={rate:g}, burstiness={bench.burstiness:g}"
+
+
+def _sampling(path: Path, temperature: str | float | None) -> str | None:
+    if temperature is None:
+        return None
+    expected = "a temperature >= 0 (the run's --temperature, saved with --metadata temperature=T)"
+    try:
+        value = float(temperature)
+    except ValueError:
+        raise _fault(path, "temperature", expected, show(temperature)) from None
+    if not (math.isfinite(value) and value >= 0):
+        raise _fault(path, "temperature", expected, show(temperature))
+    return GREEDY if value == 0 else f"temperature={value:g}"

@@ -1,0 +1,239 @@
+"""Extra repeats while the verdicts cannot decide: a point's repeats, combined and judged at each look's confidence."""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Callable, Sequence
+from types import SimpleNamespace
+from typing import Any, cast
+
+import msgspec
+import pytest
+
+from pytest_qwenperf.core.formats import json_safe
+from pytest_qwenperf.core.run import Run, RunJsonError, decode_run
+from pytest_qwenperf.core.sequential import SequentialPlan
+from pytest_qwenperf.core.verdict import Judgement
+from pytest_qwenperf.gate.baseline import Baseline, baseline_from_run
+from pytest_qwenperf.gate.judge import judge_run
+from pytest_qwenperf.measure import run as run_module
+from pytest_qwenperf.measure import sequential
+from pytest_qwenperf.measure.run import Repeat, combine_repeats, measure
+from pytest_qwenperf.measure.scaling import Route
+from pytest_qwenperf.measure.sequential import decide, measure_point
+from pytest_qwenperf.serving.server import Server
+from tests.test_baseline import run_of, suite
+
+PLAN = SequentialPlan(0.95, 3, 6)
+
+
+def repeat_at(factor: float, **changes: Any) -> Repeat:
+    """One repeat on one replica whose every gated figure is ``factor`` times the baseline's (latencies divided)."""
+    return {1: run_of(total=10_000 * factor, output=5_000 * factor, ttft=200 / factor, tpot=20 / factor, **changes)}
+
+
+def combine(repeats: Sequence[Repeat]) -> Run:
+    return combine_repeats(repeats, 1)
+
+
+BASELINE = baseline_from_run(combine([repeat_at(f) for f in (1.0, 1.01, 0.99)]), source="test")
+
+
+class Script:
+    """A fake "measure one repeat": the scripted repeats in order; asking for one more fails the test."""
+
+    def __init__(self, *repeats: float | Repeat) -> None:
+        self.repeats = [r if isinstance(r, dict) else repeat_at(r) for r in repeats]
+        self.calls = 0
+
+    def __call__(self) -> Repeat:
+        assert self.calls < len(self.repeats), f"asked for repeat {self.calls + 1}, scripted {len(self.repeats)}"
+        self.calls += 1
+        return self.repeats[self.calls - 1]
+
+
+def always(baseline: Baseline | None) -> Callable[[Run], Baseline | None]:
+    return lambda run: baseline
+
+
+def verdicts(judgements: Sequence[Judgement]) -> set[str]:
+    return {j.verdict for j in judgements}
+
+
+def samples(run: Run, name: str = "output_throughput") -> tuple[float | None, ...]:
+    assert run.samples is not None
+    return run.samples[name]
+
+
+def test_a_point_decided_at_the_first_look_takes_no_extra_repeat() -> None:
+    script = Script(1.0, 1.005, 0.995)
+    decided = decide(PLAN, script, combine, always(BASELINE))
+    assert script.calls == 3 and decided.run.extra_repeats == 0
+    assert verdicts(decided.judgements) == {"pass"}
+    assert {j.confidence for j in decided.judgements} == {PLAN.confidence_at(3)}
+    assert len(samples(decided.run)) == 3
+
+
+@pytest.mark.parametrize(
+    ("factors", "first_look", "last"),
+    [
+        ((0.97, 1.03, 1.0, 1.0, 1.0), "underpowered", "pass"),  # the MDE falls under the 5 % tolerance at the fifth
+        ((0.8, 0.7, 0.9, 0.8, 0.8), "noisy", "regression"),  # 20 % slower, confirmed at the fifth
+    ],
+)
+def test_an_undecided_point_takes_repeats_until_a_look_decides(factors: tuple[float, ...], first_look: str, last: str) -> None:
+    assert verdicts(judgements_at(factors[:3], PLAN.confidence_at(3))) >= {first_look}
+    script = Script(*factors)  # a sixth repeat would fail the test
+    decided = decide(PLAN, script, combine, always(BASELINE))
+    assert script.calls == 5 and decided.run.extra_repeats == 2
+    assert verdicts(decided.judgements) == {last}
+    assert {j.confidence for j in decided.judgements} == {PLAN.confidence_at(5)}
+    assert samples(decided.run) == tuple(5_000 * f for f in factors)
+
+
+def judgements_at(factors: Sequence[float], confidence: float) -> tuple[Judgement, ...]:
+    return judge_run(BASELINE, combine([repeat_at(f) for f in factors]), confidence=confidence)
+
+
+def test_a_point_that_stays_undecided_takes_every_repeat_the_plan_allows() -> None:
+    script = Script(0.7, 1.3, 1.0, 0.7, 1.3, 1.0)
+    decided = decide(PLAN, script, combine, always(BASELINE))
+    assert script.calls == PLAN.most and decided.run.extra_repeats == PLAN.extra == 3
+    assert "underpowered" in verdicts(decided.judgements)
+    assert {j.confidence for j in decided.judgements} == {PLAN.confidence_at(6)}
+
+
+def test_each_look_is_judged_at_the_plans_confidence_for_it(monkeypatch: pytest.MonkeyPatch) -> None:
+    looks: list[tuple[int, float]] = []
+
+    def spy(baseline: Baseline | None, run: Run, *, confidence: float) -> tuple[Judgement, ...]:
+        looks.append((len(samples(run)), confidence))
+        return judge_run(baseline, run, confidence=confidence)
+
+    monkeypatch.setattr(sequential, "judge_run", spy)
+    decide(PLAN, Script(0.7, 1.3, 1.0, 0.7, 1.3, 1.0), combine, always(BASELINE))
+    assert looks == [(n, PLAN.confidence_at(n)) for n in range(3, 7)]
+    assert len({confidence for _, confidence in looks}) == 4  # each look its own
+
+
+@pytest.mark.parametrize(
+    ("baseline", "repeats", "expected"),
+    [
+        (None, (0.7, 1.3, 1.0), {"no-baseline"}),
+        (
+            baseline_from_run(combine([repeat_at(1.0, config="ctx-short")]), source="test"),
+            (0.7, 1.3, 1.0),
+            {"not-comparable"},
+        ),
+        (BASELINE, (0.7, repeat_at(1.3, failed=2), 1.0), {"invalid"}),
+        (BASELINE, (0.7, repeat_at(1.3, bound="client busy 99% of the run (limit 95%)"), 1.0), {"invalid"}),
+    ],
+    ids=["no baseline", "not comparable", "failed requests", "client-bound"],
+)
+def test_no_extra_repeat_without_a_comparable_baseline_or_for_a_run_that_lost_data(
+    baseline: Baseline | None, repeats: tuple[float | Repeat, ...], expected: set[str]
+) -> None:
+    script = Script(*repeats)  # as wide as the undecided point above: only the missing baseline or the loss stops it
+    decided = decide(PLAN, script, combine, always(baseline))
+    assert script.calls == 3 and decided.run.extra_repeats == 0
+    assert verdicts(decided.judgements) == expected
+
+
+def test_one_metric_without_a_value_stops_the_repeats_though_others_are_undecided() -> None:
+    median = repeat_at(1.0)[1]  # the repeat the run is: its metrics are the run's
+    script = Script(0.7, {1: msgspec.structs.replace(median, metrics={**median.metrics, "p99_ttft_ms": None})}, 1.3)
+    decided = decide(PLAN, script, combine, always(BASELINE))
+    assert "underpowered" in verdicts(decided.judgements) and "invalid" in verdicts(decided.judgements)
+    assert script.calls == 3 and decided.run.extra_repeats == 0
+
+
+def test_a_plan_without_extra_repeats_judges_once_at_the_full_confidence() -> None:
+    script = Script(0.7, 1.3, 1.0)
+    decided = decide(SequentialPlan(0.95, 3, 3), script, combine, always(BASELINE))
+    assert script.calls == 3 and decided.run.extra_repeats == 0
+    assert "underpowered" in verdicts(decided.judgements)
+    assert [j.confidence for j in decided.judgements] == pytest.approx([0.95] * len(decided.judgements))
+
+
+def test_the_baseline_is_looked_up_once_for_the_first_run() -> None:
+    asked: list[Run] = []
+
+    def baseline_of(run: Run) -> Baseline | None:
+        asked.append(run)
+        return BASELINE
+
+    decide(PLAN, Script(0.7, 1.3, 1.0, 0.7, 1.3, 1.0), combine, baseline_of)
+    assert len(asked) == 1 and len(samples(asked[0])) == 3
+
+
+def test_the_extra_repeats_survive_the_runs_json_and_an_old_run_has_none() -> None:
+    decided = decide(PLAN, Script(0.97, 1.03, 1.0, 1.0, 1.0), combine, always(BASELINE))
+    data = json.loads(json.dumps(json_safe(msgspec.to_builtins(decided.run))))
+    assert data["extra_repeats"] == 2 and decode_run(data) == decided.run
+    del data["extra_repeats"]  # a session file written before runs had the field
+    assert decode_run(data).extra_repeats == 0
+    with pytest.raises(RunJsonError, match="extra_repeats"):
+        decode_run({**data, "extra_repeats": -1})
+
+
+# ------------------------------------------------------------------ measure(): one repeat at a time, then combined
+
+
+def fake_server(monkeypatch: pytest.MonkeyPatch, runs: dict[int, list[Run]], measured: list[int]) -> Server:
+    """A server whose load runs are ``runs`` (per replica count, in order; ``measured`` gets each one's
+    replica count), measured without any process."""
+
+    def measure_once(server: object, route: Route, *args: object, **kwargs: object) -> Run:
+        measured.append(route.replicas)
+        return runs[route.replicas].pop(0)
+
+    monkeypatch.setattr(run_module, "_measure_once", measure_once)
+    monkeypatch.setattr(run_module, "reset_prefix_caches", lambda urls: True)
+    urls = ("http://127.0.0.1:8000", "http://127.0.0.1:8001")
+    return cast(Server, SimpleNamespace(load_urls=urls, base_urls=urls, check_alive=lambda: None))
+
+
+def test_measure_is_its_repeats_combined(monkeypatch: pytest.MonkeyPatch) -> None:
+    factors = (1.1, 0.9, 1.0)
+    server = fake_server(monkeypatch, {1: [repeat_at(f)[1] for f in factors]}, [])
+    cpu = suite("cpu")
+    run = measure(server, cpu.config("base"), cpu.workloads[0], repeats=3, tolerances={"output_throughput": 0.2})
+    assert run.metrics["output_throughput"] == 5_000.0  # the median repeat
+    assert samples(run) == tuple(5_000 * f for f in factors)
+    assert run.tolerances == {"output_throughput": 0.2} and run.extra_repeats == 0
+
+
+def test_a_repeat_runs_every_route_fewest_replicas_first_and_the_run_carries_the_scaling(monkeypatch: pytest.MonkeyPatch) -> None:
+    cpu = suite("cpu")
+    config, workload = cpu.config("replicas-2"), next(w for w in cpu.workloads if w.id == "scaling-isl128-osl128")
+    one = [run_of(config="replicas-2", workload=workload.id, total=t) for t in (10_000.0, 10_200.0)]
+    two = [run_of(config="replicas-2", workload=workload.id, total=t) for t in (19_000.0, 19_800.0)]
+    measured: list[int] = []
+    server = fake_server(monkeypatch, {1: one, 2: two}, measured)
+    repeats = [run_module.measure_repeat(server, config, workload) for _ in range(2)]
+    assert measured == [1, 2, 1, 2]
+    run = combine_repeats(repeats, config.replicas)
+    assert run.metrics["total_token_throughput"] == 19_000.0  # the two replicas' run, its median repeat
+    assert samples(run, "scaling_efficiency_n2") == pytest.approx((0.95, 19_800 / 20_400))
+
+
+def test_a_client_bound_repeat_makes_the_combined_run_so() -> None:
+    bound = "client busy 99% of the run (limit 95%)"
+    run = combine([repeat_at(1.0), repeat_at(1.1, bound=bound), repeat_at(0.9)])
+    assert run.client_bound == bound and run.metrics["output_throughput"] == 5_000.0
+
+
+def test_measure_point_combines_with_the_configs_replicas_and_the_suites_tolerances(monkeypatch: pytest.MonkeyPatch) -> None:
+    script = Script(0.97, 1.03, 1.0, 1.0, 1.0)
+    monkeypatch.setattr(sequential, "measure_repeat", lambda *args, **kwargs: script())
+    cpu = suite("cpu")
+    decided = measure_point(
+        cast(Server, object()),
+        cpu.config("base"),
+        cpu.workloads[0],
+        PLAN,
+        always(BASELINE),
+        tolerances={"output_throughput": 0.05},
+    )
+    assert script.calls == 5 and decided.run.extra_repeats == 2
+    assert decided.run.tolerances == {"output_throughput": 0.05}
