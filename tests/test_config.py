@@ -78,7 +78,7 @@ def test_ladder_inherits_one_change_per_rung(tmp_path: Path) -> None:
         (('id = "spec"', 'id = "base"'), r"config 'base': id used twice"),
         (('description = "shorter context"', 'descripton = "x"'), r"config 'short'.descripton: unknown key; expected one of \[.*'description', 'env'.*\]$"),
         ((LADDER, "config = [1]\n" + LADDER[: LADDER.index("[[config]]")]), r"config\[0\]: expected a \[\[config\]\] table, got 1$"),
-        (('name = "demo"', 'name = "demo"\ntolerances = { p99_ttft = 0.3 }'), r"suite.tolerances.p99_ttft: expected a gated metric, one of \[.*'tokens_per_joule'\] or scaling_efficiency_n<N>, got 'p99_ttft'$"),
+        (('name = "demo"', 'name = "demo"\ntolerances = { p99_ttft = 0.3 }'), r"suite.tolerances.p99_ttft: expected a gated metric, one of \[.*'tokens_per_joule', 'tokens_per_server_cpu_s'\] or scaling_efficiency_n<N>, got 'p99_ttft'$"),
         (('name = "demo"', 'name = "demo"\ntolerances = { completed = 0.3 }'), r"suite.tolerances.completed: expected a gated metric"),
     ],
 )

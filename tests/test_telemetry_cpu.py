@@ -147,3 +147,17 @@ def test_a_window_selects_polls_and_a_process_that_exits_is_dropped(spawn) -> No
     window = (sampler.samples[0].at, sampler.samples[3].at)
     assert sampler.summary(window).groups["server"].cores_busy.count == 4
     assert sampler.health().failed_polls == 0
+
+
+def test_tokens_per_server_cpu_second_divides_the_windows_tokens_by_the_servers_cpu_time(spawn) -> None:
+    burner = spawn(BURN)
+    with CpuSampler({"server": [burner.pid], "client": [os.getpid()]}, interval_s=0.1) as sampler:
+        await_first_sample(sampler)
+        time.sleep(0.6)
+    summary = sampler.summary(tokens=3_000)
+    used = summary.groups["server"].cpu_seconds
+    assert used > 0 and summary.tokens_per_server_cpu_s == pytest.approx(3_000 / used)
+    assert summary.as_json()["tokens_per_server_cpu_s"] == summary.tokens_per_server_cpu_s
+    assert sampler.summary().tokens_per_server_cpu_s is None  # no token count: no rate
+    idle = CpuSampler({"client": [os.getpid()]}, interval_s=0.1)
+    assert idle.summary(tokens=3_000).tokens_per_server_cpu_s is None  # no server group: no rate

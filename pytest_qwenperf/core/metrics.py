@@ -103,7 +103,9 @@ _SERVER_CORES_BUSY = ("telemetry", "cpu", "groups", "server", "cores_busy", "mea
 # something. Prefix hit rate is decided by the workload and the cache policy, so a small drop
 # is a behaviour change; speculative acceptance follows the model's numerics. Tokens per joule:
 # NVML's energy counter over the whole window is exact to the joule, so it moves with
-# throughput and power draw, as tightly as throughput does.
+# throughput and power draw, as tightly as throughput does. Tokens per server CPU-second is
+# the CPU build's counterpart (work per unit of device time), steadier than throughput when
+# the server waits for its core.
 _ENTRIES = (
     _client("total_token_throughput", "tok/s", "higher", 0.05, floor=True, row="first"),
     _client("output_throughput", "tok/s", "higher", 0.05, floor=True, row="first"),
@@ -114,6 +116,10 @@ _ENTRIES = (
     _server("prefix_cache_hit_rate", "ratio", tolerance=0.05, floor=True, row="shown"),
     _server("spec_decode_acceptance_rate", "ratio", tolerance=0.10, floor=True, row="shown"),
     MetricInfo("tokens_per_joule", "tok/J", "higher", ("telemetry", "gpu", "tokens_per_joule"), tolerance=0.05, floor=True),
+    MetricInfo(
+        "tokens_per_server_cpu_s", "tok/CPU-s", "higher", ("telemetry", "cpu", "tokens_per_server_cpu_s"), tolerance=0.05, floor=True,
+        row="shown",
+    ),
     _client("completed", "count", "higher"),
     _client("failed", "count", "lower"),
     _client("total_input_tokens", "count", "none"),

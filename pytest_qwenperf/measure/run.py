@@ -116,14 +116,15 @@ def build_run(
 
 
 def _scalar_metrics(run: Run) -> dict[str, float]:
-    """Client metrics, the server-side rates and tokens per joule: every figure a repeat
-    contributes a sample of."""
+    """Client metrics, the server-side rates, tokens per joule and per server CPU-second: every
+    figure a repeat contributes a sample of."""
     values = {name: float(value) for name, value in run.metrics.items() if value is not None}
     rates = {
         "prefix_cache_hit_rate": run.server.prefix_cache_hit_rate,
         "spec_decode_acceptance_rate": run.server.spec_decode_acceptance_rate,
         "spec_decode_mean_acceptance_length": run.server.spec_decode_mean_acceptance_length,
         "tokens_per_joule": run.value("tokens_per_joule"),
+        "tokens_per_server_cpu_s": run.value("tokens_per_server_cpu_s"),
     }
     return values | {name: value for name, value in rates.items() if value is not None}
 

@@ -96,12 +96,12 @@ class Telemetry:
     def summary(self, window: Window | None = None, tokens: int | None = None) -> TelemetrySummary:
         """Summaries over ``window`` (perf_counter seconds, as the request records; None: everything).
 
-        ``tokens``: tokens produced inside the window, for tokens per joule.
+        ``tokens``: tokens produced inside the window, for tokens per joule and per server CPU-second.
         """
         return TelemetrySummary(
             window=window,
             gpu=self.gpu.summary(window, tokens) if self.gpu else None,
-            cpu=self.cpu.summary(window) if self.cpu else None,
+            cpu=self.cpu.summary(window, tokens) if self.cpu else None,
             server=self.server.summary(window) if self.server else None,
         )
 

@@ -62,9 +62,29 @@ class CpuGroupSummary:
 class CpuSummary:
     groups: Mapping[str, CpuGroupSummary]
     health: SamplerHealth
+    tokens: int | None = None  # tokens produced inside the window
+
+    @property
+    def tokens_per_server_cpu_s(self) -> float | None:
+        """Tokens per CPU-second of the servers: the CPU build's work per unit of device time.
+
+        Steadier than wall-clock throughput where the noise is the server waiting for a core
+        (another process on it, a hypervisor's steal), and still moved by a release that
+        spends more CPU per token. Blind to a server that is slower while using less CPU
+        (a lock, a sleep), which is why it is gated beside throughput, not instead of it.
+        """
+        server = self.groups.get("server")
+        if self.tokens is None or server is None or server.cpu_seconds <= 0:
+            return None
+        return self.tokens / server.cpu_seconds
 
     def as_json(self) -> dict[str, object]:
-        return {"groups": {name: g.as_json() for name, g in self.groups.items()}, "sampler": self.health.as_json()}
+        return {
+            "groups": {name: g.as_json() for name, g in self.groups.items()},
+            "tokens": self.tokens,
+            "tokens_per_server_cpu_s": self.tokens_per_server_cpu_s,
+            "sampler": self.health.as_json(),
+        }
 
 
 @dataclass
@@ -138,8 +158,9 @@ class CpuSampler(PeriodicSampler):
         baseline = 0.0 if self._last_poll is not None else times.user + times.system
         self._tracked[process.pid] = _Tracked(process, group, baseline)
 
-    def summary(self, window: Window | None = None) -> CpuSummary:
-        """Per group: cores busy over the polls that ended inside ``window`` (all when None)."""
+    def summary(self, window: Window | None = None, tokens: int | None = None) -> CpuSummary:
+        """Per group: cores busy over the polls that ended inside ``window`` (all when None);
+        ``tokens``: tokens produced inside the window, for tokens per server CPU-second."""
         samples = [s for s in self.samples if inside(s.at, window)]
         return CpuSummary(
             groups=MappingProxyType(
@@ -153,6 +174,7 @@ class CpuSampler(PeriodicSampler):
                 }
             ),
             health=self.health(),
+            tokens=tokens,
         )
 
 
