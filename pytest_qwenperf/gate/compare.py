@@ -206,7 +206,7 @@ def _judged(
     reference: Run | None, run: Run | None, setups: tuple[Setup | None, Setup | None], path: Path, key: RunKey
 ) -> dict[str, Judgement]:
     """``run``'s judgements against ``reference``. A pair whose setups differ is judged as runs of
-    different identities (an unknown field matches nothing, so equal run identities do not decide),
+    different identities (the setups decide: a bench result's run identity does not hold them all),
     and its "not comparable" says which fields differ."""
     if run is None:
         return {} if reference is None else _missing(reference, path, key)
