@@ -21,10 +21,11 @@ every other arm, equally often over a cycle), so that position and carry-over ef
 cancel. One repeat is one load run of the workload exactly as the suite measures it
 (:func:`~pytest_qwenperf.measure.run.measure` with one repeat: the prefix cache reset, the
 warm-up requests, the suite's concurrency and placement). Each repeat records the gated
-metrics, ``server_cpu_busy``, and ``output_tokens_per_server_cpu_s``: the tokens the server
-generated during the load run (its ``vllm:generation_tokens`` counter, warm-up included)
-over the CPU seconds its process tree used meanwhile (psutil), a figure a CPU quota should
-leave unchanged. The raw results go to a JSON file, rewritten after every round, so an
+metrics, ``server_cpu_busy``, and ``tokens_per_server_cpu_s`` over the whole repeat: the
+tokens the server generated during the load run (its ``vllm:generation_tokens`` counter,
+warm-up included) over the CPU seconds its process tree used meanwhile (psutil), the
+registry's figure of the same name (which the suite takes over the steady-state window),
+one a CPU quota should leave unchanged. The raw results go to a JSON file, rewritten after every round, so an
 interrupted run keeps what it measured.
 
 ``--analyse FILE`` forms, per block, the A/A pair (``A`` vs ``A2``) and the A/B pairs
@@ -93,7 +94,7 @@ HERE = Path(__file__).resolve().parent
 DEFAULT_SUITE = HERE.parent / "perf_tests" / "suites" / "cpu.toml"
 SCHEMA = "qwenperf-gate-power/1"
 DEFAULT_ARMS = "A,A2,B5,B10,B20"
-COMPANION = "output_tokens_per_server_cpu_s"
+COMPANION = "tokens_per_server_cpu_s"
 METRICS = (
     "output_throughput",
     "total_token_throughput",
@@ -547,9 +548,7 @@ def _report(what: str, repeat: Mapping[str, Any]) -> None:
 
 
 def metric_facts(name: str) -> tuple[Direction, str]:
-    """Which way is better, and the unit: the registry's, and the companion's own."""
-    if name == COMPANION:
-        return "higher", "tok/CPU-s"
+    """Which way is better, and the unit: the registry's."""
     info = metric(name)
     return info.direction, info.unit
 
