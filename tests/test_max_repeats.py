@@ -155,7 +155,9 @@ def test_an_undecided_point_takes_every_extra_repeat_and_the_gate_warns_without_
     )
     pytester.makepyfile(test_gate=GATE)
     pytester.makepyfile(test_baseline=(Path(__file__).parents[1] / "perf_tests" / "test_baseline.py").read_text())
-    with stream_source(model="qwenperf-tiny") as source:
+    # Paced tokens: a source that answers at once keeps the client's core busy, and a loaded
+    # machine then judges the run client-bound (invalid: no extra repeats), not undecided.
+    with stream_source(model="qwenperf-tiny", default_schedule={"ttft_ms": 20, "itl_ms": 10}) as source:
         result = pytester.runpytest_subprocess(
             "-p",
             "no:cacheprovider",

@@ -12,7 +12,7 @@ import math
 
 import numpy as np
 import pytest
-from hypothesis import given, settings
+from hypothesis import Phase, given, settings
 from hypothesis import strategies as st
 
 from pytest_qwenperf.core.metrics import Direction
@@ -44,11 +44,15 @@ def _ceiling(rate: float, trials: int) -> float:
     return rate + 3 * math.sqrt(rate * (1 - rate) / trials)
 
 
-@settings(max_examples=6, deadline=None)
+# Three repeats a side at least, as the suites run: Welch's test with two samples on one side
+# (one degree of freedom for its spread) is liberal, e.g. 7.6 % false alarms against a nominal
+# 5 % for 6 vs 2 samples; from three on it held (at most 4.3 % in 2,000 null runs per case).
+# Derandomized and not shrunk: a simulation per example is seconds, and CI must not draw new cases.
+@settings(max_examples=6, deadline=None, derandomize=True, phases=[Phase.explicit, Phase.generate])
 @given(
     sigma=st.floats(min_value=0.005, max_value=0.2),
-    n_base=st.integers(min_value=2, max_value=6),
-    first=st.integers(min_value=2, max_value=4),
+    n_base=st.integers(min_value=3, max_value=6),
+    first=st.integers(min_value=3, max_value=4),
     extra=st.integers(min_value=0, max_value=4),
     confidence=st.sampled_from([0.9, 0.95]),
     direction=st.sampled_from(["higher", "lower"]),
