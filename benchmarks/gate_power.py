@@ -52,7 +52,6 @@ and three rounds about 8 minutes, and the default 20 blocks about 2.5-3 hours.
 from __future__ import annotations
 
 import argparse
-import contextlib
 import datetime
 import json
 import os
@@ -64,18 +63,18 @@ import statistics
 import sys
 import tempfile
 import time
-import uuid
 from collections import Counter
 from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
 from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
-from types import FrameType, TracebackType
-from typing import Any, Self, TextIO
+from types import FrameType
+from typing import Any, TextIO
 
 import numpy as np
 import psutil
 
+from benchmarks.cpu_cgroup import CgroupError, CpuCgroup
 from pytest_qwenperf.core.files import write_atomically
 from pytest_qwenperf.core.metrics import Direction, metric
 from pytest_qwenperf.core.run import Run
@@ -184,147 +183,6 @@ def quota_us(slowdown: float, busy_cores: float, period_us: int) -> int | None:
     if quota < MIN_QUOTA_US:
         raise ValueError(f"quota {quota} µs for a {slowdown:.0%} slowdown is under the kernel's minimum {MIN_QUOTA_US} µs; use a longer --period-us")
     return quota
-
-
-# ------------------------------------------------------------------ the cgroup
-
-
-CGROUP_ROOT = Path("/sys/fs/cgroup")
-CGROUP_PREFIX = "qwenperf-gate-power-"
-
-
-class CgroupError(RuntimeError):
-    """The cpu controller cannot be used here; the message says what is missing."""
-
-
-@dataclass(frozen=True)
-class Throttling:
-    """The cgroup's CFS counters (``cpu.stat``); the difference of two readings is a repeat's."""
-
-    periods: int
-    throttled_periods: int
-    throttled_s: float
-
-    def since(self, before: Throttling) -> Throttling:
-        return Throttling(
-            self.periods - before.periods, self.throttled_periods - before.throttled_periods, self.throttled_s - before.throttled_s
-        )
-
-
-@dataclass(frozen=True)
-class CpuCgroup:
-    """A cgroup of the cpu controller made for this run; a context manager that removes it on exit."""
-
-    path: Path
-    version: int  # 1 or 2
-    period_us: int
-
-    @classmethod
-    def create(cls, period_us: int, root: Path = CGROUP_ROOT) -> CpuCgroup:
-        """``root/cpu/<unique>`` on cgroup v1, ``root/<unique>`` on v2 (a unified hierarchy at ``root``)."""
-        if (root / "cgroup.controllers").exists():
-            version, parent = 2, root
-            if "cpu" not in (root / "cgroup.controllers").read_text().split():
-                raise CgroupError(f"{root}: the cpu controller is not available (cgroup.controllers has no 'cpu')")
-            if "cpu" not in (root / "cgroup.subtree_control").read_text().split():
-                _write(root / "cgroup.subtree_control", "+cpu")
-        else:
-            version, parent = 1, root / "cpu"
-            if not (parent / "cpu.cfs_quota_us").exists():
-                raise CgroupError(f"{parent}: no cgroup v1 cpu controller with CFS bandwidth control mounted there")
-        for stale in stale_cgroups(parent):
-            stale.rmdir()
-        path = parent / f"{CGROUP_PREFIX}{os.getpid()}-{uuid.uuid4().hex[:8]}"
-        try:
-            path.mkdir()
-        except OSError as exc:
-            raise CgroupError(f"cannot create the cgroup {path}: {exc} (run as root, or in a cgroup delegated to you)") from None
-        cgroup = cls(path, version, period_us)
-        try:
-            cgroup.set_quota(None)
-        except BaseException:
-            path.rmdir()
-            raise
-        return cgroup
-
-    def set_quota(self, quota: int | None) -> None:
-        """At most ``quota`` µs of CPU per period for the whole cgroup; None: no limit."""
-        if self.version == 1:
-            _write(self.path / "cpu.cfs_period_us", str(self.period_us))
-            _write(self.path / "cpu.cfs_quota_us", "-1" if quota is None else str(quota))
-        else:
-            _write(self.path / "cpu.max", f"{'max' if quota is None else quota} {self.period_us}")
-
-    def adopt(self, procs: Iterable[psutil.Process]) -> int:
-        """Move every live process of ``procs`` into the cgroup (their later children are born in it);
-        how many processes the cgroup holds then."""
-        procs = list(procs)
-        for proc in procs:
-            with contextlib.suppress(ProcessLookupError):  # exited meanwhile
-                _write(self.path / "cgroup.procs", str(proc.pid))
-        members = self.members()
-        strays = sorted(proc.pid for proc in procs if proc.pid not in members and _running(proc))
-        if strays:
-            raise CgroupError(f"processes {strays} of the server are not in {self.path} after moving them there")
-        return len(members)
-
-    def members(self) -> set[int]:
-        return {int(pid) for pid in (self.path / "cgroup.procs").read_text().split()}
-
-    def throttling(self) -> Throttling:
-        stat = dict(line.split() for line in (self.path / "cpu.stat").read_text().splitlines() if line.strip())
-        if self.version == 1:
-            throttled_s = int(stat.get("throttled_time", 0)) / 1e9
-        else:
-            throttled_s = int(stat.get("throttled_usec", 0)) / 1e6
-        return Throttling(int(stat.get("nr_periods", 0)), int(stat.get("nr_throttled", 0)), throttled_s)
-
-    def remove(self) -> None:
-        """Move what is left in the cgroup back to its parent and remove it."""
-        for pid in self.members():
-            with contextlib.suppress(ProcessLookupError):
-                _write(self.path.parent / "cgroup.procs", str(pid))
-        deadline = time.monotonic() + 10
-        while True:
-            try:
-                self.path.rmdir()
-                return
-            except OSError:  # EBUSY while exiting processes are still being released
-                if time.monotonic() > deadline:
-                    raise
-                time.sleep(0.1)
-
-    def __enter__(self) -> Self:
-        return self
-
-    def __exit__(self, exc_type: type[BaseException] | None, exc: BaseException | None, tb: TracebackType | None) -> None:
-        self.remove()
-
-
-def _write(path: Path, value: str) -> None:
-    try:
-        path.write_text(value)
-    except ProcessLookupError:
-        raise
-    except OSError as exc:
-        raise CgroupError(f"cannot write {value!r} to {path}: {exc}") from None
-
-
-def _running(proc: psutil.Process) -> bool:
-    try:
-        return proc.status() != psutil.STATUS_ZOMBIE
-    except psutil.Error:
-        return False
-
-
-def stale_cgroups(parent: Path) -> list[Path]:
-    """Empty cgroups of earlier runs that were killed before they could remove their own."""
-    stale = []
-    for path in sorted(parent.glob(f"{CGROUP_PREFIX}*")):
-        owner = path.name.removeprefix(CGROUP_PREFIX).partition("-")[0]
-        if owner.isdigit() and not psutil.pid_exists(int(owner)) and not (path / "cgroup.procs").read_text().strip():
-            stale.append(path)
-    return stale
 
 
 # ------------------------------------------------------------------ measuring
@@ -594,6 +452,21 @@ def _grouped(blocks: Sequence[Mapping[str, Any]], pool: int) -> list[list[Mappin
     return [list(blocks[i : i + pool]) for i in range(0, len(blocks) - pool + 1, pool)]
 
 
+def merged(files: Sequence[Mapping[str, Any]], names: Sequence[str]) -> Mapping[str, Any]:
+    """One results file of several measured with the same arms (their blocks one after the other);
+    the first file's other fields, and every file's command."""
+    first = files[0]
+    arms = [arm["name"] for arm in first["arms"]]
+    for name, other in zip(names[1:], files[1:], strict=True):
+        if [arm["name"] for arm in other["arms"]] != arms:
+            raise ValueError(f"{name}: expected the arms of {names[0]} ({', '.join(arms)}), got {', '.join(a['name'] for a in other['arms'])}")
+        if other["rounds"] != first["rounds"]:
+            raise ValueError(f"{name}: expected {first['rounds']} rounds a block as in {names[0]}, got {other['rounds']}")
+    if len(files) == 1:
+        return first
+    return {**first, "command": [f.get("command") for f in files], "blocks": [block for f in files for block in f["blocks"]]}
+
+
 def analyse(results: Mapping[str, Any], *, tolerance: float = 0.05, repeats: int | None = None, pool: int = 1) -> dict[str, Any]:
     """Per metric and arm: the pooled change against ``A``, the pairs' verdicts and MDEs; ``A``'s spreads.
 
@@ -725,7 +598,9 @@ def build_parser() -> argparse.ArgumentParser:
     parser.add_argument("--calibration", type=_at_least(1), default=2, help="unthrottled repeats that measure the server's cores busy (default %(default)s)")
     parser.add_argument("--period-us", type=_at_least(MIN_QUOTA_US), default=10_000, help="CFS period in µs (default %(default)s)")
     parser.add_argument("--out", type=Path, help="results file (default benchmarks/results/gate_power-<UTC date-time>.json)")
-    parser.add_argument("--analyse", type=Path, metavar="FILE", help="analyse a results file instead of measuring")
+    parser.add_argument(
+        "--analyse", type=Path, nargs="+", metavar="FILE", help="analyse results files instead of measuring (their blocks in order)"
+    )
     parser.add_argument("--tolerance", type=float, default=0.05, help="--analyse: the gate's tolerance for every metric (default %(default)s)")
     parser.add_argument("--repeats", type=_at_least(1), help="--analyse: repeats per side, the block's first rounds (default: all)")
     parser.add_argument("--pool", type=_at_least(1), default=1, help="--analyse: consecutive blocks per side (default %(default)s)")
@@ -736,7 +611,11 @@ def build_parser() -> argparse.ArgumentParser:
 def main(argv: Sequence[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
     if args.analyse is not None:
-        analysis = analyse(json.loads(args.analyse.read_text()), tolerance=args.tolerance, repeats=args.repeats, pool=args.pool)
+        try:
+            results = merged([json.loads(path.read_text()) for path in args.analyse], [str(path) for path in args.analyse])
+        except ValueError as exc:
+            raise SystemExit(f"--analyse: {exc}") from None
+        analysis = analyse(results, tolerance=args.tolerance, repeats=args.repeats, pool=args.pool)
         if args.json:
             print(json.dumps(analysis, indent=2))
         else:

@@ -357,11 +357,13 @@ class _Connection(asyncio.Protocol):
         self.end_stream()
 
 
-async def serve(n_ports: int, model: str, default_schedule: dict[str, Any], answers: dict[str, bytes] | None = None) -> None:
-    """Serve on ``n_ports`` free loopback ports, print them as one JSON line, run until SIGTERM."""
+async def serve(
+    n_ports: int, model: str, default_schedule: dict[str, Any], answers: dict[str, bytes] | None = None, port: int = 0
+) -> None:
+    """Serve on ``n_ports`` free loopback ports (one: ``port`` if given), print them as one JSON line, run until SIGTERM."""
     loop = asyncio.get_running_loop()
     source = _Source(model, default_schedule, answers)
-    servers = [await loop.create_server(lambda: _Connection(source), "127.0.0.1", 0, backlog=1024) for _ in range(n_ports)]
+    servers = [await loop.create_server(lambda: _Connection(source), "127.0.0.1", port, backlog=1024) for _ in range(n_ports)]
     stop = asyncio.Event()
     loop.add_signal_handler(signal.SIGTERM, stop.set)
     print(json.dumps({"ports": [server.sockets[0].getsockname()[1] for server in servers]}), flush=True)

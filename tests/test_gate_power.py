@@ -5,7 +5,6 @@ from __future__ import annotations
 import io
 import itertools
 import json
-import os
 from collections import Counter
 from pathlib import Path
 from typing import Any
@@ -17,16 +16,12 @@ from benchmarks.gate_power import (
     COMPANION,
     METRICS,
     Arm,
-    CgroupError,
-    CpuCgroup,
-    Throttling,
     analyse,
     arm_order,
     busy_cores,
     parse_arms,
     print_analysis,
     quota_us,
-    stale_cgroups,
     williams_rows,
 )
 
@@ -111,71 +106,6 @@ def test_busy_cores_takes_the_least_disturbed_steady_window_figure() -> None:
     assert busy_cores([repeat(None, 10, 20), repeat(None, 12, 20)]) == pytest.approx(0.6)
     with pytest.raises(ValueError, match="no repeat"):
         busy_cores([repeat(None, 10, 0)])
-
-
-# ------------------------------------------------------------------ cgroup files
-
-
-def _v1_root(tmp_path: Path) -> Path:
-    cpu = tmp_path / "cpu"
-    cpu.mkdir()
-    (cpu / "cpu.cfs_quota_us").write_text("-1\n")
-    return tmp_path
-
-
-def test_cgroup_v1_quota_files(tmp_path: Path) -> None:
-    cgroup = CpuCgroup.create(20_000, root=_v1_root(tmp_path))
-    assert cgroup.version == 1 and cgroup.path.parent == tmp_path / "cpu"
-    assert cgroup.path.name.startswith(gate_power.CGROUP_PREFIX)
-    assert (cgroup.path / "cpu.cfs_quota_us").read_text() == "-1"  # created unthrottled
-    cgroup.set_quota(17_000)
-    assert (cgroup.path / "cpu.cfs_period_us").read_text() == "20000"
-    assert (cgroup.path / "cpu.cfs_quota_us").read_text() == "17000"
-    cgroup.set_quota(None)
-    assert (cgroup.path / "cpu.cfs_quota_us").read_text() == "-1"
-
-
-def test_cgroup_v2_quota_file(tmp_path: Path) -> None:
-    (tmp_path / "cgroup.controllers").write_text("cpuset cpu io memory\n")
-    (tmp_path / "cgroup.subtree_control").write_text("memory\n")
-    cgroup = CpuCgroup.create(100_000, root=tmp_path)
-    assert cgroup.version == 2 and cgroup.path.parent == tmp_path
-    assert (tmp_path / "cgroup.subtree_control").read_text() == "+cpu"  # what the kernel is asked
-    assert (cgroup.path / "cpu.max").read_text() == "max 100000"
-    cgroup.set_quota(90_000)
-    assert (cgroup.path / "cpu.max").read_text() == "90000 100000"
-
-
-def test_cgroup_without_the_cpu_controller_is_a_clear_error(tmp_path: Path) -> None:
-    with pytest.raises(CgroupError, match="no cgroup v1 cpu controller"):
-        CpuCgroup.create(100_000, root=tmp_path)
-    (tmp_path / "cgroup.controllers").write_text("memory io\n")
-    with pytest.raises(CgroupError, match="cpu controller is not available"):
-        CpuCgroup.create(100_000, root=tmp_path)
-
-
-def test_stale_cgroups_are_the_empty_ones_of_dead_runs(tmp_path: Path) -> None:
-    def cgroup(name: str, procs: str = "") -> Path:
-        path = tmp_path / name
-        path.mkdir()
-        (path / "cgroup.procs").write_text(procs)
-        return path
-
-    dead = cgroup(f"{gate_power.CGROUP_PREFIX}999999999-abc")
-    cgroup(f"{gate_power.CGROUP_PREFIX}999999998-abc", "4242\n")  # still holds a process: left alone
-    cgroup(f"{gate_power.CGROUP_PREFIX}{os.getpid()}-abc")  # its run is alive
-    cgroup("someone-else-999999999")
-    assert stale_cgroups(tmp_path) == [dead]
-
-
-def test_throttling_counters_per_version(tmp_path: Path) -> None:
-    v1 = CpuCgroup(tmp_path, 1, 100_000)
-    (tmp_path / "cpu.stat").write_text("nr_periods 120\nnr_throttled 30\nthrottled_time 2500000000\nnr_bursts 0\nburst_time 0\n")
-    assert v1.throttling() == Throttling(120, 30, 2.5)
-    v2 = CpuCgroup(tmp_path, 2, 100_000)
-    (tmp_path / "cpu.stat").write_text("usage_usec 9\nnr_periods 10\nnr_throttled 4\nthrottled_usec 1500000\n")
-    assert v2.throttling() == Throttling(10, 4, 1.5)
-    assert Throttling(10, 4, 1.5).since(Throttling(4, 1, 0.5)) == Throttling(6, 3, 1.0)
 
 
 # ------------------------------------------------------------------ analysis
@@ -303,3 +233,18 @@ def test_analysis_pools_consecutive_blocks_per_side_and_pairs_a_with_the_next_gr
     single = analyse(results, tolerance=0.05)["metrics"]["output_throughput"]["arms"][gate_power.APART]
     assert single["pairs"] == 4
     assert gate_power.APART not in analyse(_results([_block(), _block()], arms=("A", "B10")), tolerance=0.05)["targets"]
+
+
+def test_files_of_the_same_arms_merge_their_blocks_in_order_and_others_are_refused() -> None:
+    first, second = _results([_block(), _block(1.1)]), _results([_block(0.9)])
+    both = gate_power.merged([first, second], ["one.json", "two.json"])
+    assert [b["rounds"][0]["repeats"]["A"]["metrics"] for b in both["blocks"]] == [
+        b["rounds"][0]["repeats"]["A"]["metrics"] for b in (*first["blocks"], *second["blocks"])
+    ]
+    assert both["command"] == [first["command"], second["command"]]
+    assert analyse(both)["blocks"] == 3
+    assert gate_power.merged([first], ["one.json"]) is first
+    with pytest.raises(ValueError, match=r"two.json: expected the arms of one.json \(A, A2, B10\), got A, B10"):
+        gate_power.merged([first, _results([], arms=("A", "B10"))], ["one.json", "two.json"])
+    with pytest.raises(ValueError, match=r"two.json: expected 3 rounds a block as in one.json, got 2"):
+        gate_power.merged([first, {**second, "rounds": 2}], ["one.json", "two.json"])

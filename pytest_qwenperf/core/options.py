@@ -13,7 +13,10 @@ from collections.abc import Callable
 
 def launcher_argv(value: str) -> tuple[str, ...]:
     """``"vllm serve"`` → ``("vllm", "serve")``; the model and flags are appended to it."""
-    argv = tuple(shlex.split(value))
+    try:
+        argv = tuple(shlex.split(value))
+    except ValueError as exc:  # an unclosed quote
+        raise argparse.ArgumentTypeError(f"expected a command line that a POSIX shell could split, got {value!r}: {exc}") from None
     if not argv:
         raise argparse.ArgumentTypeError("expected a command such as 'vllm serve', got an empty string")
     return argv

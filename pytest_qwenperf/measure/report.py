@@ -1,8 +1,11 @@
 """The session's runs: kept for the tests that compare rungs, printed as a table, written as JSON.
 
-Each run is kept with the verdicts decided as it was measured (against its baseline, at
-the confidence of its last look: :mod:`pytest_qwenperf.measure.sequential`); the JSON
-holds the runs alone, as before.
+Each run is kept with the verdicts decided as it was measured (against its baseline, or
+against the reference's run when a candidate is measured, at the confidence of its last
+look: :mod:`pytest_qwenperf.measure.sequential`) and why its baseline could not be read,
+if it could not; the JSON holds the runs alone, as before. A session that measures a
+candidate keeps the reference's runs in a report of their own (:attr:`SessionReport.reference`),
+written to a file of their own.
 """
 
 from __future__ import annotations
@@ -28,7 +31,9 @@ class SessionReport:
     def __init__(self) -> None:
         self._runs: dict[tuple[str, str], Run] = {}
         self._judgements: dict[tuple[str, str], tuple[Judgement, ...]] = {}
+        self._unreadable: dict[tuple[str, str], str] = {}
         self.boots: Counter[str] = Counter()
+        self.reference: SessionReport | None = None  # the reference's runs, when these are a candidate's
 
     @property
     def runs(self) -> list[Run]:
@@ -37,14 +42,21 @@ class SessionReport:
     def get(self, config_key: str, workload_id: str) -> Run | None:
         return self._runs.get((config_key, workload_id))
 
-    def add(self, run: Run, judgements: tuple[Judgement, ...] = ()) -> None:
+    def add(self, run: Run, judgements: tuple[Judgement, ...] = (), *, unreadable: str | None = None) -> None:
+        """Keep ``run`` with its verdicts; ``unreadable``: why its baseline file could not be read."""
         key = (run.config_key, run.identity.workload)
         self._runs[key] = run
         self._judgements[key] = judgements
+        if unreadable is not None:
+            self._unreadable[key] = unreadable
 
     def judgements(self, run: Run) -> tuple[Judgement, ...]:
         """The verdicts ``run`` was added with."""
         return self._judgements.get((run.config_key, run.identity.workload), ())
+
+    def unreadable(self, run: Run) -> str | None:
+        """Why the baseline of ``run`` could not be read (None: it could, or there is none)."""
+        return self._unreadable.get((run.config_key, run.identity.workload))
 
     def table(self) -> list[str]:
         """One line per run: its figures, the repeats it added and the MDE of its output throughput

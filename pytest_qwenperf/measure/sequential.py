@@ -9,6 +9,12 @@ looking again does not raise the false-alarm rate.
 
 A run that lost data, or has nothing comparable to be judged against, takes no extra
 repeat: more of the same cannot turn it into a verdict.
+
+A point can also be measured on two servers at once, a reference and a candidate
+(:func:`measure_interleaved`): their repeats alternate, so what drifts during the session
+(the machine's other load, its clock, its caches) falls on both sides instead of adding to
+their difference, and the candidate is judged against the reference's run, both growing by
+one repeat per look.
 """
 
 from __future__ import annotations
@@ -25,7 +31,7 @@ from pytest_qwenperf.core.run import Run
 from pytest_qwenperf.core.sequential import SequentialPlan
 from pytest_qwenperf.core.verdict import UNDECIDED, Judgement
 from pytest_qwenperf.gate.baseline import Baseline
-from pytest_qwenperf.gate.judge import judge_run
+from pytest_qwenperf.gate.judge import judge_against_run, judge_run
 from pytest_qwenperf.measure.run import Repeat, combine_repeats, measure_repeat
 from pytest_qwenperf.measure.scaling import Route
 from pytest_qwenperf.serving.server import Server
@@ -71,6 +77,50 @@ def decide(
     return Decided(msgspec.structs.replace(run, extra_repeats=len(repeats) - plan.first), judgements)
 
 
+@dataclass(frozen=True)
+class DecidedPair:
+    """A point measured on two servers, repeats interleaved: the candidate's run, the reference's
+    run (each with the ``extra_repeats`` the plan added), and the candidate's verdicts against the
+    reference at the last look."""
+
+    run: Run
+    reference: Run
+    judgements: tuple[Judgement, ...]
+
+
+def decide_interleaved(
+    plan: SequentialPlan,
+    repeat_reference: Callable[[], R],
+    repeat_candidate: Callable[[], R],
+    combine: Callable[[Sequence[R]], Run],
+) -> DecidedPair:
+    """As :func:`decide`, with a repeat of each side per look, in the order reference, candidate,
+    candidate, reference, reference, ... (A B B A): a drift linear in time weighs on both sides
+    alike over every two pairs, and neither side is always the one measured right after the other."""
+    references: list[R] = []
+    candidates: list[R] = []
+
+    def pair() -> None:
+        sides = ((references, repeat_reference), (candidates, repeat_candidate))
+        for repeats, repeat in sides if len(references) % 2 == 0 else sides[::-1]:
+            repeats.append(repeat())
+
+    def look() -> tuple[Run, Run, tuple[Judgement, ...]]:
+        reference, run = combine(references), combine(candidates)
+        return reference, run, judge_against_run(reference, run, confidence=plan.confidence_at(len(candidates)))
+
+    for _ in range(plan.first):
+        pair()
+    reference, run, judgements = look()
+    while undecided(judgements) and len(candidates) < plan.most:
+        pair()
+        reference, run, judgements = look()
+    extra = len(candidates) - plan.first
+    return DecidedPair(
+        msgspec.structs.replace(run, extra_repeats=extra), msgspec.structs.replace(reference, extra_repeats=extra), judgements
+    )
+
+
 def measure_point(
     server: Server,
     config: ServingConfig,
@@ -94,3 +144,27 @@ def measure_point(
         return combine_repeats(repeats, config.replicas, tolerances=tolerances)
 
     return decide(plan, repeat, combine, baseline_of)
+
+
+def measure_interleaved(
+    reference: Server,
+    candidate: Server,
+    config: ServingConfig,
+    workload: SuiteWorkload,
+    plan: SequentialPlan,
+    *,
+    suite: str = "",
+    client_cpus: frozenset[int] = frozenset(),
+    tolerances: Mapping[str, float] = MappingProxyType({}),
+    workers: int = 1,
+    api_key: ApiKey | None = None,
+) -> DecidedPair:
+    """The point on both servers, as many repeats each as :func:`decide_interleaved` takes."""
+
+    def repeat_on(server: Server) -> Callable[[], Repeat]:
+        return lambda: measure_repeat(server, config, workload, suite=suite, client_cpus=client_cpus, workers=workers, api_key=api_key)
+
+    def combine(repeats: Sequence[Repeat]) -> Run:
+        return combine_repeats(repeats, config.replicas, tolerances=tolerances)
+
+    return decide_interleaved(plan, repeat_on(reference), repeat_on(candidate), combine)

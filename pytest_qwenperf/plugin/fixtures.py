@@ -15,7 +15,7 @@ from pytest_qwenperf.core.run import Run
 from pytest_qwenperf.core.verdict import Judgement
 from pytest_qwenperf.gate.baseline import Baseline, BaselineError, find_baseline
 from pytest_qwenperf.measure.scaling import endpoint_routes
-from pytest_qwenperf.measure.sequential import measure_point
+from pytest_qwenperf.measure.sequential import measure_interleaved, measure_point
 from pytest_qwenperf.plugin.settings import REPORT_KEY, SETTINGS_KEY, SUITES_KEY, USES_KEY, QwenperfSettings, repeat_plan
 from pytest_qwenperf.serving.endpoints import set_urls
 from pytest_qwenperf.serving.hardware import detect
@@ -30,21 +30,48 @@ def qwenperf_settings(pytestconfig: pytest.Config) -> QwenperfSettings:
     return pytestconfig.stash[SETTINGS_KEY]
 
 
+def _pool(settings: QwenperfSettings, log_dir: Path, launcher: tuple[str, ...]) -> ServerPool:
+    return ServerPool(
+        PoolSettings(
+            log_dir=log_dir,
+            launcher=launcher,
+            boot_timeout_s=settings.boot_timeout_s,
+            endpoints=settings.endpoints or set_urls(settings.endpoint_sets),
+            endpoint_model=settings.endpoint_sets.model if settings.endpoint_sets else None,
+            api_key=settings.api_key,
+        )
+    )
+
+
+def _log_dir(settings: QwenperfSettings, tmp_path_factory: pytest.TempPathFactory, sub: str = "") -> Path:
+    folder = (settings.log_dir or tmp_path_factory.getbasetemp() / "vllm-logs") / sub
+    folder.mkdir(parents=True, exist_ok=True)
+    return folder
+
+
 @pytest.fixture(scope="session")
 def qwenperf_pool(
     pytestconfig: pytest.Config, qwenperf_settings: QwenperfSettings, tmp_path_factory: pytest.TempPathFactory
 ) -> Iterator[ServerPool]:
     """All servers of the session; each config boots once and everything stops at the end."""
-    pool = ServerPool(
-        PoolSettings(
-            log_dir=qwenperf_settings.log_dir or tmp_path_factory.mktemp("vllm-logs", numbered=False),
-            launcher=qwenperf_settings.launcher,
-            boot_timeout_s=qwenperf_settings.boot_timeout_s,
-            endpoints=qwenperf_settings.endpoints or set_urls(qwenperf_settings.endpoint_sets),
-            endpoint_model=qwenperf_settings.endpoint_sets.model if qwenperf_settings.endpoint_sets else None,
-            api_key=qwenperf_settings.api_key,
-        )
-    )
+    pool = _pool(qwenperf_settings, _log_dir(qwenperf_settings, tmp_path_factory), qwenperf_settings.launcher)
+    report = pytestconfig.stash[REPORT_KEY]
+    (report.reference if report.reference is not None else report).boots = pool.boots
+    try:
+        yield pool
+    finally:
+        pool.close()
+
+
+@pytest.fixture(scope="session")
+def qwenperf_candidate_pool(
+    pytestconfig: pytest.Config, qwenperf_settings: QwenperfSettings, tmp_path_factory: pytest.TempPathFactory
+) -> Iterator[ServerPool | None]:
+    """The candidate's servers (``--qwenperf-candidate``), logs in a ``candidate`` folder; None without one."""
+    if qwenperf_settings.candidate is None:
+        yield None
+        return
+    pool = _pool(qwenperf_settings, _log_dir(qwenperf_settings, tmp_path_factory, "candidate"), qwenperf_settings.candidate)
     pytestconfig.stash[REPORT_KEY].boots = pool.boots
     try:
         yield pool
@@ -67,57 +94,101 @@ def _placement(cfg: ServingConfig, settings: QwenperfSettings) -> Placement:
 
 @pytest.fixture
 def vllm_server(
-    request: pytest.FixtureRequest, serving_config: ServingConfig, qwenperf_pool: ServerPool, qwenperf_settings: QwenperfSettings
+    request: pytest.FixtureRequest,
+    serving_config: ServingConfig,
+    qwenperf_pool: ServerPool,
+    qwenperf_candidate_pool: ServerPool | None,
+    qwenperf_settings: QwenperfSettings,
 ) -> Iterator[Server]:
-    """The running server for ``serving_config``; stopped after the last test that needs it."""
+    """The running server for ``serving_config`` (the launcher's; with a candidate, the candidate's
+    boots beside it); stopped after the last test that needs it."""
     cpus = _placement(serving_config, qwenperf_settings).server_cpus
+    pools = [pool for pool in (qwenperf_pool, qwenperf_candidate_pool) if pool is not None]
     try:
         yield qwenperf_pool.get(serving_config, cpus, gpu_ids(serving_config, detect()))
     finally:
         uses = request.config.stash.get(USES_KEY, Counter())
         uses[serving_config.key] -= 1
         if uses[serving_config.key] <= 0:
-            qwenperf_pool.release(serving_config.key)
+            for pool in pools:
+                pool.release(serving_config.key)
 
 
 MeasureFn = Callable[[ServingConfig, SuiteWorkload], Run]
 
 
 @pytest.fixture
-def qwenperf_measure(pytestconfig: pytest.Config, qwenperf_pool: ServerPool, qwenperf_settings: QwenperfSettings) -> MeasureFn:
+def qwenperf_measure(
+    pytestconfig: pytest.Config,
+    qwenperf_pool: ServerPool,
+    qwenperf_candidate_pool: ServerPool | None,
+    qwenperf_settings: QwenperfSettings,
+) -> MeasureFn:
     """``measure(config, workload)``: the session's run of that pair, measured on first use.
 
     It is judged against its baseline as it is measured, and takes extra repeats while the
     verdicts cannot decide (:func:`~pytest_qwenperf.measure.sequential.measure_point`, up to
     the suite's plan: :func:`~pytest_qwenperf.plugin.settings.repeat_plan`); the session's
-    report keeps the run with those verdicts. Tests comparing two rungs use it for the rung
-    they are not parametrized with; the test ordering usually means that run already exists.
+    report keeps the run with those verdicts. With a candidate, the point is measured on the
+    launcher's server and the candidate's, repeats interleaved, and the candidate's run is
+    judged against the launcher's (:func:`~pytest_qwenperf.measure.sequential.measure_interleaved`).
+    Tests comparing two rungs use it for the rung they are not parametrized with; the test
+    ordering usually means that run already exists.
     """
     report = pytestconfig.stash[REPORT_KEY]
+    settings = qwenperf_settings
 
     def _measure(cfg: ServingConfig, workload: SuiteWorkload) -> Run:
         result = report.get(cfg.key, workload.id)
-        if result is None:
-            placed = _placement(cfg, qwenperf_settings)
-            server = qwenperf_pool.get(cfg, placed.server_cpus, gpu_ids(cfg, detect()))
-            suite = _suite_of(pytestconfig, cfg)
-            sets = qwenperf_settings.endpoint_sets
-            decided = measure_point(
+        if result is not None:
+            return result
+        placed = _placement(cfg, settings)
+        gpus = gpu_ids(cfg, detect())
+        server = qwenperf_pool.get(cfg, placed.server_cpus, gpus)
+        suite = _suite_of(pytestconfig, cfg)
+        plan = repeat_plan(settings, suite)
+        if qwenperf_candidate_pool is not None and report.reference is not None:
+            candidate = qwenperf_candidate_pool.get(cfg, placed.server_cpus, gpus)
+            pair = measure_interleaved(
                 server,
+                candidate,
                 cfg,
                 workload,
-                repeat_plan(qwenperf_settings, suite),
-                lambda run: _readable_baseline(qwenperf_settings.baselines, run),
+                plan,
                 suite=cfg.suite,
                 client_cpus=placed.client_cpus,
                 tolerances=suite.tolerances,
-                routes=endpoint_routes(sets) if sets else None,
-                workers=qwenperf_settings.client_workers,
-                api_key=qwenperf_settings.api_key,
+                workers=settings.client_workers,
+                api_key=settings.api_key,
             )
-            report.add(decided.run, decided.judgements)
-            result = decided.run
-        return result
+            report.reference.add(pair.reference)
+            report.add(pair.run, pair.judgements)
+            return pair.run
+        unreadable: list[str] = []
+
+        def baseline_of(run: Run) -> Baseline | None:
+            try:
+                return find_baseline(settings.baselines, run.identity.baseline())
+            except BaselineError as exc:  # the verdicts' fixture fails with it; the run is still measured
+                unreadable.append(str(exc))
+                return None
+
+        sets = settings.endpoint_sets
+        decided = measure_point(
+            server,
+            cfg,
+            workload,
+            plan,
+            baseline_of,
+            suite=cfg.suite,
+            client_cpus=placed.client_cpus,
+            tolerances=suite.tolerances,
+            routes=endpoint_routes(sets) if sets else None,
+            workers=settings.client_workers,
+            api_key=settings.api_key,
+        )
+        report.add(decided.run, decided.judgements, unreadable=unreadable[0] if unreadable else None)
+        return decided.run
 
     return _measure
 
@@ -142,28 +213,16 @@ def _suite_of(config: pytest.Config, cfg: ServingConfig) -> Suite:
     return found
 
 
-def _readable_baseline(root: Path, run: Run) -> Baseline | None:
-    """The run's stored baseline; None when there is none, or when its file cannot be read
-    (:func:`qwenperf_judgements` fails the test that asks for the verdicts then)."""
-    try:
-        return find_baseline(root, run.identity.baseline())
-    except BaselineError:
-        return None
-
-
 @pytest.fixture
-def qwenperf_judgements(
-    pytestconfig: pytest.Config, qwenperf_run: Run, qwenperf_settings: QwenperfSettings
-) -> tuple[Judgement, ...]:
+def qwenperf_judgements(pytestconfig: pytest.Config, qwenperf_run: Run) -> tuple[Judgement, ...]:
     """Every gated metric of the run against its stored baseline (see :func:`~pytest_qwenperf.gate.judge.judge_run`),
-    as decided when the run was measured: at the confidence of its last look (see :func:`qwenperf_measure`).
+    or against the launcher's run when a candidate is measured, as decided when the run was
+    measured: at the confidence of its last look (see :func:`qwenperf_measure`).
 
     A baseline file that cannot be read fails the test with the one line that names the
     file, the field and what was expected (no traceback: the fault is in the file)."""
-    try:
-        find_baseline(qwenperf_settings.baselines, qwenperf_run.identity.baseline())
-    except BaselineError as exc:
-        unreadable = str(exc)
-    else:
-        return pytestconfig.stash[REPORT_KEY].judgements(qwenperf_run)
-    pytest.fail(f"qwenperf: {unreadable}", pytrace=False)  # outside the except: no "during handling" chain
+    report = pytestconfig.stash[REPORT_KEY]
+    unreadable = report.unreadable(qwenperf_run)
+    if unreadable is not None:
+        pytest.fail(f"qwenperf: {unreadable}", pytrace=False)
+    return report.judgements(qwenperf_run)

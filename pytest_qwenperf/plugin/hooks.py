@@ -20,7 +20,15 @@ from pytest_qwenperf.core.apikey import CLIENT_ENVS
 from pytest_qwenperf.core.options import cpu_list, endpoint_url, launcher_argv, positive_seconds, whole_number
 from pytest_qwenperf.gate.update import update_baselines
 from pytest_qwenperf.measure.report import SessionReport
-from pytest_qwenperf.plugin.settings import REPORT_KEY, SETTINGS_KEY, SUITES_KEY, USES_KEY, repeat_plan, resolve_settings
+from pytest_qwenperf.plugin.settings import (
+    REPORT_KEY,
+    SETTINGS_KEY,
+    SUITES_KEY,
+    USES_KEY,
+    reference_path,
+    repeat_plan,
+    resolve_settings,
+)
 from pytest_qwenperf.serving import gpu_memory, proctree
 from pytest_qwenperf.serving.endpoints import endpoints_file
 from pytest_qwenperf.serving.hardware import detect
@@ -52,6 +60,14 @@ def pytest_addoption(parser: pytest.Parser) -> None:
         type=launcher_argv,
         help="command that starts a vLLM OpenAI server; model and flags are appended "
         "(default: python -m vllm.entrypoints.openai.api_server)",
+    )
+    group.addoption(
+        "--qwenperf-candidate",
+        type=launcher_argv,
+        metavar="LAUNCHER",
+        help="a second command that starts a vLLM OpenAI server (e.g. another vLLM version's). Each point is then "
+        "measured on both servers, booted side by side, their repeats alternating, and the candidate's run is judged "
+        "against the launcher's instead of the stored baseline. CPU suites only.",
     )
     group.addoption(
         "--qwenperf-boot-timeout", type=positive_seconds, help=f"seconds a server may take to become ready (default {DEFAULT_BOOT_TIMEOUT_S:.0f})"
@@ -110,6 +126,7 @@ def pytest_addoption(parser: pytest.Parser) -> None:
         "file replace a baseline of published figures (repeatable; without it, published baselines are kept)",
     )
     parser.addini("qwenperf_launcher", "default for --qwenperf-launcher")
+    parser.addini("qwenperf_candidate", "default for --qwenperf-candidate")
     parser.addini("qwenperf_boot_timeout", "default for --qwenperf-boot-timeout")
     parser.addini("qwenperf_log_dir", "default for --qwenperf-log-dir")
     parser.addini("qwenperf_endpoints", "default for --qwenperf-endpoint", type="linelist")
@@ -125,7 +142,9 @@ def pytest_configure(config: pytest.Config) -> None:
     for name, description in MARKERS.items():
         config.addinivalue_line("markers", f"{name}: {description}")
     config.stash[SETTINGS_KEY] = settings = resolve_settings(config)
-    config.stash[REPORT_KEY] = SessionReport()
+    config.stash[REPORT_KEY] = report = SessionReport()
+    if settings.candidate is not None:
+        report.reference = SessionReport()
     try:
         config.stash[SUITES_KEY] = suites = tuple(load_suite(p) for p in settings.suites)
     except SuiteError as exc:
@@ -216,19 +235,27 @@ def pytest_sessionstart(session: pytest.Session) -> None:
 
 
 def pytest_collection_finish(session: pytest.Session) -> None:
-    """Fail before any boot when a GPU this session's servers need holds memory of another process."""
+    """Fail before any boot when a selected GPU config is to be measured against a candidate, or
+    when a GPU this session's servers need holds memory of another process."""
     settings = session.config.stash[SETTINGS_KEY]
     if settings.endpoints or settings.endpoint_sets:
         return
     suites = {suite.name: suite for suite in session.config.stash[SUITES_KEY]}
-    visible = [
-        dict(cfg.env).get("CUDA_VISIBLE_DEVICES")
+    on_gpus = [
+        cfg
         for item in session.items
         if (cfg := _config_of(item)) is not None
         and (suite := suites.get(cfg.suite)) is not None
         and suite.gpus
         and item.get_closest_marker("skip") is None
     ]
+    if on_gpus and settings.candidate is not None:
+        raise pytest.UsageError(
+            "qwenperf: --qwenperf-candidate boots the candidate's server beside the launcher's, which GPU configs have "
+            f"no room for ({', '.join(sorted({cfg.key for cfg in on_gpus}))}); measure each vLLM in its own session "
+            "and judge them with qwenperf compare (nothing was booted)"
+        )
+    visible = [dict(cfg.env).get("CUDA_VISIBLE_DEVICES") for cfg in on_gpus]
     held = gpu_memory.wait_until_free(visible) if visible else ()
     if held:
         raise pytest.UsageError(
@@ -253,9 +280,13 @@ def pytest_terminal_summary(terminalreporter: pytest.TerminalReporter, config: p
     report = config.stash.get(REPORT_KEY, None)
     if report is None or not report.runs:
         return
-    terminalreporter.section("qwenperf results")
+    terminalreporter.section("qwenperf results" if report.reference is None else "qwenperf results: the candidate")
     for line in report.table():
         terminalreporter.write_line(line)
+    if report.reference is not None and report.reference.runs:
+        terminalreporter.section("qwenperf results: the reference (--qwenperf-launcher), repeats interleaved with the candidate's")
+        for line in report.reference.table():
+            terminalreporter.write_line(line)
 
 
 @pytest.hookimpl(trylast=True)
@@ -265,11 +296,10 @@ def pytest_sessionfinish(session: pytest.Session) -> None:
     settings = config.stash.get(SETTINGS_KEY, None)
     report = config.stash.get(REPORT_KEY, None)
     if settings is not None and settings.json_path is not None and report is not None:
-        kept = report.write_json(settings.json_path)
-        reporter = config.pluginmanager.get_plugin("terminalreporter")
-        if reporter is not None:
-            note = f" (previous file kept as {kept})" if kept else ""
-            reporter.write_line(f"qwenperf: results written to {settings.json_path}{note}")
+        _write_results(config, report, settings.json_path)
+        reference = reference_path(settings)
+        if report.reference is not None and reference is not None:
+            _write_results(config, report.reference, reference)
     if settings is not None and settings.update_baselines and report is not None:
         update = update_baselines(
             settings.baselines,
@@ -293,6 +323,14 @@ def pytest_sessionfinish(session: pytest.Session) -> None:
             else:
                 _say(config, f"qwenperf: {outcome.refused}", red=True)
     _fail_on_leftovers(session)
+
+
+def _write_results(config: pytest.Config, report: SessionReport, path: Path) -> None:
+    kept = report.write_json(path)
+    reporter = config.pluginmanager.get_plugin("terminalreporter")
+    if reporter is not None:
+        note = f" (previous file kept as {kept})" if kept else ""
+        reporter.write_line(f"qwenperf: results written to {path}{note}")
 
 
 def _fail_on_leftovers(session: pytest.Session) -> None:

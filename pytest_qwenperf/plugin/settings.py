@@ -36,6 +36,7 @@ from pytest_qwenperf.suite.config import Suite
 @dataclass(frozen=True)
 class QwenperfSettings:
     launcher: tuple[str, ...]
+    candidate: tuple[str, ...] | None  # a second launcher, measured interleaved with the first and judged against it
     boot_timeout_s: float
     log_dir: Path | None
     endpoints: tuple[str, ...]
@@ -72,6 +73,7 @@ def resolve_settings(config: pytest.Config) -> QwenperfSettings:
     ]
     settings = QwenperfSettings(
         launcher=_resolve(config, "qwenperf_launcher", launcher_argv, DEFAULT_LAUNCHER),
+        candidate=_resolve(config, "qwenperf_candidate", launcher_argv, None),
         boot_timeout_s=_resolve(config, "qwenperf_boot_timeout", positive_seconds, DEFAULT_BOOT_TIMEOUT_S),
         log_dir=_resolve(config, "qwenperf_log_dir", Path, None),
         endpoints=tuple(endpoints),
@@ -110,13 +112,39 @@ def _check_outputs(settings: QwenperfSettings) -> None:
     """Fail before any server boots when a result could not be written at the end of the session."""
     if settings.replace_published and not settings.update_baselines:
         raise pytest.UsageError("--qwenperf-replace-published: only takes effect with --qwenperf-update-baselines")
-    if settings.json_path is not None and (why := unwritable(settings.json_path)):
-        raise pytest.UsageError(f"--qwenperf-json {settings.json_path}: cannot write the results there: {why}")
+    if settings.candidate is not None:
+        _check_candidate(settings)
+    for path in (settings.json_path, reference_path(settings)):
+        if path is not None and (why := unwritable(path)):
+            raise pytest.UsageError(f"--qwenperf-json {settings.json_path}: cannot write the results to {path}: {why}")
     if settings.update_baselines and (why := unwritable_folder(settings.baselines)):
         raise pytest.UsageError(
             f"--qwenperf-update-baselines: cannot write baselines into the folder {settings.baselines} "
             f"(--qwenperf-baselines or ini qwenperf_baselines): {why}"
         )
+
+
+def _check_candidate(settings: QwenperfSettings) -> None:
+    """A candidate is booted beside the launcher's server: not with servers already running, and
+    its runs, judged against the launcher's, are no baselines."""
+    if settings.endpoints or settings.endpoint_sets:
+        raise pytest.UsageError(
+            "--qwenperf-candidate: boots a second server beside the launcher's; it cannot be measured against "
+            "--qwenperf-endpoint or --qwenperf-endpoints-file servers, which are not booted"
+        )
+    if settings.update_baselines:
+        raise pytest.UsageError(
+            "--qwenperf-candidate: a session that measures a candidate judges it against the launcher's server, "
+            "not against baselines; record baselines in a session without --qwenperf-candidate"
+        )
+
+
+def reference_path(settings: QwenperfSettings) -> Path | None:
+    """Where the launcher's runs are written in a session with a candidate: beside ``--qwenperf-json``,
+    ``results.json`` → ``results.reference.json`` (the candidate's runs are the session's results)."""
+    if settings.candidate is None or settings.json_path is None:
+        return None
+    return settings.json_path.with_name(f"{settings.json_path.stem}.reference{settings.json_path.suffix}")
 
 
 def repeat_plan(settings: QwenperfSettings, suite: Suite) -> SequentialPlan:

@@ -1,0 +1,34 @@
+"""A stand-in launcher for a vLLM of known speed: it takes vLLM's command line and serves the
+OpenAI streaming endpoints with tokens at a fixed pace (:mod:`tests.stream_source`).
+
+``paced_vllm.py --itl-ms 10 --model M --port P ...``: the options before the model are its
+own, the rest is what the plugin appends (the config's vLLM flags are accepted and ignored).
+Two of these with different paces are a reference and a candidate whose difference is known.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import sys
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[2]))  # run as a file by the plugin, from any folder
+
+from tests.stream_source import serve
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--itl-ms", type=float, required=True, help="gap between tokens")
+    parser.add_argument("--ttft-ms", type=float, default=20.0, help="delay to the first token")
+    parser.add_argument("--model", required=True)
+    parser.add_argument("--served-model-name")
+    parser.add_argument("--port", type=int, required=True)
+    args, _ = parser.parse_known_args()
+    schedule = {"ttft_ms": args.ttft_ms, "itl_ms": args.itl_ms}
+    asyncio.run(serve(1, args.served_model_name or args.model, schedule, port=args.port))
+
+
+if __name__ == "__main__":
+    main()
