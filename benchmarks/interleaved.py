@@ -136,26 +136,29 @@ def _brief(session: Mapping[str, Any]) -> str:
     return f"{n} repeats a side, output tok/s {ref:,.0f} -> {cand:,.0f} ({cand / ref - 1:+.1%})"
 
 
-def judged(session: Mapping[str, Any], name: str, tolerance: float, plan: SequentialPlan) -> dict[str, Any]:
-    """The candidate against the reference on ``name``, at the confidence of the session's last look."""
+def judged(session: Mapping[str, Any], name: str, tolerance: float, plan: SequentialPlan, skip: int = 0) -> dict[str, Any]:
+    """The candidate against the reference on ``name``, at the confidence of the session's last look;
+    ``skip``: leave out each side's first repeats (the first after the servers booted)."""
     info = metric(name)
-    ref, cand = (list(session[s]["samples"][name]) for s in ("reference", "candidate"))
-    j = judge(name, ref, cand, direction=info.direction, tolerance=tolerance, unit=info.unit, confidence=plan.confidence_at(len(cand)))
+    ref, cand = (list(session[s]["samples"][name])[skip:] for s in ("reference", "candidate"))
+    confidence = plan.confidence_at(len(cand) + skip)
+    j = judge(name, ref, cand, direction=info.direction, tolerance=tolerance, unit=info.unit, confidence=confidence)
     logs = [statistics.stdev(math.log(v) for v in side) if len(side) > 1 else None for side in (ref, cand)]
     return {"verdict": j.verdict, "ratio": j.ratio, "mde": j.mde, "repeats": len(cand), "log_sd": logs}
 
 
-def analyse(results: Mapping[str, Any]) -> dict[str, Any]:
-    """Per arm and metric: each session's verdict (at the tolerance it ran with), ratio and MDE; their counts and spreads."""
+def analyse(results: Mapping[str, Any], skip: int = 0) -> dict[str, Any]:
+    """Per arm and metric: each session's verdict (at the tolerance it ran with), ratio and MDE; their
+    counts and spreads. ``skip``: as :func:`judged` (what discarding the repeats after boot would buy)."""
     tolerance = results["tolerance"]
     plan = SequentialPlan(DEFAULT_CONFIDENCE, results["repeats"], results["max_repeats"])
     complete = [s for s in results["sessions"] if "candidate" in s]
-    analysis: dict[str, Any] = {"tolerance": tolerance, "sessions": len(results["sessions"]), "complete": len(complete), "arms": {}}
+    analysis: dict[str, Any] = {"tolerance": tolerance, "skipped_repeats": skip, "sessions": len(results["sessions"]), "complete": len(complete), "arms": {}}
     for arm in dict.fromkeys(s["arm"] for s in complete):
         sessions = [s for s in complete if s["arm"] == arm]
         per_metric = {}
         for name in METRICS:
-            rows = [judged(s, name, tolerance, plan) for s in sessions]
+            rows = [judged(s, name, tolerance, plan, skip) for s in sessions]
             log_ratios = [math.log(r["ratio"]) for r in rows if r["ratio"]]
             within = [sd for r in rows for sd in r["log_sd"] if sd is not None]
             per_metric[name] = {
@@ -181,7 +184,8 @@ def analyse(results: Mapping[str, Any]) -> dict[str, Any]:
 
 
 def print_analysis(analysis: Mapping[str, Any]) -> None:
-    print(f"tolerance {analysis['tolerance']:.0%}; {analysis['complete']} of {analysis['sessions']} sessions complete")
+    skipped = f"; each side's first {analysis['skipped_repeats']} repeat(s) left out" if analysis["skipped_repeats"] else ""
+    print(f"tolerance {analysis['tolerance']:.0%}; {analysis['complete']} of {analysis['sessions']} sessions complete{skipped}")
     for arm, facts in analysis["arms"].items():
         print(
             f"\n{arm}: {facts['sessions']} sessions, exit statuses {facts['exit_statuses']}, median wall {facts['median_wall_s']:.0f} s, "
@@ -208,13 +212,14 @@ def build_parser() -> argparse.ArgumentParser:
     parser.add_argument("--out", type=Path, help="results file (default benchmarks/results/interleaved-<UTC date-time>.json)")
     parser.add_argument("--analyse", type=Path, metavar="FILE", help="analyse a results file instead of measuring")
     parser.add_argument("--json", action="store_true", help="--analyse: print the analysis as JSON")
+    parser.add_argument("--skip", type=int, default=0, help="--analyse: leave out each side's first repeats (default 0)")
     return parser
 
 
 def main(argv: Sequence[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
     if args.analyse is not None:
-        analysis = analyse(json.loads(args.analyse.read_text()))
+        analysis = analyse(json.loads(args.analyse.read_text()), skip=args.skip)
         if args.json:
             print(json.dumps(analysis, indent=2))
         else:

@@ -60,3 +60,13 @@ def test_analysis_counts_verdicts_per_arm_and_compares_the_spreads_between_and_w
     assert aa["between_sessions_log_sd"] == pytest.approx(abs(math.log(1.1) - math.log(1000 / 1000)) / math.sqrt(2), rel=0.05)
     assert aa["expected_log_sd"] < aa["between_sessions_log_sd"] / 5
     assert analysis["arms"]["AA"]["extra_repeats"] == [0, 0]
+
+
+def test_skipping_the_first_repeats_leaves_them_out_of_every_judgement() -> None:
+    slow_start = session("AA", [700, 1000, 1010, 990], [1300, 1005, 995, 1000])  # the first pair after boot is off
+    results = {"tolerance": 0.05, "repeats": 3, "max_repeats": 6, "sessions": [slow_start]}
+    whole = interleaved.analyse(results)["arms"]["AA"]["metrics"]["output_throughput"]["sessions"][0]
+    skipped = interleaved.analyse(results, skip=1)["arms"]["AA"]["metrics"]["output_throughput"]["sessions"][0]
+    assert skipped["repeats"] == 3 and whole["repeats"] == 4
+    assert skipped["ratio"] == pytest.approx(1.0, abs=0.01) and whole["ratio"] > 1.05
+    assert skipped["mde"] < whole["mde"]

@@ -40,6 +40,8 @@ from pytest_qwenperf.core.options import (
 )
 from pytest_qwenperf.core.records import RequestRecord
 from pytest_qwenperf.core.summary import GoodputSLO, inter_token_latencies
+from pytest_qwenperf.gate.history import HistoryError, HistoryStore
+from pytest_qwenperf.gate.sources import bench_run
 from pytest_qwenperf.loadgen.arrivals import Arrival, ClosedLoop, Distribution, OpenLoop
 from pytest_qwenperf.loadgen.client import DEFAULT_TIMEOUT_S, LoadOptions, run_load_sync
 from pytest_qwenperf.loadgen.request import RequestSpec
@@ -65,7 +67,7 @@ class BenchError(Exception):
 
 HELP = "drive a workload against running servers and report vllm-bench-serve-style metrics"
 DESCRIPTION = "Load-test already-running OpenAI-compatible vLLM servers with the suite's load generator."
-ERRORS: tuple[type[Exception], ...] = (BenchError,)
+ERRORS: tuple[type[Exception], ...] = (BenchError, HistoryError)
 
 
 @dataclass(frozen=True)
@@ -141,6 +143,9 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     out = parser.add_argument_group("output")
     out.add_argument("--json", type=Path, help="write the result here (an existing file is never overwritten)")
     out.add_argument("--detailed", action="store_true", help="with --json: per-request records too")
+    out.add_argument(
+        "--history", metavar="STORE", help="also record the result in this history store (an SQLite file or a postgresql:// URL)"
+    )
     out.add_argument("--progress", choices=("auto", "on", "off"), default="auto", help="progress bar (auto: when stderr is a terminal and not in CI)")
     out.add_argument(
         "--max-failed-fraction",
@@ -156,6 +161,8 @@ def run(args: argparse.Namespace) -> int:
         raise BenchError(f"--json {args.json}: the file exists; choose another path (results are never overwritten)")
     if args.json is not None and (why := unwritable(args.json)):  # before the probes and the run, not after
         raise BenchError(f"--json {args.json}: cannot write the result there: {why}")
+    if args.history is not None:
+        HistoryStore.open(args.history).close()  # a store that cannot be opened fails before the run, not after
     plan = plan_from_args(args)
     progress = _ProgressBar(len(plan.requests), sys.stderr if _show_progress(args.progress) else None)
     try:
@@ -180,6 +187,10 @@ def run(args: argparse.Namespace) -> int:
         args.json.parent.mkdir(parents=True, exist_ok=True)
         write_atomically(args.json, json.dumps(json_safe(result), indent=2))
         print(f"result written to {args.json}")
+    if args.history is not None:
+        with HistoryStore.open(args.history) as store:
+            store.append([bench_run(json.loads(json.dumps(json_safe(result))))], source="qwenperf bench")
+        print(f"result recorded in the history store {store.where}")
     return _exit_status(seen, args.max_failed_fraction, sys.stderr)
 
 

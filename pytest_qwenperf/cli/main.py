@@ -22,6 +22,7 @@ COMMANDS = {
     "render-k8s": "render_k8s",
     "bench": "bench",
     "compare": "compare",
+    "history": "history",
 }
 """Subcommand → module of this package."""
 

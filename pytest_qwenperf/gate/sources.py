@@ -170,6 +170,11 @@ def read_results(path: Path) -> tuple[Result, ...]:
     return tuple(result for file in _files(Path(path)) for result in _read(file))
 
 
+def bench_run(data: object, where: str = "qwenperf bench") -> Run:
+    """The run of a ``qwenperf bench`` result held in memory (its ``--json`` content)."""
+    return _qwenperf_bench(Path(where), data).run
+
+
 def _files(path: Path) -> list[Path]:
     if not path.is_dir():
         return [path]

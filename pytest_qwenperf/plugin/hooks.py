@@ -18,6 +18,7 @@ import pytest
 
 from pytest_qwenperf.core.apikey import CLIENT_ENVS
 from pytest_qwenperf.core.options import cpu_list, endpoint_url, launcher_argv, positive_seconds, whole_number
+from pytest_qwenperf.gate.history import HistoryError, HistoryStore
 from pytest_qwenperf.gate.update import update_baselines
 from pytest_qwenperf.measure.report import SessionReport
 from pytest_qwenperf.plugin.settings import (
@@ -113,6 +114,12 @@ def pytest_addoption(parser: pytest.Parser) -> None:
     )
     group.addoption("--qwenperf-baselines", type=Path, help="baseline folder (default: baselines/ under the rootdir)")
     group.addoption(
+        "--qwenperf-history",
+        metavar="STORE",
+        help="add the session's runs to this history store: an SQLite file (created if absent) or a postgresql:// URL "
+        "(see qwenperf history)",
+    )
+    group.addoption(
         "--qwenperf-update-baselines",
         action="store_true",
         help="after a session without failures, record its runs as the baselines (the previous values move to history)",
@@ -135,6 +142,7 @@ def pytest_addoption(parser: pytest.Parser) -> None:
     parser.addini("qwenperf_max_repeats", "default for --qwenperf-max-repeats")
     parser.addini("qwenperf_client_workers", "default for --qwenperf-client-workers")
     parser.addini("qwenperf_baselines", "default for --qwenperf-baselines, relative to the rootdir")
+    parser.addini("qwenperf_history", "default for --qwenperf-history (a path relative to the rootdir, or a URL)")
     parser.addini("qwenperf_api_key_env", "default for --qwenperf-api-key-env (a variable name, never the key)")
 
 
@@ -300,6 +308,8 @@ def pytest_sessionfinish(session: pytest.Session) -> None:
         reference = reference_path(settings)
         if report.reference is not None and reference is not None:
             _write_results(config, report.reference, reference)
+    if settings is not None and settings.history is not None and report is not None and report.runs:
+        _record_history(session, settings.history, report)
     if settings is not None and settings.update_baselines and report is not None:
         update = update_baselines(
             settings.baselines,
@@ -323,6 +333,19 @@ def pytest_sessionfinish(session: pytest.Session) -> None:
             else:
                 _say(config, f"qwenperf: {outcome.refused}", red=True)
     _fail_on_leftovers(session)
+
+
+def _record_history(session: pytest.Session, where: str, report: SessionReport) -> None:
+    """Add the session's runs (a candidate's, in a session that measures one) to the history store;
+    a store that fails now fails the session, so the loss is seen (the JSON report is written first)."""
+    try:
+        with HistoryStore.open(where) as store:
+            added = store.append(report.runs, source="pytest")
+    except HistoryError as exc:
+        _say(session.config, f"qwenperf: the runs were not recorded in the history store: {exc}", red=True)
+        session.exitstatus = pytest.ExitCode.TESTS_FAILED
+        return
+    _say(session.config, f"qwenperf: {added} run(s) recorded in the history store {store.where}")
 
 
 def _write_results(config: pytest.Config, report: SessionReport, path: Path) -> None:

@@ -27,6 +27,7 @@ from pytest_qwenperf.core.files import unwritable, unwritable_folder
 from pytest_qwenperf.core.options import endpoint_url, launcher_argv, positive_seconds, whole_number
 from pytest_qwenperf.core.sequential import SequentialPlan
 from pytest_qwenperf.core.verdict import DEFAULT_CONFIDENCE
+from pytest_qwenperf.gate.history import HistoryError, HistoryStore, is_url
 from pytest_qwenperf.measure.report import SessionReport
 from pytest_qwenperf.serving.endpoints import EndpointSets
 from pytest_qwenperf.serving.server import DEFAULT_BOOT_TIMEOUT_S, DEFAULT_LAUNCHER
@@ -52,6 +53,7 @@ class QwenperfSettings:
     update_baselines: bool
     replace_published: tuple[str, ...] = ()  # config keys or baseline files whose published figures a run may replace
     api_key: ApiKey | None = None  # from the environment (see _api_key); booted servers require it, requests carry it
+    history: str | None = None  # a history store (an SQLite file or a postgresql:// URL) the session's runs are added to
     repeats_from: str = ""  # the option or ini key repeats came from, for messages ("": neither)
     max_repeats_from: str = ""  # the same for max_repeats
 
@@ -89,6 +91,7 @@ def resolve_settings(config: pytest.Config) -> QwenperfSettings:
         update_baselines=config.getoption("qwenperf_update_baselines"),
         replace_published=tuple(config.getoption("qwenperf_replace_published")),
         api_key=_api_key(config),
+        history=_history(config),
         repeats_from=_origin(config, "qwenperf_repeats"),
         max_repeats_from=_origin(config, "qwenperf_max_repeats"),
     )
@@ -108,12 +111,29 @@ def _api_key(config: pytest.Config) -> ApiKey | None:
         raise pytest.UsageError(f"{where}: {exc}") from None
 
 
+def _history(config: pytest.Config) -> str | None:
+    """The history store: ``--qwenperf-history`` as given, else ini ``qwenperf_history`` (a relative
+    path is the rootdir's), else none."""
+    option = config.getoption("qwenperf_history")
+    if option:
+        return str(option)
+    value = str(config.getini("qwenperf_history") or "").strip()
+    if not value or is_url(value):
+        return value or None
+    return str(config.rootpath / value)
+
+
 def _check_outputs(settings: QwenperfSettings) -> None:
     """Fail before any server boots when a result could not be written at the end of the session."""
     if settings.replace_published and not settings.update_baselines:
         raise pytest.UsageError("--qwenperf-replace-published: only takes effect with --qwenperf-update-baselines")
     if settings.candidate is not None:
         _check_candidate(settings)
+    if settings.history is not None:
+        try:
+            HistoryStore.open(settings.history).close()  # created or migrated now, not after the measurement
+        except HistoryError as exc:
+            raise pytest.UsageError(f"--qwenperf-history (or ini qwenperf_history): {exc}") from None
     for path in (settings.json_path, reference_path(settings)):
         if path is not None and (why := unwritable(path)):
             raise pytest.UsageError(f"--qwenperf-json {settings.json_path}: cannot write the results to {path}: {why}")

@@ -1,0 +1,108 @@
+"""Change points in a metric's series: where its level stepped, by how much, how surely, and what
+changed there (the vLLM version either side).
+
+The detection is Apache Otava's (the E-divisive means of its ``analysis`` module: candidate
+points by energy statistics, each kept only when a t-test between the segments either side
+gives a p-value under ``max_pvalue``), not ours. A series point is one run: the centre of its
+repeats (:func:`~pytest_qwenperf.core.stats.centre`). A change is ``worse`` or ``better`` by
+the metric's direction, and it is *confirmed* when at least :data:`CONFIRMING` points follow
+it: a one-night blip is a change at the last point with nothing after it, which Otava may
+report but the gate does not act on.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass
+
+from otava.analysis import compute_change_points
+
+from pytest_qwenperf.core.metrics import metric
+from pytest_qwenperf.core.stats import centre
+from pytest_qwenperf.gate.history import Point
+
+MAX_PVALUE = 0.001
+"""A change is kept when the t-test between the segments either side gives p below this (Otava's
+default). At 0.01, a series of 14 nights with a 2 % spread got spurious changes of ~2 % beside
+the real one, and one real step was placed two nights late."""
+MIN_CHANGE = 0.03
+"""…and when the level moved by at least this fraction: smaller steps are within a night's noise
+on a shared runner (a flat series of 14 nights at a 5 % repeat spread: 6 of 150 had a change at
+3 %, 15 of 150 at p < 0.01 and 5 %; a 10 % step was found in 144 of 150)."""
+WINDOW = 30
+"""Otava's window: change points are looked for in windows of this many points (a history of
+nightly runs sees a month at a time)."""
+CONFIRMING = 2
+"""Points after a change that confirm it."""
+
+
+@dataclass(frozen=True)
+class Change:
+    """A step in a series at ``index`` (the first point of the new level)."""
+
+    index: int
+    before: float  # the mean of the segment before
+    after: float  # the mean of the segment after
+    pvalue: float
+    direction: str  # "worse" or "better", by the metric's direction
+    points_after: int
+    version_before: str | None
+    version_after: str | None
+    started_after: str | None  # when the first run of the new level started
+
+    @property
+    def change(self) -> float:
+        """The relative change of the level, ``after / before - 1``."""
+        return self.after / self.before - 1 if self.before else float("nan")
+
+    @property
+    def confidence(self) -> float:
+        return 1 - self.pvalue
+
+    @property
+    def confirmed(self) -> bool:
+        return self.points_after >= CONFIRMING
+
+
+def levels(points: Sequence[Point]) -> list[float]:
+    """One value per run: the centre of its repeats (runs without a value are left out by the caller)."""
+    return [centre(p.values) for p in points]
+
+
+def change_points(
+    points: Sequence[Point], name: str, *, max_pvalue: float = MAX_PVALUE, min_change: float = MIN_CHANGE, window: int = WINDOW
+) -> tuple[Change, ...]:
+    """The changes Otava finds in the series of metric ``name``'s ``points`` (runs without a value are skipped)."""
+    kept = [p for p in points if p.values]
+    if len(kept) < 3:
+        return ()
+    series = levels(kept)
+    direction = metric(name).direction
+    found, _weak = compute_change_points(series, window_len=window, max_pvalue=max_pvalue, min_magnitude=min_change)
+    changes = []
+    for cp in found:
+        at = int(cp.index)
+        before, after = float(cp.stats.mean_1), float(cp.stats.mean_2)
+        worse = after < before if direction == "higher" else after > before
+        changes.append(
+            Change(
+                index=at,
+                before=before,
+                after=after,
+                pvalue=float(cp.stats.pvalue),
+                direction="worse" if worse else "better",
+                points_after=len(kept) - at,
+                version_before=kept[at - 1].vllm_version,
+                version_after=kept[at].vllm_version,
+                started_after=kept[at].started,
+            )
+        )
+    return tuple(changes)
+
+
+def failing(changes: Sequence[Change]) -> Change | None:
+    """The latest change when it is a confirmed step for the worse (``--fail-on change``), else None."""
+    if not changes:
+        return None
+    latest = max(changes, key=lambda c: c.index)
+    return latest if latest.direction == "worse" and latest.confirmed else None
