@@ -190,3 +190,22 @@ def test_the_backends_answer_every_query_alike(postgres_server: Any, tmp_path: P
             )
     assert answers[0] == answers[1]
     assert answers[0][0] == 15
+
+
+def test_a_run_that_lost_data_is_kept_with_its_reason(where: str) -> None:
+    data = make_run(failed=3, samples={"output_throughput": [5_000.0, 5_000.0, 5_000.0]})
+    data["context"]["started"] = "2026-11-05T02:00:00+00:00"
+    with HistoryStore.open(where) as store:
+        store.append([night(4, 5_000.0), run_of(data)], source="test")
+        assert [p.invalid for p in store.series(output_key())] == ["", "failed requests"]
+
+
+def test_the_series_shown_leave_invalid_runs_out(tmp_path: Path) -> None:
+    from pytest_qwenperf.history.report import read_series
+
+    lost = make_run(bound="the client could not keep up", samples={"output_throughput": [100.0, 100.0, 100.0]})
+    lost["context"]["started"] = "2026-11-05T02:00:00+00:00"
+    with HistoryStore.open(tmp_path / "h.sqlite") as store:
+        store.append([night(day, 5_000.0) for day in range(1, 5)] + [run_of(lost)], source="test")
+        (shown,) = read_series(store, metrics=("output_throughput",))
+    assert len(shown.points) == 4 and all(p.values[1] == pytest.approx(5_000.0) for p in shown.points)

@@ -19,7 +19,10 @@ file again) adds nothing. The tables:
 
 - ``runs``: the key; when and by what it was recorded; its identity (hardware, model, suite,
   config, workload, the argv's and the workload's digests); the vLLM version and when the
-  run started; and the whole run as JSON (nothing it measured is lost to a column not made).
+  run started; why its numbers are no verdict on vLLM (``invalid``: failed requests, a token
+  mismatch, a client that could not keep up; empty for a valid run: such runs are kept, and
+  left out of the series); and the whole run as JSON (nothing it measured is lost to a
+  column not made).
 - ``samples``: ``(run_key, metric, repeat, value)``, every repeat's value of every gated
   metric (``value`` null where a repeat has none).
 
@@ -28,6 +31,7 @@ Standard library and msgspec only (psycopg imported for a PostgreSQL URL alone):
 
 from __future__ import annotations
 
+import dataclasses
 import datetime
 import hashlib
 import json
@@ -42,6 +46,7 @@ from typing import Any, Protocol, Self
 import msgspec
 
 from pytest_qwenperf.core.run import Run, decode_run
+from pytest_qwenperf.gate.judge import losses
 
 MIGRATIONS: tuple[tuple[str, ...], ...] = (
     (  # 0 -> 1
@@ -60,6 +65,7 @@ MIGRATIONS: tuple[tuple[str, ...], ...] = (
             workload_fingerprint TEXT NOT NULL,
             vllm_version TEXT,
             started TEXT,
+            invalid TEXT NOT NULL,
             run_json TEXT NOT NULL
         )""",
         "CREATE INDEX runs_series ON runs (suite, config, workload, started)",
@@ -92,6 +98,7 @@ class Point:
     recorded_at: str
     vllm_version: str | None
     values: tuple[float, ...]
+    invalid: str = ""  # why the run's numbers are no verdict on vLLM ("": they are)
 
 
 @dataclass(frozen=True)
@@ -256,7 +263,7 @@ class HistoryStore:
         identity = run.identity.baseline()
         self._db.execute(
             "INSERT INTO runs (run_key, recorded_at, source, hardware, model, suite, config, workload, argv_sha256, "
-            "workload_fingerprint, vllm_version, started, run_json) VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?)",
+            "workload_fingerprint, vllm_version, started, invalid, run_json) VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?)",
             (
                 key,
                 recorded_at,
@@ -270,6 +277,7 @@ class HistoryStore:
                 identity.workload_fingerprint,
                 run.context.vllm_version,
                 run.context.started,
+                ", ".join(loss.reason for loss in losses(run)),
                 text,
             ),
         )
@@ -305,9 +313,10 @@ class HistoryStore:
         ]
 
     def series(self, key: SeriesKey) -> list[Point]:
-        """The runs of ``key`` in the order they started (then recorded), each with its repeats' values."""
+        """The runs of ``key`` in the order they started (then recorded), each with its repeats' values
+        and why it is invalid, if it is."""
         rows = self._db.execute(
-            "SELECT r.run_key, r.started, r.recorded_at, r.vllm_version, s.repeat, s.value "
+            "SELECT r.run_key, r.started, r.recorded_at, r.vllm_version, r.invalid, s.repeat, s.value "
             "FROM runs r JOIN samples s ON s.run_key = r.run_key "
             "WHERE r.hardware = ? AND r.model = ? AND r.suite = ? AND r.config = ? AND r.workload = ? AND s.metric = ? "
             "ORDER BY r.started, r.recorded_at, r.run_key, s.repeat",
@@ -315,11 +324,11 @@ class HistoryStore:
         )
         points: dict[str, Point] = {}
         values: dict[str, list[float]] = {}
-        for run_key, started, recorded_at, version, _repeat, value in rows:
-            points.setdefault(run_key, Point(run_key, started, recorded_at, version, ()))
+        for run_key, started, recorded_at, version, invalid, _repeat, value in rows:
+            points.setdefault(run_key, Point(run_key, started, recorded_at, version, (), invalid))
             if value is not None:
                 values.setdefault(run_key, []).append(float(value))
-        return [Point(p.run_key, p.started, p.recorded_at, p.vllm_version, tuple(values.get(k, ()))) for k, p in points.items()]
+        return [dataclasses.replace(p, values=tuple(values.get(k, ()))) for k, p in points.items()]
 
     def run(self, run_key: str) -> Run:
         """The whole run recorded under ``run_key``."""

@@ -17,7 +17,7 @@ BARS = "▁▂▃▄▅▆▇█"
 
 @dataclass(frozen=True)
 class Series:
-    """One series of the store, the runs with a value in it, and its change points."""
+    """One series of the store, its valid runs with a value, and its change points."""
 
     key: SeriesKey
     points: tuple[Point, ...]
@@ -42,7 +42,7 @@ def read_series(
     for key in store.keys(config=config, workload=workload):
         if metrics and key.metric not in metrics:
             continue
-        points = tuple(p for p in store.series(key) if p.values)
+        points = tuple(p for p in store.series(key) if p.values and not p.invalid)  # an invalid run is no verdict on vLLM
         found.append(Series(key, points, change_points(points, key.metric, max_pvalue=max_pvalue, min_change=min_change)))
     return found
 
