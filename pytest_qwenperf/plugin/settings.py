@@ -134,9 +134,11 @@ def _check_outputs(settings: QwenperfSettings) -> None:
             HistoryStore.open(settings.history).close()  # created or migrated now, not after the measurement
         except HistoryError as exc:
             raise pytest.UsageError(f"--qwenperf-history (or ini qwenperf_history): {exc}") from None
-    for path in (settings.json_path, reference_path(settings)):
-        if path is not None and (why := unwritable(path)):
-            raise pytest.UsageError(f"--qwenperf-json {settings.json_path}: cannot write the results to {path}: {why}")
+    if settings.json_path is not None and (why := unwritable(settings.json_path)):
+        raise pytest.UsageError(f"--qwenperf-json {settings.json_path}: cannot write the results there: {why}")
+    reference = reference_path(settings)
+    if reference is not None and (why := unwritable(reference)):
+        raise pytest.UsageError(f"--qwenperf-json {settings.json_path}: cannot write the reference's runs beside it, to {reference}: {why}")
     if settings.update_baselines and (why := unwritable_folder(settings.baselines)):
         raise pytest.UsageError(
             f"--qwenperf-update-baselines: cannot write baselines into the folder {settings.baselines} "

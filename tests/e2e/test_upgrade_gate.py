@@ -69,8 +69,8 @@ def test_repeat_sessions_pass_and_a_slowed_server_is_a_regression(vllm_server: S
     again = qwenperf_compare(first, second)
     assert again.returncode == 0, f"a repeat session was flagged:\n{again.stdout}{again.stderr}"
     verdicts = {j.metric: j.verdict for _, _, j in compare([load_runs(first), load_runs(second)]).judgements()}
-    # pass, or noisy when the repeats' spread cannot decide (a busy runner): never a regression.
-    assert verdicts["total_token_throughput"] in ("pass", "noisy") and "regression" not in verdicts.values(), verdicts
+    # pass, or noisy / underpowered when the repeats' spread cannot decide (a busy runner): never a regression.
+    assert verdicts["total_token_throughput"] in ("pass", "noisy", "underpowered") and "regression" not in verdicts.values(), verdicts
 
     gated = qwenperf_compare(first, slowed)
     assert gated.returncode == 1, f"the slowed server was not flagged:\n{gated.stdout}{gated.stderr}"
