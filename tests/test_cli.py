@@ -94,3 +94,10 @@ def test_bench_bad_option_values_fail_at_parsing() -> None:
     ):
         done = run_cli("bench", "--endpoint", "http://127.0.0.1:9", *args)
         assert done.returncode == 2 and message in done.stderr, (args, done.stderr)
+
+
+def test_bench_with_a_history_store_that_cannot_be_opened_fails_before_it_measures(tmp_path: Path) -> None:
+    store = tmp_path / "no" / "such" / "h.sqlite"
+    done = run_cli("bench", "--endpoint", "http://127.0.0.1:9", "--progress", "off", "--history", str(store))
+    assert done.returncode == 2
+    assert f"qwenperf: {store}: cannot open the history store" in done.stderr

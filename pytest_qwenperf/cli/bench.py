@@ -183,13 +183,14 @@ def run(args: argparse.Namespace) -> int:
         progress.close()
     result = result_json(plan, seen, detailed=args.detailed, max_failed_fraction=args.max_failed_fraction)
     print_summary(result, sys.stdout)
+    text = json.dumps(json_safe(result), indent=2)
     if args.json is not None:
         args.json.parent.mkdir(parents=True, exist_ok=True)
-        write_atomically(args.json, json.dumps(json_safe(result), indent=2))
+        write_atomically(args.json, text)
         print(f"result written to {args.json}")
     if args.history is not None:
         with HistoryStore.open(args.history) as store:
-            store.append([bench_run(json.loads(json.dumps(json_safe(result))))], source="qwenperf bench")
+            store.append([bench_run(json.loads(text))], source="qwenperf bench")  # the result as its file holds it
         print(f"result recorded in the history store {store.where}")
     return _exit_status(seen, args.max_failed_fraction, sys.stderr)
 

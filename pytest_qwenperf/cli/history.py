@@ -51,26 +51,15 @@ def run(args: argparse.Namespace) -> int:
     return _show(args)
 
 
-def _files(paths: list[Path]) -> list[Path]:
-    """Every ``*.json`` under the folders (recursively) and the files themselves, in order."""
-    found: list[Path] = []
-    for path in paths:
-        if path.is_dir():
-            found += sorted(p for p in path.rglob("*.json") if not p.name.endswith(".pytorch.json"))
-        elif path.exists():
-            found.append(path)
-        else:
-            raise SourceError(f"{path}: no such file or folder")
-    return found
-
-
 def _import(store_at: str, paths: list[Path]) -> int:
     if not paths:
         print("qwenperf: history import: expected at least one FILE or folder after STORE", file=sys.stderr)
         return 2
     runs: list[Run] = []
-    for path in _files(paths):
-        runs += [result.run for result in read_results(path)]
+    for path in paths:
+        if not path.exists():
+            raise SourceError(f"{path}: no such file or folder")
+        runs += [result.run for result in read_results(path, recursive=True)]
     with HistoryStore.open(store_at) as store:
         added = store.append(runs, source="qwenperf history import")
     print(f"qwenperf: {added} run(s) recorded in {store.where}, {len(runs) - added} already there")

@@ -165,9 +165,10 @@ class Result:
         return BENCH_KEY if self.setup is not None else (identity.suite, identity.config, identity.workload)
 
 
-def read_results(path: Path) -> tuple[Result, ...]:
-    """Every run of a results file, or of every results file in a directory; :class:`SourceError` otherwise."""
-    return tuple(result for file in _files(Path(path)) for result in _read(file))
+def read_results(path: Path, *, recursive: bool = False) -> tuple[Result, ...]:
+    """Every run of a results file, or of every results file in a directory (and in its subfolders
+    when ``recursive``, as pytest-benchmark's storage is laid out); :class:`SourceError` otherwise."""
+    return tuple(result for file in _files(Path(path), recursive) for result in _read(file))
 
 
 def bench_run(data: object, where: str = "qwenperf bench") -> Run:
@@ -175,10 +176,10 @@ def bench_run(data: object, where: str = "qwenperf bench") -> Run:
     return _qwenperf_bench(Path(where), data).run
 
 
-def _files(path: Path) -> list[Path]:
+def _files(path: Path, recursive: bool = False) -> list[Path]:
     if not path.is_dir():
         return [path]
-    files = sorted(p for p in path.glob("*.json") if p.is_file() and not p.name.endswith(".pytorch.json"))
+    files = sorted(p for p in path.glob("**/*.json" if recursive else "*.json") if p.is_file() and not p.name.endswith(".pytorch.json"))
     if not files:
         raise SourceError(f"{path}: a directory without a *.json file; expected a results file or a directory of them")
     return files

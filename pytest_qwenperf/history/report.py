@@ -59,9 +59,8 @@ def sparkline(values: Sequence[float], marks: Sequence[int] = ()) -> str:
 
 def _title(series: Series) -> str:
     info = metric(series.key.metric)
-    better = "higher" if info.direction == "higher" else "lower"
     return (
-        f"{series.key.config_key} / {series.key.workload} / {series.key.metric} ({info.unit}, {better} is better) "
+        f"{series.key.config_key} / {series.key.workload} / {series.key.metric} ({info.unit}, {info.direction} is better) "
         f"on {series.key.hardware}, {series.key.model}"
     )
 

@@ -10,6 +10,7 @@ from pathlib import Path
 
 import pytest
 
+from pytest_qwenperf.gate.history import HistoryStore
 from pytest_qwenperf.serving.server import ManagedServer
 from tests.e2e.tiny import TINY
 
@@ -26,8 +27,10 @@ def bench(server: ManagedServer, *args: str) -> subprocess.CompletedProcess[str]
 def test_bench_writes_vllm_keys_versions_and_per_request_records(vllm_server: ManagedServer, tmp_path: Path) -> None:
     out = tmp_path / "result.json"
     workload = ["--input-len", "64", "--output-len", "32", "--num-prompts", "40", "--max-concurrency", "8", "--warmup", "4"]
-    done = bench(vllm_server, *workload, "--json", str(out), "--detailed")
+    store = tmp_path / "history.sqlite"
+    done = bench(vllm_server, *workload, "--json", str(out), "--detailed", "--history", str(store))
     assert done.returncode == 0, done.stderr
+    assert f"result recorded in the history store {store}" in done.stdout
     assert "Output token throughput (tok/s)" in done.stdout
     result = json.loads(out.read_text())
     metrics = result["metrics"]
@@ -47,6 +50,11 @@ def test_bench_writes_vllm_keys_versions_and_per_request_records(vllm_server: Ma
         # The stream ends after its last token: soon after (how soon is the server's and the machine's load; a second is
         # far beyond either), and never before (TTFT and the gaps are measured from the request's start).
         assert -1e-6 < (r["end"] - r["start"]) * 1000 - (r["ttft_ms"] + sum(r["itl_ms"])) < 1000
+
+    with HistoryStore.open(store) as history:  # the store holds the run as the file does
+        (recorded,) = [history.series(key) for key in history.keys(metric="output_throughput")]
+        assert [p.values for p in recorded] == [(metrics["output_throughput"],)]
+        assert history.run(recorded[0].run_key).context.vllm_version == vllm_server.info[0].version
 
     again = bench(vllm_server, *workload, "--json", str(out))
     assert again.returncode == 2 and "exists" in again.stderr
