@@ -23,6 +23,7 @@ COMMANDS = {
     "bench": "bench",
     "compare": "compare",
     "history": "history",
+    "bisect": "bisect",
 }
 """Subcommand → module of this package."""
 

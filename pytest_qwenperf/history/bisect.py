@@ -22,12 +22,19 @@ from dataclasses import dataclass
 
 @dataclass(frozen=True)
 class Step:
-    """One release measured against the good one: whether it regressed, and the verdict table that says so."""
+    """One release measured against the good one: whether it regressed (a gated metric's verdict
+    is ``regression``), the shown metric's figures, and the verdict table that says so."""
 
     version: str
     regressed: bool
-    summary: str  # one line: the deciding metric's change and verdict
-    table: str = ""  # the rendered verdicts
+    summary: str  # one line: the shown metric's change and verdict
+    table: str = ""  # the rendered verdicts of every gated metric
+    metric: str = ""  # the metric the summary and the plot show
+    good: float | None = None  # its centre on the good release, measured in this step
+    now: float | None = None  # its centre on this release
+    ratio: float | None = None  # now / good
+    tolerance: float | None = None
+    repeats: int = 0  # load runs per side
 
 
 @dataclass(frozen=True)
