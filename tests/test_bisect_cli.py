@@ -49,8 +49,10 @@ def state(tmp_path: Path) -> dict[str, dict[str, object]]:
     return {step["version"]: step for step in json.loads((tmp_path / "state.json").read_text())["steps"]}
 
 
-def stand_ins() -> list[psutil.Process]:
-    return [p for p in psutil.process_iter(["cmdline"]) if str(PACED) in " ".join(p.info["cmdline"] or [])]
+def stand_ins(*, servers: bool = False) -> list[psutil.Process]:
+    """Every process of a stand-in's tree (the guard that started it included); ``servers``: the stand-ins alone."""
+    found = [p for p in psutil.process_iter(["cmdline"]) if str(PACED) in " ".join(p.info["cmdline"] or [])]
+    return [p for p in found if p.info["cmdline"][1:2] == [str(PACED)]] if servers else found
 
 
 @pytest.mark.parametrize(("n", "slow_from"), [(5, 3), (6, 1)])
@@ -123,4 +125,18 @@ def test_a_version_that_does_not_boot_ends_the_bisection_with_exit_1_and_keeps_t
     assert done.returncode == 1, done.stderr
     assert f"a step could not be measured: {broken}:" in done.stderr
     assert list(state(tmp_path)) == [versions[-1]]
+    assert not stand_ins()
+
+
+def test_a_sigkilled_bisection_leaves_no_server_behind(tmp_path: Path) -> None:
+    process = subprocess.Popen(command(tmp_path, releases(3, 5)), stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    deadline = time.monotonic() + 120
+    while len(stand_ins(servers=True)) < 2 and process.poll() is None and time.monotonic() < deadline:
+        time.sleep(0.1)
+    assert len(stand_ins(servers=True)) == 2  # the good release's server and the version's, side by side
+    process.kill()
+    process.wait(timeout=30)
+    deadline = time.monotonic() + 60  # the servers' guards see their starter gone, then stop them
+    while stand_ins() and time.monotonic() < deadline:
+        time.sleep(0.2)
     assert not stand_ins()

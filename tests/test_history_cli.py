@@ -3,6 +3,7 @@ a real SQLite store), and the plugin's ``--qwenperf-history``."""
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import shutil
 import subprocess
@@ -10,7 +11,8 @@ from pathlib import Path
 
 import pytest
 
-from pytest_qwenperf.gate.history import HistoryStore
+from pytest_qwenperf.gate.history import HistoryStore, Point, SeriesKey
+from pytest_qwenperf.history.report import Series, render
 from pytest_qwenperf.measure.report import SessionReport
 from tests.stream_source import stream_source
 from tests.test_history_store import night
@@ -110,3 +112,12 @@ def test_a_store_that_cannot_be_opened_fails_the_session_before_it_measures(pyte
     result = pytester.runpytest_subprocess("-p", "no:cacheprovider", "--qwenperf-suite=suite.toml", "--qwenperf-history=missing/h.sqlite")
     assert result.ret == pytest.ExitCode.USAGE_ERROR
     result.stderr.fnmatch_lines(["*--qwenperf-history (or ini qwenperf_history): missing/h.sqlite: cannot open the history store*"])
+
+
+def test_series_without_a_value_in_any_run_are_named_once_not_drawn() -> None:
+    key = SeriesKey("cpu-x", "embedded:tiny", "cpu", "base", "isl128-osl128", "spec_decode_acceptance_rate")
+    point = Point("k", "2026-11-01T02:00:00+00:00", "2026-11-01T03:00:00+00:00", "0.32.0", (1.0, 1.1))
+    with_values = Series(dataclasses.replace(key, metric="output_throughput"), (point,), ())
+    shown = render([Series(key, (), ()), with_values])
+    assert "spec_decode_acceptance_rate (" not in shown and "output_throughput (" in shown
+    assert shown.endswith("no value in any run (left out): spec_decode_acceptance_rate")

@@ -45,8 +45,8 @@ def render(found: Bisection, title: str, *, markdown: bool = False) -> str:
 
 
 def plot(found: Bisection, title: str, path: Path) -> None:
-    """Each measured version's ratio to the good release (red: regressed), the tolerance's line,
-    and the first bad release marked. Needs matplotlib."""
+    """Each measured version's ratio to the good release (red: regressed; the good release at 1),
+    the tolerance's line, and the first bad release marked. Needs matplotlib."""
     import matplotlib
 
     matplotlib.use("Agg")
@@ -66,13 +66,15 @@ def plot(found: Bisection, title: str, path: Path) -> None:
         x = order[step.version]
         ax.scatter([x], [step.ratio], color="red" if step.regressed else "green", zorder=3)
         ax.annotate(f"step {number}", (x, step.ratio), textcoords="offset points", xytext=(4, 4), fontsize=7)
+    ax.scatter([0], [1.0], color="grey", marker="s", zorder=3)  # the good release: every step's reference
+    ax.annotate("good", (0, 1.0), textcoords="offset points", xytext=(4, 4), fontsize=7)
     if found.first_bad is not None:
         ax.axvline(order[found.first_bad] - 0.5, color="red", linestyle="--")
     ax.set_xticks(range(len(found.versions)), found.versions, rotation=30, ha="right", fontsize=8)
     ax.set_xlim(-0.5, len(found.versions) - 0.5)
     shown = steps[0].metric if steps else ""
     ax.set_ylabel(f"{shown}: version / good" if shown else "version / good")
-    ax.set_title(f"{title}: {answer(found)}", fontsize=9)
+    ax.set_title(f"{title}\n{answer(found)}", fontsize=9)
     fig.tight_layout()
     fig.savefig(path, dpi=110)
     plt.close(fig)

@@ -84,14 +84,19 @@ def _row(change: Change, unit: str) -> tuple[str, ...]:
 
 
 def render(found: Sequence[Series], *, markdown: bool = False) -> str:
-    """Per series: its title, the runs' levels as a sparkline (``|`` at each change), then its changes."""
+    """Per series: its title, the runs' levels as a sparkline (``|`` at each change), then its changes.
+    Series without a value in any run (a metric the config does not produce, such as a speculative
+    rate without speculation) are named once at the end instead."""
     if not found:
         return "no series in the history store match"
     lines: list[str] = []
+    empty = [s.key.metric for s in found if not s.points]
     for series in found:
+        if not series.points:
+            continue
         values = levels(series.points)
         title = _title(series)
-        latest = f"latest {values[-1]:,.4g}" if values else "no runs with a value"
+        latest = f"latest {values[-1]:,.4g}"
         lines.append(f"### {title}" if markdown else title)
         spark = sparkline(values, [c.index for c in series.changes])
         lines.append(f"{len(values)} runs, {latest}: `{spark}`" if markdown else f"{len(values)} runs, {latest}: {spark}")
@@ -102,6 +107,8 @@ def render(found: Sequence[Series], *, markdown: bool = False) -> str:
         else:
             lines.append("no change point")
         lines.append("")
+    if empty:
+        lines.append(f"no value in any run (left out): {', '.join(sorted(set(empty)))}")
     return "\n".join(lines).rstrip()
 
 
