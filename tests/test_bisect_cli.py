@@ -140,3 +140,16 @@ def test_a_sigkilled_bisection_leaves_no_server_behind(tmp_path: Path) -> None:
     while stand_ins() and time.monotonic() < deadline:
         time.sleep(0.2)
     assert not stand_ins()
+
+
+def test_a_release_that_cannot_be_installed_is_a_step_that_could_not_be_measured(tmp_path: Path) -> None:
+    wheel = tmp_path / "wheels" / "vllm-9.9.9-py3-none-any.whl"
+    wheel.parent.mkdir()
+    wheel.write_bytes(b"not a zip archive")
+    versions = [releases(None, 1)[0], str(wheel)]
+    done = bisect(tmp_path, versions, "--envs", str(tmp_path / "envs"), "--install-arg=--no-index")
+    assert done.returncode == 1, done.stderr
+    assert f"a step could not be measured: {wheel}: installing {wheel} failed" in done.stderr
+    (log,) = (tmp_path / "logs").glob("01-*vllm-9.9.9-py3-none-any.whl/install.log")
+    assert f"$ {Path(sys.executable).parent / 'uv'} pip install" in log.read_text()
+    assert not stand_ins()

@@ -15,7 +15,8 @@ machine's drift between steps never decides.
 The search itself is :func:`~pytest_qwenperf.history.bisect.bisect`. Each step is written to the
 state file as it ends; a rerun of the same bisection resumes from it. Interrupting stops every
 server. Exit status: 0 when the bisection answered (a first bad release, or none), 1 when a step
-could not be measured (a server that did not boot, a run that lost data), 2 for bad input.
+could not be measured (an environment that could not be made, a server that did not boot, a run
+that lost data), 2 for bad input.
 """
 
 from __future__ import annotations
@@ -41,7 +42,7 @@ from pytest_qwenperf.history import bisect_report, bisect_state
 from pytest_qwenperf.history.bisect import Bisection, Step, bisect
 from pytest_qwenperf.measure.sequential import measure_interleaved, measure_point
 from pytest_qwenperf.serving.hardware import detect
-from pytest_qwenperf.serving.placement import placement
+from pytest_qwenperf.serving.placement import gpu_ids, placement
 from pytest_qwenperf.serving.pool import PoolSettings, ServerPool
 from pytest_qwenperf.serving.releases import CPU_BUILD_CONFLICTS, Candidate, Environments, ReleaseError, between, candidate
 from pytest_qwenperf.serving.server import DEFAULT_BOOT_TIMEOUT_S, ServerError
@@ -218,14 +219,19 @@ def _step(version: str, run: Run, judgements: tuple[Judgement, ...], shown: str)
 
 
 class Stepper:
-    """Measures one version against the good one per call; owns every server it boots (:meth:`close`)."""
+    """Measures one version against the good one per call; owns every server it boots (:meth:`close`).
+
+    Environments are made when a step needs them, so a release that cannot be installed is a step
+    that could not be measured (exit 1), with the steps before it kept."""
 
     def __init__(self, rung: Rung, versions: tuple[Candidate, ...], envs: Environments, args: argparse.Namespace) -> None:
         self.rung, self.envs, self.args = rung, envs, args
+        self.versions = versions
         self.by_label = {v.label: (i, v) for i, v in enumerate(versions)}
-        self.placed = placement(rung.config, detect())
-        self.good = self._pool(versions[0], 0)
-        self.pools: list[ServerPool] = [self.good]
+        hardware = detect()
+        self.placed = placement(rung.config, hardware)
+        self.gpus = gpu_ids(rung.config, hardware)  # what a config of several replicas shares out
+        self.good: ServerPool | None = None  # booted at the first step, kept up for the next ones
 
     def _pool(self, version: Candidate, index: int) -> ServerPool:
         folder = self.args.log_dir / _folder_name(index, version.label)
@@ -234,13 +240,15 @@ class Stepper:
 
     def __call__(self, label: str) -> Step:
         index, version = self.by_label[label]
-        pool = self._pool(version, index)
-        self.pools.append(pool)
         rung, cpus = self.rung, self.placed.server_cpus
+        pool: ServerPool | None = None
         try:
+            if self.good is None:
+                self.good = self._pool(self.versions[0], 0)
+            pool = self._pool(version, index)
             if rung.side_by_side:
                 pair = measure_interleaved(
-                    self.good.get(rung.config, cpus), pool.get(rung.config, cpus), rung.config, rung.workload, rung.plan,
+                    self.good.get(rung.config, cpus, self.gpus), pool.get(rung.config, cpus, self.gpus), rung.config, rung.workload, rung.plan,
                     suite=rung.config.suite, client_cpus=self.placed.client_cpus, tolerances=rung.suite.tolerances,
                 )  # fmt: skip
                 run, judgements = pair.run, pair.judgements
@@ -248,17 +256,17 @@ class Stepper:
                 reference = self._alone(self.good)
                 run = self._alone(pool)
                 judgements = judge_against_run(reference, run, confidence=rung.plan.confidence_at(rung.plan.first))
-        except ServerError as exc:
+        except (ServerError, ReleaseError) as exc:
             raise StepFailed(f"{label}: {exc}") from None
         finally:
-            self.pools.remove(pool)
-            pool.close()
+            if pool is not None:
+                pool.close()
         return _step(label, run, judgements, self.args.metric)
 
     def _alone(self, pool: ServerPool) -> Run:
         """The rung measured on ``pool``'s server alone, which is stopped after."""
         rung = self.rung
-        server = pool.get(rung.config, self.placed.server_cpus)
+        server = pool.get(rung.config, self.placed.server_cpus, self.gpus)
         try:
             decided = measure_point(
                 server, rung.config, rung.workload, rung.plan, lambda run: None,
@@ -269,8 +277,8 @@ class Stepper:
         return decided.run
 
     def close(self) -> None:
-        for pool in self.pools:
-            pool.close()
+        if self.good is not None:
+            self.good.close()
 
 
 def run(args: argparse.Namespace) -> int:
