@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 import urllib.error
 import urllib.request
 
@@ -27,6 +28,17 @@ def http_post(url: str, timeout: float = 30.0) -> tuple[int, bytes]:
     """POST with an empty body, without any configured proxy; (status, body)."""
     try:
         with _NO_PROXY.open(urllib.request.Request(url, data=b"", method="POST"), timeout=timeout) as resp:
+            return resp.status, resp.read()
+    except urllib.error.HTTPError as exc:
+        return exc.code, exc.read()
+
+
+def http_post_json(url: str, body: object, timeout: float = 120.0, api_key: ApiKey | None = None) -> tuple[int, bytes]:
+    """POST ``body`` as JSON, without any configured proxy; (status, body)."""
+    headers = {"Content-Type": "application/json", **(api_key.headers() if api_key else {})}
+    request = urllib.request.Request(url, data=json.dumps(body).encode(), headers=headers, method="POST")
+    try:
+        with _NO_PROXY.open(request, timeout=timeout) as resp:
             return resp.status, resp.read()
     except urllib.error.HTTPError as exc:
         return exc.code, exc.read()

@@ -16,6 +16,7 @@ from pathlib import Path
 
 import msgspec
 
+from pytest_qwenperf.core.canary import Canary
 from pytest_qwenperf.core.files import folder_lock, keep_aside, write_atomically
 from pytest_qwenperf.core.formats import SESSION_SCHEMA, json_safe
 from pytest_qwenperf.core.run import Run
@@ -34,6 +35,7 @@ class SessionReport:
         self._unreadable: dict[tuple[str, str], str] = {}
         self.boots: Counter[str] = Counter()
         self.reference: SessionReport | None = None  # the reference's runs, when these are a candidate's
+        self.canaries: dict[str, Canary] = {}  # by config key: what each config answered to the correctness canary
 
     @property
     def runs(self) -> list[Run]:
@@ -89,6 +91,7 @@ class SessionReport:
             "hardware": detect().as_dict(),
             "boots": dict(self.boots),
             "runs": [msgspec.to_builtins(run) for run in self.runs],
+            "canaries": [msgspec.to_builtins(canary) for canary in self.canaries.values()],
         }
 
     def write_json(self, path: Path) -> Path | None:

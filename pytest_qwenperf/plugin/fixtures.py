@@ -11,9 +11,11 @@ from pathlib import Path
 
 import pytest
 
+from pytest_qwenperf.core.canary import Canary
 from pytest_qwenperf.core.run import Run
 from pytest_qwenperf.core.verdict import Judgement
 from pytest_qwenperf.gate.baseline import Baseline, BaselineError, find_baseline
+from pytest_qwenperf.measure.canary import canary_of
 from pytest_qwenperf.measure.scaling import endpoint_routes
 from pytest_qwenperf.measure.sequential import measure_interleaved, measure_point
 from pytest_qwenperf.plugin.settings import REPORT_KEY, SETTINGS_KEY, SUITES_KEY, USES_KEY, QwenperfSettings, repeat_plan
@@ -191,6 +193,27 @@ def qwenperf_measure(
         return decided.run
 
     return _measure
+
+
+CanaryFn = Callable[[ServingConfig], Canary]
+
+
+@pytest.fixture
+def qwenperf_canary(pytestconfig: pytest.Config, qwenperf_pool: ServerPool, qwenperf_settings: QwenperfSettings) -> CanaryFn:
+    """``canary(config)``: what ``config``'s server answered to the correctness canary, asked once
+    per session (booting the server if needed) and kept in the session's report and JSON.
+    The canary's requests are its own, never inside a measurement."""
+    report = pytestconfig.stash[REPORT_KEY]
+
+    def _canary(cfg: ServingConfig) -> Canary:
+        found = report.canaries.get(cfg.key)
+        if found is None:
+            placed = _placement(cfg, qwenperf_settings)
+            server = qwenperf_pool.get(cfg, placed.server_cpus, gpu_ids(cfg, detect()))
+            found = report.canaries[cfg.key] = canary_of(server, cfg, api_key=qwenperf_settings.api_key)
+        return found
+
+    return _canary
 
 
 @pytest.fixture

@@ -17,6 +17,9 @@ SELECTORS: dict[str, Callable[[Suite, ServingConfig, SuiteWorkload], bool]] = {
     "ladder": lambda suite, cfg, wl: cfg.improves and cfg.inherits is not None and wl.runs_on(cfg.inherits),
     "slo": lambda suite, cfg, wl: wl.slo is not None,
     "speculative": lambda suite, cfg, wl: cfg.speculative,
+    "lossless": lambda suite, cfg, wl: (
+        cfg.speculative and cfg.inherits is not None and wl is next(w for w in suite.workloads if w.runs_on(cfg.id))
+    ),
     "utilization": lambda suite, cfg, wl: any(wl.floor(name, cfg.id) is not None for name in ("gpu_utilization", "server_cpu_busy")),
     "scaling": lambda suite, cfg, wl: cfg.replicas > 1,
     "prefix-cache": lambda suite, cfg, wl: (
@@ -28,7 +31,9 @@ SELECTORS: dict[str, Callable[[Suite, ServingConfig, SuiteWorkload], bool]] = {
 }
 """``ladder`` compares a rung with the one it inherits from, ``prefix-cache`` a cached rung with
 its uncached parent on a shared-prefix workload, ``utilization`` pairs with a utilization floor,
-``scaling`` configs of several replicas (every config when deployed endpoint sets are measured)."""
+``scaling`` configs of several replicas (every config when deployed endpoint sets are measured),
+``lossless`` a speculative rung that inherits from another, once (its first workload: the canary
+it is checked with is per config, not per workload)."""
 
 
 @dataclass(frozen=True)
