@@ -114,6 +114,13 @@ class TokenCheck(msgspec.Struct, frozen=True, kw_only=True):
     detail: str = ""
 
 
+class Loss(msgspec.Struct, frozen=True, kw_only=True):
+    """Why a run's numbers are no verdict on vLLM: a short reason for a table cell, and the detail."""
+
+    reason: str  # "client-bound", "gpu-clock-events"
+    detail: str
+
+
 class ClientLoad(msgspec.Struct, frozen=True, kw_only=True):
     bound: str | None = None  # why the client, not the server, limited the run
     cpu_busy: float | None = None  # fraction of the run the client process spent on a CPU
@@ -153,6 +160,7 @@ class Run(msgspec.Struct, frozen=True, kw_only=True):
     samples: dict[str, tuple[float | None, ...]] | None = None  # metric -> one value per repeat
     extra_repeats: Count = 0  # repeats added after the first ones because the verdicts could not decide
     tolerances: dict[str, float] | None = None  # the suite's, per gated metric
+    conditions: tuple[Loss, ...] = ()  # what was wrong with the device while it ran (``core.validity``)
 
     @property
     def config_key(self) -> str:

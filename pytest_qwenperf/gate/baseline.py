@@ -212,6 +212,8 @@ def refusal(run: Run) -> str | None:
         return f"client and server token counts disagree ({run.token_check.detail})"
     if run.client_bound is not None:
         return f"the client could not keep up, so the numbers measure the client, not vLLM ({run.client_bound})"
+    if run.conditions:
+        return "the device's conditions were wrong: " + "; ".join(f"{loss.reason} ({loss.detail})" for loss in run.conditions)
     return None
 
 

@@ -4,10 +4,9 @@ from __future__ import annotations
 
 import dataclasses
 from collections.abc import Sequence
-from dataclasses import dataclass
 
 from pytest_qwenperf.core.metrics import SCALING, gate_order, metric
-from pytest_qwenperf.core.run import Run
+from pytest_qwenperf.core.run import Loss, Run
 from pytest_qwenperf.core.stats import centre
 from pytest_qwenperf.core.tables import format_table
 from pytest_qwenperf.core.verdict import DEFAULT_CONFIDENCE, Judgement, Verdict, judge
@@ -16,27 +15,20 @@ from pytest_qwenperf.gate.baseline import Baseline, StoredMetric, baseline_from_
 # ------------------------------------------------------------------ a run
 
 
-@dataclass(frozen=True)
-class Loss:
-    """Why a run's numbers are no verdict on vLLM: a short reason for a table cell, and the detail."""
-
-    reason: str
-    detail: str
-
-
 def losses(run: Run, side: str = "run") -> tuple[Loss, ...]:
     """What makes every number of ``run`` untrustworthy; ``side`` names it ("run", "reference")."""
     suffix = "" if side == "run" else f" ({side})"
     found = []
     failed = run.failed_requests
     if failed > 0:
-        found.append(Loss(f"failed requests{suffix}", f"{failed} request(s) of the {side} failed"))
+        found.append(Loss(reason=f"failed requests{suffix}", detail=f"{failed} request(s) of the {side} failed"))
     if run.token_check.matches is False:
         detail = f"the {side}'s client and server token totals disagree ({run.token_check.detail})"
-        found.append(Loss(f"token mismatch{suffix}", detail))
+        found.append(Loss(reason=f"token mismatch{suffix}", detail=detail))
     if run.client_bound is not None:
         detail = f"the {side}'s client could not keep up, so its numbers measure the client, not vLLM ({run.client_bound})"
-        found.append(Loss(f"client-bound{suffix}", detail))
+        found.append(Loss(reason=f"client-bound{suffix}", detail=detail))
+    found += [Loss(reason=f"{loss.reason}{suffix}", detail=f"the {side}'s {loss.detail}") for loss in run.conditions]
     return tuple(found)
 
 
@@ -94,7 +86,7 @@ def judge_run(baseline: Baseline | None, run: Run, *, confidence: float = DEFAUL
             judgements.append(_unjudged(name, None, samples, "no-baseline", "the baseline has no value for it", ratio=False))
         elif not samples:
             where = lost.get(name, "not in its JSON")
-            loss = Loss("no value", f"the run has no value for it ({where}); the baseline has one")
+            loss = Loss(reason="no value", detail=f"the run has no value for it ({where}); the baseline has one")
             judgements.append(_invalid(_unjudged(name, stored, samples, "invalid", "", ratio=True), (loss,)))
         else:
             judgements.append(
@@ -126,9 +118,9 @@ def judge_against_run(reference: Run, run: Run, *, confidence: float = DEFAULT_C
     comparable = reference.identity.baseline() == run.identity.baseline()
     judged = []
     for j in judgements:
-        own = [Loss(j.reason, j.detail)] if j.verdict == "invalid" else []
+        own = [Loss(reason=j.reason, detail=j.detail)] if j.verdict == "invalid" else []
         if j.verdict == "no-baseline" and j.metric in reference_lost and comparable:
-            lost = Loss("no value (reference)", f"the reference has no value for it ({reference_lost[j.metric]}); the run has one")
+            lost = Loss(reason="no value (reference)", detail=f"the reference has no value for it ({reference_lost[j.metric]}); the run has one")
             judged.append(_invalid(j, [*found, lost]))
         elif found and j.verdict != "no-baseline":
             judged.append(_invalid(j, [*own, *found]))

@@ -20,7 +20,7 @@ import msgspec
 
 from pytest_qwenperf.core.apikey import ApiKey, redact_argv
 from pytest_qwenperf.core.http import http_post
-from pytest_qwenperf.core.run import ClientLoad, Run, RunContext, RunHardware, RunIdentity, ServerCounters, TokenCheck
+from pytest_qwenperf.core.run import ClientLoad, Loss, Run, RunContext, RunHardware, RunIdentity, ServerCounters, TokenCheck
 from pytest_qwenperf.core.summary import (
     GoodputSLO,
     RunSummary,
@@ -31,6 +31,7 @@ from pytest_qwenperf.core.summary import (
     summarize,
     summarize_window,
 )
+from pytest_qwenperf.core.validity import ValidityLimits
 from pytest_qwenperf.loadgen.arrivals import Arrival
 from pytest_qwenperf.loadgen.client import (
     LoadOptions,
@@ -48,6 +49,7 @@ from pytest_qwenperf.measure.scaling import (
     copies_of,
     times_arrival,
 )
+from pytest_qwenperf.measure.validity import conditions
 from pytest_qwenperf.serving.hardware import Hardware, detect
 from pytest_qwenperf.serving.server import Server, ServerError, ServerInfo
 from pytest_qwenperf.suite import embedded
@@ -81,9 +83,10 @@ def build_run(
     started: str,  # ISO 8601, UTC
     telemetry: TelemetrySummary,
     tolerances: Mapping[str, float] = MappingProxyType({}),  # the suite's, per gated metric
+    validity: ValidityLimits = ValidityLimits(),  # the suite's
 ) -> Run:
     """The record of one load run: identity (what was measured), context (where, which
-    versions) and results, kept apart."""
+    versions) and results, kept apart; the conditions its telemetry shows were wrong."""
     return Run(
         identity=RunIdentity(
             suite=suite,
@@ -112,6 +115,7 @@ def build_run(
         requests_per_server=dict(requests_per_server),
         samples={},
         tolerances=dict(tolerances),
+        conditions=conditions(telemetry, validity),
     )
 
 
@@ -251,6 +255,7 @@ def measure(
     routes: Sequence[Route] | None = None,
     workers: int = 1,
     api_key: ApiKey | None = None,
+    validity: ValidityLimits = ValidityLimits(),
 ) -> Run:
     """Drive ``workload`` against ``server`` (running ``config``) ``repeats`` times.
 
@@ -269,7 +274,9 @@ def measure(
     efficiencies (:class:`ScalingSummary`) as ``scaling_efficiency_n<N>`` samples. A server
     of ours that stops during a run raises :class:`ServerError` naming it. ``workers``:
     load-generator processes (see :func:`observe`). ``api_key``: the key the servers require
-    (vLLM's ``--api-key``), sent with every request.
+    (vLLM's ``--api-key``), sent with every request. ``validity``: the suite's limits on the
+    device's conditions (:mod:`pytest_qwenperf.measure.validity`); a repeat that passed one
+    makes the result invalid.
 
     The repeats are :func:`measure_repeat` and their result :func:`combine_repeats`, which
     a caller adding repeats as the verdicts ask (:mod:`pytest_qwenperf.measure.sequential`) uses.
@@ -277,7 +284,17 @@ def measure(
     if repeats < 1:
         raise ValueError(f"repeats must be at least 1, got {repeats}")
     measured = [
-        measure_repeat(server, config, workload, suite=suite, client_cpus=client_cpus, routes=routes, workers=workers, api_key=api_key)
+        measure_repeat(
+            server,
+            config,
+            workload,
+            suite=suite,
+            client_cpus=client_cpus,
+            routes=routes,
+            workers=workers,
+            api_key=api_key,
+            validity=validity,
+        )
         for _ in range(repeats)
     ]
     return combine_repeats(measured, config.replicas, tolerances=tolerances)
@@ -293,6 +310,7 @@ def measure_repeat(
     routes: Sequence[Route] | None = None,
     workers: int = 1,
     api_key: ApiKey | None = None,
+    validity: ValidityLimits = ValidityLimits(),
 ) -> Repeat:
     """One repeat of a point: a load run on each route, fewest replicas first, each on empty
     prefix caches (the arguments are :func:`measure`'s)."""
@@ -300,7 +318,15 @@ def measure_repeat(
     for route in sorted(routes or routes_of(server, config.replicas), key=lambda route: route.replicas):
         reset_prefix_caches(route.metrics_urls)
         runs[route.replicas] = _measure_once(
-            server, route, config, workload, suite=suite, client_cpus=client_cpus, workers=workers, api_key=api_key
+            server,
+            route,
+            config,
+            workload,
+            suite=suite,
+            client_cpus=client_cpus,
+            workers=workers,
+            api_key=api_key,
+            validity=validity,
         )
         server.check_alive()
     return MappingProxyType(runs)
@@ -332,9 +358,24 @@ def combine_repeats(repeats: Sequence[Repeat], replicas: int, *, tolerances: Map
         chosen,
         client=msgspec.structs.replace(chosen.client, bound=bound),
         token_check=tokens,
+        conditions=_conditions(every),
         samples=samples,
         tolerances=dict(tolerances),
         scaling=scaling.record() if scaling else None,
+    )
+
+
+def _conditions(runs: Sequence[Run]) -> tuple[Loss, ...]:
+    """Each wrong condition of any load run, once, with the first run's detail and how many had it."""
+    by_reason: dict[str, list[Loss]] = {}
+    for run in runs:
+        for loss in run.conditions:
+            by_reason.setdefault(loss.reason, []).append(loss)
+    if len(runs) == 1:
+        return tuple(found[0] for found in by_reason.values())
+    return tuple(
+        Loss(reason=reason, detail=f"{found[0].detail} (in {len(found)} of {len(runs)} load runs)")
+        for reason, found in by_reason.items()
     )
 
 
@@ -391,6 +432,7 @@ def _measure_once(
     client_cpus: frozenset[int],
     workers: int,
     api_key: ApiKey | None,
+    validity: ValidityLimits,
 ) -> Run:
     hardware = detect()
     tokenizer = PromptTokenizer.load(embedded.resolve_model(config.model))
@@ -427,6 +469,7 @@ def _measure_once(
         client_cpus=seen.load.client_cpus[0],
         started=seen.started,
         telemetry=seen.telemetry,
+        validity=validity,
     )
 
 

@@ -29,6 +29,7 @@ import msgspec
 from pytest_qwenperf.core.apikey import ApiKey
 from pytest_qwenperf.core.run import Run
 from pytest_qwenperf.core.sequential import SequentialPlan
+from pytest_qwenperf.core.validity import ValidityLimits
 from pytest_qwenperf.core.verdict import UNDECIDED, Judgement
 from pytest_qwenperf.gate.baseline import Baseline
 from pytest_qwenperf.gate.judge import judge_against_run, judge_run
@@ -134,11 +135,14 @@ def measure_point(
     routes: Sequence[Route] | None = None,
     workers: int = 1,
     api_key: ApiKey | None = None,
+    validity: ValidityLimits = ValidityLimits(),
 ) -> Decided:
     """:func:`~pytest_qwenperf.measure.run.measure` with as many repeats as :func:`decide` takes."""
 
     def repeat() -> Repeat:
-        return measure_repeat(server, config, workload, suite=suite, client_cpus=client_cpus, routes=routes, workers=workers, api_key=api_key)
+        return measure_repeat(
+            server, config, workload, suite=suite, client_cpus=client_cpus, routes=routes, workers=workers, api_key=api_key, validity=validity
+        )
 
     def combine(repeats: Sequence[Repeat]) -> Run:
         return combine_repeats(repeats, config.replicas, tolerances=tolerances)
@@ -158,11 +162,14 @@ def measure_interleaved(
     tolerances: Mapping[str, float] = MappingProxyType({}),
     workers: int = 1,
     api_key: ApiKey | None = None,
+    validity: ValidityLimits = ValidityLimits(),
 ) -> DecidedPair:
     """The point on both servers, as many repeats each as :func:`decide_interleaved` takes."""
 
     def repeat_on(server: Server) -> Callable[[], Repeat]:
-        return lambda: measure_repeat(server, config, workload, suite=suite, client_cpus=client_cpus, workers=workers, api_key=api_key)
+        return lambda: measure_repeat(
+            server, config, workload, suite=suite, client_cpus=client_cpus, workers=workers, api_key=api_key, validity=validity
+        )
 
     def combine(repeats: Sequence[Repeat]) -> Run:
         return combine_repeats(repeats, config.replicas, tolerances=tolerances)

@@ -162,6 +162,7 @@ def qwenperf_measure(
                 tolerances=suite.tolerances,
                 workers=settings.client_workers,
                 api_key=settings.api_key,
+                validity=suite.validity,
             )
             report.reference.add(pair.reference)
             report.add(pair.run, pair.judgements)
@@ -188,6 +189,7 @@ def qwenperf_measure(
             routes=endpoint_routes(sets) if sets else None,
             workers=settings.client_workers,
             api_key=settings.api_key,
+            validity=suite.validity,
         )
         report.add(decided.run, decided.judgements, unreadable=unreadable[0] if unreadable else None)
         return decided.run

@@ -28,6 +28,7 @@ from pytest_qwenperf.core.identity import Identity, argv_digest
 from pytest_qwenperf.core.metrics import FLOORED, GATED, SCALING, find
 from pytest_qwenperf.core.summary import GoodputSLO
 from pytest_qwenperf.core.textfiles import read_text
+from pytest_qwenperf.core.validity import ValidityLimits
 from pytest_qwenperf.loadgen.arrivals import Arrival, ArrivalError, ClosedLoop, OpenLoop
 from pytest_qwenperf.suite import embedded
 from pytest_qwenperf.suite.workloads import Workload, workload_from_dict
@@ -158,6 +159,7 @@ class Suite:
     repeats: int = 3  # load runs per (config, workload): the spread a verdict weighs changes against
     max_repeats: int | None = None  # load runs a point may take while its verdicts cannot decide; None: the repeats in force
     tolerances: Mapping[str, float] = field(default_factory=lambda: MappingProxyType({}))  # per gated metric, for baselines recorded from this suite
+    validity: ValidityLimits = ValidityLimits()  # when the device's conditions make a run invalid
 
     def config(self, config_id: str) -> ServingConfig:
         for cfg in self.configs:
@@ -254,6 +256,7 @@ def load_suite(path: Path | str) -> Suite:
         repeats=suite.repeats,
         max_repeats=suite.max_repeats,
         tolerances=_tolerances(path, suite.tolerances),
+        validity=suite.validity,
     )
 
 
@@ -290,6 +293,7 @@ class _SuiteTable(schema.Shape, frozen=True):
     tolerances: Annotated[dict[str, _Fraction], Meta(description="a table of gated metric = fraction")] = msgspec.field(
         default_factory=dict
     )
+    validity: Annotated[ValidityLimits, Meta(description="a table of condition = largest share")] = ValidityLimits()
 
 
 class _ConfigTable(schema.Shape, frozen=True):

@@ -8,6 +8,9 @@ Each group is its root processes plus all their descendants, looked up again whi
 run goes on (vLLM's engine-core and workers are children, and may come and go). A
 process belongs to the first group that claims it: the load generator's own process
 tree contains the servers it started, so the servers are listed first.
+
+The group named ``server`` also fixes the cores watched for other processes
+(:mod:`pytest_qwenperf.telemetry.cores`): the cores its processes may run on.
 """
 
 from __future__ import annotations
@@ -18,6 +21,8 @@ from types import MappingProxyType
 
 import psutil
 
+from pytest_qwenperf.core.validity import CONTENDED_CORES
+from pytest_qwenperf.telemetry.cores import CoreTimes, OtherProcess, OtherProcesses, affinity, busiest, core_times
 from pytest_qwenperf.telemetry.sampling import (
     CLOCK,
     PeriodicSampler,
@@ -40,6 +45,8 @@ class CpuSample:
     seconds: float  # length of the interval
     busy: tuple[float, ...]  # in the order of CpuSampler.groups
     processes: tuple[int, ...]  # live processes per group
+    others: float | None = None  # cores busy on the server's cores by processes outside the groups
+    steal: float | None = None  # cores of the server's cores the hypervisor gave to someone else
 
 
 @dataclass(frozen=True)
@@ -59,10 +66,31 @@ class CpuGroupSummary:
 
 
 @dataclass(frozen=True)
+class ServerCoresSummary:
+    """What else ran on the server's cores over a window."""
+
+    cores: tuple[int, ...]
+    others_busy: Stats | None  # cores busy by processes outside the run
+    contended_share: float | None  # time share of the intervals in which others kept CONTENDED_CORES busy
+    steal_share: float | None  # steal over the cores' time; None where the kernel reports none
+    busiest_others: tuple[OtherProcess, ...]
+
+    def as_json(self) -> dict[str, object]:
+        return {
+            "cores": list(self.cores),
+            "others_busy": self.others_busy.as_json() if self.others_busy else None,
+            "contended_share": self.contended_share,
+            "steal_share": self.steal_share,
+            "busiest_others": [other.as_json() for other in self.busiest_others],
+        }
+
+
+@dataclass(frozen=True)
 class CpuSummary:
     groups: Mapping[str, CpuGroupSummary]
     health: SamplerHealth
     tokens: int | None = None  # tokens produced inside the window
+    server_cores: ServerCoresSummary | None = None  # None without a server group
 
     @property
     def tokens_per_server_cpu_s(self) -> float | None:
@@ -83,6 +111,7 @@ class CpuSummary:
             "groups": {name: g.as_json() for name, g in self.groups.items()},
             "tokens": self.tokens,
             "tokens_per_server_cpu_s": self.tokens_per_server_cpu_s,
+            "server_cores": self.server_cores.as_json() if self.server_cores else None,
             "sampler": self.health.as_json(),
         }
 
@@ -92,6 +121,7 @@ class _Tracked:
     process: psutil.Process
     group: int
     cpu_s: float  # user + system at the previous poll
+    on_cores: bool  # its affinity reaches the server's cores
 
 
 class CpuSampler(PeriodicSampler):
@@ -111,12 +141,17 @@ class CpuSampler(PeriodicSampler):
         self._tracked: dict[int, _Tracked] = {}
         self._last_poll: float | None = None
         self._last_discovery = float("-inf")
+        self.cores: frozenset[int] = frozenset()  # the server's, once its processes are found
+        self._core_times: CoreTimes | None = None
+        self._others: OtherProcesses | None = None
+        self.others_seen: list[OtherProcess] = []
 
     def _poll(self) -> None:
         if CLOCK() - self._last_discovery >= self.discover_every_s:
             self._discover()
             self._last_discovery = CLOCK()
         used = [0.0] * len(self.groups)
+        own_on_cores = 0.0
         for pid, tracked in list(self._tracked.items()):
             try:
                 times = tracked.process.cpu_times()
@@ -125,15 +160,23 @@ class CpuSampler(PeriodicSampler):
                 continue
             cpu_s = times.user + times.system
             used[tracked.group] += max(cpu_s - tracked.cpu_s, 0.0)
+            own_on_cores += max(cpu_s - tracked.cpu_s, 0.0) if tracked.on_cores else 0.0
             tracked.cpu_s = cpu_s
+        cores_before, cores_now = self._core_times, core_times(self.cores) if self.cores else None
+        self._core_times = cores_now
         now = CLOCK()  # after reading the counters: a poll delayed before them then stays consistent
         if self._last_poll is not None:
             elapsed = now - self._last_poll
             counts = [sum(1 for t in self._tracked.values() if t.group == g) for g in range(len(self.groups))]
+            others = steal = None
+            if cores_before is not None and cores_now is not None:
+                others = max(cores_now.busy_s - cores_before.busy_s - own_on_cores, 0.0) / elapsed
+                if cores_now.steal_s is not None and cores_before.steal_s is not None:
+                    steal = max(cores_now.steal_s - cores_before.steal_s, 0.0) / elapsed
             if self.samples and elapsed < self.interval_s / 2:
-                self.samples[-1] = _merged(self.samples[-1], now, elapsed, used, counts)
+                self.samples[-1] = _merged(self.samples[-1], now, elapsed, used, counts, others, steal)
             else:
-                self.samples.append(CpuSample(now, elapsed, tuple(u / elapsed for u in used), tuple(counts)))
+                self.samples.append(CpuSample(now, elapsed, tuple(u / elapsed for u in used), tuple(counts), others, steal))
         self._last_poll = now
 
     def _discover(self) -> None:
@@ -146,6 +189,16 @@ class CpuSampler(PeriodicSampler):
                 seen.add(process.pid)
                 if process.pid not in self._tracked:
                     self._track(process, group)
+        if not self.cores and "server" in self.groups:
+            server = self.groups.index("server")
+            self.cores = frozenset().union(*(affinity(pid) for pid, t in self._tracked.items() if t.group == server))
+            if self.cores:
+                self._others = OtherProcesses(self.cores)
+                for tracked in self._tracked.values():
+                    tracked.on_cores = bool(self.cores & affinity(tracked.process.pid))
+                self._core_times = core_times(self.cores)
+        if self._others is not None:
+            self.others_seen += self._others.scan(set(self._tracked), CLOCK())
 
     def _track(self, process: psutil.Process, group: int) -> None:
         try:
@@ -156,7 +209,7 @@ class CpuSampler(PeriodicSampler):
         # belongs to the run. (Not decided by create_time(): psutil derives it from a boot time
         # in whole seconds, so it can be off by up to a second.)
         baseline = 0.0 if self._last_poll is not None else times.user + times.system
-        self._tracked[process.pid] = _Tracked(process, group, baseline)
+        self._tracked[process.pid] = _Tracked(process, group, baseline, bool(self.cores & affinity(process.pid)))
 
     def summary(self, window: Window | None = None, tokens: int | None = None) -> CpuSummary:
         """Per group: cores busy over the polls that ended inside ``window`` (all when None);
@@ -175,10 +228,35 @@ class CpuSampler(PeriodicSampler):
             ),
             health=self.health(),
             tokens=tokens,
+            server_cores=self._server_cores(samples, window) if self.cores else None,
+        )
+
+    def _server_cores(self, samples: Sequence[CpuSample], window: Window | None) -> ServerCoresSummary:
+        watched = [s for s in samples if s.others is not None]
+        seconds = sum(s.seconds for s in watched)
+        stolen = [s for s in watched if s.steal is not None]
+        return ServerCoresSummary(
+            cores=tuple(sorted(self.cores)),
+            others_busy=Stats.of(s.others for s in watched),
+            contended_share=sum(s.seconds for s in watched if (s.others or 0.0) >= CONTENDED_CORES) / seconds
+            if seconds
+            else None,
+            steal_share=(
+                sum((s.steal or 0.0) * s.seconds for s in stolen) / (seconds * len(self.cores)) if stolen and seconds else None
+            ),
+            busiest_others=busiest(o for o in self.others_seen if inside(o.at, window)),
         )
 
 
-def _merged(last: CpuSample, now: float, elapsed: float, used: Sequence[float], counts: Sequence[int]) -> CpuSample:
+def _merged(
+    last: CpuSample,
+    now: float,
+    elapsed: float,
+    used: Sequence[float],
+    counts: Sequence[int],
+    others: float | None,
+    steal: float | None,
+) -> CpuSample:
     """``last`` extended by a short interval (the closing poll right after a scheduled one).
 
     The kernel counts CPU time in clock ticks (10 ms), so over a sub-millisecond interval
@@ -186,7 +264,12 @@ def _merged(last: CpuSample, now: float, elapsed: float, used: Sequence[float], 
     """
     seconds = last.seconds + elapsed
     busy = tuple((b * last.seconds + u) / seconds for b, u in zip(last.busy, used, strict=True))
-    return CpuSample(now, seconds, busy, tuple(max(a, b) for a, b in zip(last.processes, counts, strict=True)))
+
+    def rate(earlier: float | None, later: float | None) -> float | None:
+        return None if earlier is None or later is None else (earlier * last.seconds + later * elapsed) / seconds
+
+    processes = tuple(max(a, b) for a, b in zip(last.processes, counts, strict=True))
+    return CpuSample(now, seconds, busy, processes, rate(last.others, others), rate(last.steal, steal))
 
 
 def _trees(roots: Sequence[int]) -> list[psutil.Process]:

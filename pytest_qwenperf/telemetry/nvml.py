@@ -8,6 +8,11 @@ SM and tensor activity say how much of the chip did work. Also memory used, powe
 the cumulative energy counter (→ joules per run, tokens per joule), SM clock and
 clock-event (throttle) reasons.
 
+Also the evidence that a run's GPU was not the GPU it claims: XID errors (NVML's critical
+error events, drained at each poll), the volatile ECC error counters, and processes
+outside the run holding memory on the GPU (read every few seconds; the caller says which
+processes are the run's own).
+
 ``pynvml`` is imported when sampling starts, so this module imports on machines without
 it. NVML errors are recorded per device and field and never end the run: a field the
 device does not support, or that keeps failing, is marked unavailable and no longer
@@ -16,12 +21,16 @@ polled; a GPU that falls off the bus (``GPU is lost``) stops being polled at all
 
 from __future__ import annotations
 
+import bisect
 import contextlib
+import functools
 import statistics
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Callable, Collection, Mapping, Sequence
 from dataclasses import dataclass, field
 from types import MappingProxyType, ModuleType
 from typing import Any
+
+import psutil
 
 from pytest_qwenperf.telemetry.sampling import (
     CLOCK,
@@ -35,10 +44,25 @@ from pytest_qwenperf.telemetry.sampling import (
 )
 
 DEFAULT_INTERVAL_S = 0.1
+PROCESSES_EVERY_S = 2.0
+"""Listing a GPU's processes costs the driver far more than a utilization reading; a process
+holding memory stays for seconds. Read every this often, and at the closing poll."""
 GIVE_UP_AFTER = 5
 """Consecutive failures after which a field is marked unavailable (not-supported: at once)."""
 
-FIELDS = ("utilization", "memory_used", "power", "energy", "sm_clock", "clock_events", "gpm")
+FIELDS = (
+    "utilization",
+    "memory_used",
+    "power",
+    "energy",
+    "sm_clock",
+    "clock_events",
+    "gpm",
+    "xid_errors",
+    "ecc_uncorrected",
+    "ecc_corrected",
+    "processes",
+)
 GPM_FIELDS = ("sm_activity", "sm_occupancy", "tensor_activity")
 
 # nvmlClocksEventReason* bits (nvml.h; the same bits were called ThrottleReason before driver 535)
@@ -65,6 +89,11 @@ class GpuDevice:
     uuid: str
     name: str
 
+    @property
+    def label(self) -> str:
+        """How a GPU is named in messages: its NVML index (the JSON's ``devices`` pair it with the UUID)."""
+        return str(self.index)
+
 
 @dataclass(frozen=True)
 class GpuSample:
@@ -81,6 +110,9 @@ class GpuSample:
     energy_mj: int | None = None  # cumulative since the driver loaded
     sm_clock_mhz: int | None = None
     clock_events: int | None = None  # nvmlClocksEventReason bit mask
+    ecc_uncorrected: int | None = None  # volatile counter: since the driver loaded
+    ecc_corrected: int | None = None
+    processes: Mapping[int, int | None] | None = None  # pid → bytes held (None: not reported); None: not read this poll
 
 
 @dataclass(frozen=True)
@@ -111,8 +143,24 @@ class GpuDeviceSummary:
     peak_memory_used_bytes: int | None
     energy_j: float | None  # None unless the energy counter covers the whole window
     clock_events: Mapping[str, float]  # reason → share of samples it was active in
+    clock_event_masks: Mapping[int, int]  # bit mask → samples it was read in (shares of any set of reasons)
+    xid_errors: tuple[int, ...]  # XID codes the GPU reported in the window, in order
+    ecc_uncorrected: int | None  # errors counted in the window; None: not read (ECC off) or not over all of it
+    ecc_corrected: int | None
+    foreign_processes: Mapping[int, int | None]  # pid → most bytes seen held (None: never reported), not the run's own
+    foreign_process_names: Mapping[int, str]  # of those, the ones whose name could be read
     field_errors: Mapping[str, FieldHealth]  # only fields that had errors
     lost: bool
+
+    def clock_event_share(self, reasons: Collection[str]) -> float | None:
+        """Share of the samples in which any of ``reasons`` was active; None when no sample read clock events.
+
+        Not the sum of the reasons' shares: reasons often come together (a power cap and a
+        thermal slowdown in the same sample), and a sample held back is held back once.
+        """
+        bits = _clock_event_bits(reasons)
+        read = sum(self.clock_event_masks.values())
+        return sum(n for mask, n in self.clock_event_masks.items() if mask & bits) / read if read else None
 
     def as_json(self) -> dict[str, object]:
         def stats(s: Stats | None) -> dict[str, float | int] | None:
@@ -134,6 +182,13 @@ class GpuDeviceSummary:
             "peak_memory_used_bytes": self.peak_memory_used_bytes,
             "energy_j": self.energy_j,
             "clock_events": dict(self.clock_events),
+            "xid_errors": list(self.xid_errors),
+            "ecc_uncorrected": self.ecc_uncorrected,
+            "ecc_corrected": self.ecc_corrected,
+            "foreign_processes": [
+                {"pid": pid, "used_bytes": used, "name": self.foreign_process_names.get(pid)}
+                for pid, used in self.foreign_processes.items()
+            ],
             "field_errors": {name: health.as_json() for name, health in self.field_errors.items()},
         }
 
@@ -157,6 +212,27 @@ class GpuSummary:
     def tokens_per_joule(self) -> float | None:
         energy = self.energy_j
         return None if self.tokens is None or not energy else self.tokens / energy
+
+    def clock_event_share(self, reasons: Collection[str]) -> float | None:
+        """The largest share, over GPUs, of samples in which any of ``reasons`` was active.
+
+        The largest, not the mean: one GPU held back slows every step of a tensor-parallel
+        model. None when no GPU read clock events.
+        """
+        shares = [share for d in self.devices if (share := d.clock_event_share(reasons)) is not None]
+        return max(shares) if shares else None
+
+    def xid_errors(self) -> dict[str, tuple[int, ...]]:
+        """XID codes per GPU (by :attr:`GpuDevice.label`), for the GPUs that reported any in the window."""
+        return {d.device.label: d.xid_errors for d in self.devices if d.xid_errors}
+
+    def ecc_uncorrected(self) -> dict[str, int]:
+        """Uncorrected ECC errors per GPU (by :attr:`GpuDevice.label`), for the GPUs that counted any in the window."""
+        return {d.device.label: d.ecc_uncorrected for d in self.devices if d.ecc_uncorrected}
+
+    def foreign_processes(self) -> dict[str, Mapping[int, int | None]]:
+        """Other processes' memory per GPU (by :attr:`GpuDevice.label`), for the GPUs that had any in the window."""
+        return {d.device.label: d.foreign_processes for d in self.devices if d.foreign_processes}
 
     def mean_of(self, name: str) -> float | None:
         """Mean over GPUs of each GPU's mean ``name`` (``utilization``, ``sm_activity``, ...)."""
@@ -245,6 +321,8 @@ class _DeviceState:
     gpm_samples: list[Any] = field(default_factory=list)  # [previous, next]
     gpm_request: Any = None  # a reusable c_nvmlGpmMetricsGet_t
     gpm_primed: bool = False  # whether ``gpm_samples[0]`` holds a sample yet
+    event_set: Any = None  # the nvmlEventSet_t its XID errors arrive in
+    xid_drains: list[tuple[float, tuple[int, ...]]] = field(default_factory=list)  # (when, XID codes) per drain
     lost: bool = False
 
 
@@ -256,13 +334,23 @@ class NvmlSampler(PeriodicSampler):
         visible_devices: Sequence[str | None],
         interval_s: float = DEFAULT_INTERVAL_S,
         give_up_after: int = GIVE_UP_AFTER,
+        own_pids: Callable[[], Collection[int]] | None = None,
+        processes_every_s: float = PROCESSES_EVERY_S,
     ) -> None:
+        """``own_pids``: the run's processes now (the server trees), called from the sampler
+        thread each time the GPUs' processes are read; any other process seen holding memory
+        on a sampled GPU is reported. None: every process is the run's own, none is read."""
         super().__init__(interval_s)
         self.visible_devices = tuple(visible_devices)
         self.give_up_after = give_up_after
+        self.own_pids = own_pids
+        self.processes_every_s = processes_every_s
         self.unresolved_devices: tuple[str, ...] = ()
         self._nv: ModuleType | None = None
         self._devices: list[_DeviceState] = []
+        self._own: set[int] = set()  # every pid own_pids() ever returned: a process is the run's own for the whole run
+        self._process_names: dict[int, str | None] = {}  # None: could not be read
+        self._processes_read_at = float("-inf")
 
     @property
     def devices(self) -> tuple[GpuDevice, ...]:
@@ -295,6 +383,7 @@ class NvmlSampler(PeriodicSampler):
                 raise SamplerUnavailable(f"no GPU here matches CUDA_VISIBLE_DEVICES {list(self.visible_devices)}")
             for device in self._devices:
                 self._open_gpm(device)
+                self._open_events(device)
         except pynvml.NVMLError as exc:
             self._close()
             raise SamplerUnavailable(f"NVML could not list the GPUs: {exc}") from exc
@@ -320,7 +409,7 @@ class NvmlSampler(PeriodicSampler):
         nv = self._nvml
         try:
             if not nv.nvmlGpmQueryDeviceSupport(device.handle).isSupportedDevice:
-                _gpm_unavailable(device, "GPM not supported on this GPU")
+                _unavailable(device, ("gpm", *GPM_FIELDS), "GPM not supported on this GPU")
                 return
             for _ in range(2):
                 device.gpm_samples.append(nv.nvmlGpmSampleAlloc())
@@ -332,13 +421,31 @@ class NvmlSampler(PeriodicSampler):
                 request.metrics[slot].metricId = metric_id
             device.gpm_request = request
         except (AttributeError, nv.NVMLError) as exc:  # a pynvml before GPM, or the driver refused
-            _gpm_unavailable(device, _describe(exc))
+            _unavailable(device, ("gpm", *GPM_FIELDS), _describe(exc))
+
+    def _open_events(self, device: _DeviceState) -> None:
+        """Register for the GPU's XID errors, or mark them unavailable (a driver or GPU without events)."""
+        nv = self._nvml
+        try:
+            device.event_set = nv.nvmlEventSetCreate()
+            nv.nvmlDeviceRegisterEvents(device.handle, nv.nvmlEventTypeXidCriticalError, device.event_set)
+        except (AttributeError, nv.NVMLError) as exc:
+            _unavailable(device, ("xid_errors",), _describe(exc))
+            self._free_events(device)
+
+    def _free_events(self, device: _DeviceState) -> None:
+        nv = self._nvml
+        if device.event_set is not None:
+            with contextlib.suppress(nv.NVMLError):  # as for GPM samples: NVML reclaims it at shutdown
+                nv.nvmlEventSetFree(device.event_set)
+            device.event_set = None
 
     def _close(self) -> None:
         nv = self._nv
         if nv is None:
             return
         for device in self._devices:
+            self._free_events(device)
             for sample in device.gpm_samples:
                 with contextlib.suppress(nv.NVMLError):  # a lost GPU's samples cannot be freed; NVML reclaims them at shutdown
                     nv.nvmlGpmSampleFree(sample)
@@ -353,14 +460,27 @@ class NvmlSampler(PeriodicSampler):
 
     # polling -------------------------------------------------------------------------
     def _poll(self) -> None:
+        own_pids = self.own_pids
+        processes = own_pids is not None and (
+            self._stopping.is_set() or CLOCK() - self._processes_read_at >= self.processes_every_s
+        )
+        if processes:
+            self._processes_read_at = CLOCK()
         for device in self._devices:
-            if not device.lost:
-                try:
-                    device.samples.append(self._read(device))
-                except _DeviceLost:
-                    device.lost = True
+            if device.lost:
+                continue
+            try:
+                device.samples.append(self._read(device, processes))
+            except _DeviceLost:
+                device.lost = True
+            try:  # also in the poll that found the GPU lost: the XID that says why (79) is waiting
+                self._field(device, "xid_errors", functools.partial(self._drain_xid_errors, device))
+            except _DeviceLost:
+                device.lost = True
+        if processes and own_pids is not None:
+            self._own.update(own_pids())  # after the GPUs' lists: a process in them is in the trees by now
 
-    def _read(self, device: _DeviceState) -> GpuSample:
+    def _read(self, device: _DeviceState, processes: bool) -> GpuSample:
         nv, h = self._nvml, device.handle
         at = CLOCK()
         util = self._field(device, "utilization", lambda: nv.nvmlDeviceGetUtilizationRates(h))
@@ -379,7 +499,36 @@ class NvmlSampler(PeriodicSampler):
             energy_mj=self._field(device, "energy", lambda: nv.nvmlDeviceGetTotalEnergyConsumption(h)),
             sm_clock_mhz=self._field(device, "sm_clock", lambda: nv.nvmlDeviceGetClockInfo(h, nv.NVML_CLOCK_SM)),
             clock_events=self._field(device, "clock_events", lambda: _clock_event_reasons(nv, h)),
+            ecc_uncorrected=self._field(device, "ecc_uncorrected", lambda: _ecc_errors(nv, h, nv.NVML_MEMORY_ERROR_TYPE_UNCORRECTED)),
+            ecc_corrected=self._field(device, "ecc_corrected", lambda: _ecc_errors(nv, h, nv.NVML_MEMORY_ERROR_TYPE_CORRECTED)),
+            processes=self._field(device, "processes", lambda: self._processes(h)) if processes else None,
         )
+
+    def _drain_xid_errors(self, device: _DeviceState) -> None:
+        """Take every XID error waiting in the GPU's event set (without waiting for more)."""
+        nv = self._nvml
+        at, codes = CLOCK(), []
+        try:
+            with contextlib.suppress(nv.NVMLError_Timeout):  # raised once none is left
+                while True:
+                    event = nv.nvmlEventSetWait_v2(device.event_set, 0)
+                    if event.eventType == nv.nvmlEventTypeXidCriticalError:
+                        codes.append(int(event.eventData))
+        finally:  # the codes taken before an error are kept
+            device.xid_drains.append((at, tuple(codes)))
+
+    def _processes(self, handle: Any) -> Mapping[int, int | None]:
+        """Processes with memory on the GPU: pid → bytes held (None where the driver does not say)."""
+        nv = self._nvml
+        found = list(nv.nvmlDeviceGetComputeRunningProcesses(handle))
+        with contextlib.suppress(nv.NVMLError_NotSupported):  # a GPU without a graphics engine lists only compute
+            found += nv.nvmlDeviceGetGraphicsRunningProcesses(handle)
+        held: dict[int, int | None] = {}
+        for process in found:  # one with both kinds of context is listed twice, with the same memory
+            held[process.pid] = process.usedGpuMemory if process.usedGpuMemory is not None else held.get(process.pid)
+            if process.pid not in self._process_names:
+                self._process_names[process.pid] = _process_name(process.pid)
+        return MappingProxyType(held)
 
     def _gpm(self, device: _DeviceState) -> dict[str, float | None]:
         """Take a GPM sample; metrics between it and the previous one (none on the first poll)."""
@@ -446,8 +595,9 @@ class NvmlSampler(PeriodicSampler):
         )
 
 
-def _gpm_unavailable(device: _DeviceState, reason: str) -> None:
-    for name in ("gpm", *GPM_FIELDS):
+def _unavailable(device: _DeviceState, names: Sequence[str], reason: str) -> None:
+    """Mark fields unavailable from the start: they are not polled."""
+    for name in names:
         state = device.fields[name]
         state.unavailable, state.last_error = True, reason
 

@@ -1,0 +1,40 @@
+"""When a run's conditions were wrong: the limits past which its numbers are no verdict on vLLM.
+
+A run measures vLLM only if the device it ran on was the device it claims: a GPU held back
+by a thermal, power-cap or hardware slowdown, a GPU that logged an XID or an uncorrected ECC
+error, a GPU another process held memory on, or CPU cores another busy process (or the
+hypervisor, as steal time) took from the server, make a slower run a fact about the machine.
+Such a run is judged ``invalid: <reason>``, never ``pass`` or ``regression``.
+
+The limits are shares of the run's steady-state window, set per suite (``[suite.validity]``)
+because what is normal differs: a busy GPU at its power limit reports ``sw_power_cap`` now and
+then, and a shared VM reports some steal time. An XID, an uncorrected ECC error or another
+process's memory on the config's GPU has no share: once is enough.
+"""
+
+from __future__ import annotations
+
+from typing import Annotated
+
+import msgspec
+
+from pytest_qwenperf.core.schema import Shape
+
+Share = Annotated[float, msgspec.Meta(ge=0, le=1, description="a fraction in [0, 1]")]
+
+CLOCK_EVENTS = ("sw_power_cap", "hw_slowdown", "sw_thermal_slowdown", "hw_thermal_slowdown", "hw_power_brake_slowdown")
+"""The clock-event reasons that hold a GPU below the clocks it would run at (NVML's names):
+power caps, thermal and hardware slowdowns. Idle, application-clock, sync-boost and display
+settings are not a machine fault."""
+
+CONTENDED_CORES = 0.25
+"""Other processes' use of the server's cores, in cores, from which an interval counts as
+contended: a busy process sharing one core takes about half of it; daemons take a few percent."""
+
+
+class ValidityLimits(Shape, frozen=True, kw_only=True):
+    """The most of a run's steady-state window each condition may cover before the run is invalid."""
+
+    clock_event_share: Share = 0.10  # samples of any GPU with a CLOCK_EVENTS reason active
+    contended_share: Share = 0.10  # intervals in which other processes kept CONTENDED_CORES of the server's cores busy
+    steal_share: Share = 0.10  # the server's cores' time the hypervisor gave to someone else

@@ -1,0 +1,78 @@
+"""Whether a load run's device was the device it claims: the conditions that make a run invalid.
+
+Read from the run's telemetry over its steady-state window and judged against the suite's
+:class:`~pytest_qwenperf.core.validity.ValidityLimits`. Each wrong condition is a
+:class:`~pytest_qwenperf.core.run.Loss` the run carries (``Run.conditions``), which the gate
+turns into ``invalid: <reason>`` for every metric of the run.
+"""
+
+from __future__ import annotations
+
+from pytest_qwenperf.core.run import Loss
+from pytest_qwenperf.core.validity import CLOCK_EVENTS, CONTENDED_CORES, ValidityLimits
+from pytest_qwenperf.telemetry import TelemetrySummary
+from pytest_qwenperf.telemetry.cpu import ServerCoresSummary
+from pytest_qwenperf.telemetry.nvml import GpuSummary
+
+
+def conditions(telemetry: TelemetrySummary, limits: ValidityLimits) -> tuple[Loss, ...]:
+    """Every condition of the run that was wrong; empty when none was (or none was observed)."""
+    found: list[Loss] = []
+    if telemetry.cpu is not None and telemetry.cpu.server_cores is not None:
+        found += _cores(telemetry.cpu.server_cores, limits)
+    if telemetry.gpu is not None:
+        found += _gpus(telemetry.gpu, limits)
+    return tuple(found)
+
+
+def _cores(cores: ServerCoresSummary, limits: ValidityLimits) -> list[Loss]:
+    found = []
+    where = "core " + ",".join(map(str, cores.cores)) if len(cores.cores) == 1 else "cores " + ",".join(map(str, cores.cores))
+    if cores.contended_share is not None and cores.contended_share > limits.contended_share:
+        named = ", ".join(f"pid {o.pid} ({o.name}) {o.cores_busy:.2f} cores" for o in cores.busiest_others)
+        found.append(
+            Loss(
+                reason="cpu-contention",
+                detail=(
+                    f"server's {where} were shared with other busy processes (at least {CONTENDED_CORES} cores) for "
+                    f"{cores.contended_share:.0%} of the steady state (limit {limits.contended_share:.0%})"
+                    + (f"; busiest: {named}" if named else "")
+                ),
+            )
+        )
+    if cores.steal_share is not None and cores.steal_share > limits.steal_share:
+        detail = f"server's {where} lost {cores.steal_share:.0%} of their time to the hypervisor (steal; limit {limits.steal_share:.0%})"
+        found.append(Loss(reason="cpu-steal", detail=detail))
+    return found
+
+
+def _gpus(gpu: GpuSummary, limits: ValidityLimits) -> list[Loss]:
+    found = []
+    share = gpu.clock_event_share(CLOCK_EVENTS)
+    if share is not None and share > limits.clock_event_share:
+        active = sorted({reason for d in gpu.devices for reason, s in d.clock_events.items() if reason in CLOCK_EVENTS and s > 0})
+        detail = (
+            f"GPUs were held below their clocks ({', '.join(active)}) for {share:.0%} of the steady state "
+            f"(limit {limits.clock_event_share:.0%})"
+        )
+        found.append(Loss(reason="gpu-clock-events", detail=detail))
+    xids = gpu.xid_errors()
+    if xids:
+        shown = "; ".join(f"GPU {label}: XID {', '.join(map(str, codes))}" for label, codes in xids.items())
+        found.append(Loss(reason="gpu-xid", detail=f"GPUs logged XID errors during the run ({shown})"))
+    ecc = gpu.ecc_uncorrected()
+    if ecc:
+        shown = "; ".join(f"GPU {label}: {count}" for label, count in ecc.items())
+        found.append(Loss(reason="gpu-ecc", detail=f"GPUs counted uncorrected ECC errors during the run ({shown})"))
+    foreign = gpu.foreign_processes()
+    if foreign:
+        shown = "; ".join(
+            f"GPU {label}: " + ", ".join(f"pid {pid} ({_mib(used)})" for pid, used in held.items())
+            for label, held in foreign.items()
+        )
+        found.append(Loss(reason="gpu-shared", detail=f"GPUs the config uses held memory of other processes ({shown})"))
+    return found
+
+
+def _mib(used: int | None) -> str:
+    return "memory not reported" if used is None else f"{used / 2**20:,.0f} MiB"
