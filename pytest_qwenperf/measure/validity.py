@@ -27,21 +27,22 @@ def conditions(telemetry: TelemetrySummary, limits: ValidityLimits) -> tuple[Los
 
 def _cores(cores: ServerCoresSummary, limits: ValidityLimits) -> list[Loss]:
     found = []
-    where = "core " + ",".join(map(str, cores.cores)) if len(cores.cores) == 1 else "cores " + ",".join(map(str, cores.cores))
+    listed = ",".join(map(str, cores.cores))
+    where = f"server core {listed} was" if len(cores.cores) == 1 else f"server cores {listed} were"
     if cores.contended_share is not None and cores.contended_share > limits.contended_share:
         named = ", ".join(f"pid {o.pid} ({o.name}) {o.cores_busy:.2f} cores" for o in cores.busiest_others)
         found.append(
             Loss(
                 reason="cpu-contention",
                 detail=(
-                    f"server's {where} were shared with other busy processes (at least {CONTENDED_CORES} cores) for "
+                    f"{where} shared with other busy processes (at least {CONTENDED_CORES} cores) for "
                     f"{cores.contended_share:.0%} of the steady state (limit {limits.contended_share:.0%})"
                     + (f"; busiest: {named}" if named else "")
                 ),
             )
         )
     if cores.steal_share is not None and cores.steal_share > limits.steal_share:
-        detail = f"server's {where} lost {cores.steal_share:.0%} of their time to the hypervisor (steal; limit {limits.steal_share:.0%})"
+        detail = f"{where} {cores.steal_share:.0%} stolen by the hypervisor (steal time; limit {limits.steal_share:.0%})"
         found.append(Loss(reason="cpu-steal", detail=detail))
     return found
 

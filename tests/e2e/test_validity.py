@@ -1,0 +1,70 @@
+"""Run validity on the real CPU build: a busy process on the server's core makes the run invalid.
+
+The competitor is what a shared runner has: a process that is not the server's and not the
+load generator's (it is detached from this test's process tree), spinning on the server's
+core while the load runs. The run it slows must come out ``invalid: cpu-contention``, naming
+the competitor, and never ``regression`` against a baseline it is far slower than.
+"""
+
+from __future__ import annotations
+
+import os
+import signal
+import subprocess
+import sys
+from collections.abc import Iterator
+from contextlib import contextmanager, suppress
+
+import msgspec
+import psutil
+import pytest
+
+from pytest_qwenperf.gate.baseline import baseline_from_run
+from pytest_qwenperf.gate.judge import judge_run
+from pytest_qwenperf.loadgen.arrivals import ClosedLoop
+from pytest_qwenperf.measure.run import measure
+from pytest_qwenperf.serving.server import Server
+from pytest_qwenperf.suite.config import SuiteWorkload
+from pytest_qwenperf.suite.workloads import RandomWorkload
+from tests.e2e.tiny import TINY
+
+pytestmark = [pytest.mark.e2e, pytest.mark.parametrize("serving_config", [TINY], ids=[TINY.id])]
+
+WORKLOAD = SuiteWorkload(RandomWorkload(input_len=64, output_len=64, num_prompts=96), ClosedLoop(16), warmup=16)
+# Spins on one CPU for at most 5 minutes: it ends by itself even if this test is killed.
+SPIN = "import os, sys, time\nos.sched_setaffinity(0, {int(sys.argv[1])})\nend = time.monotonic() + 300\nwhile time.monotonic() < end:\n    pass\n"
+
+
+@contextmanager
+def detached_spinners(cpus: frozenset[int]) -> Iterator[list[int]]:
+    """One spinning process per CPU, each reparented away from this process (a shell starts it
+    in the background and exits), so it belongs to neither the server nor the load generator."""
+    pids = []
+    for cpu in sorted(cpus):
+        shell = f"{sys.executable} -c '{SPIN}' {cpu} </dev/null >/dev/null 2>&1 & echo $!"
+        pids.append(int(subprocess.run(["sh", "-c", shell], capture_output=True, text=True, check=True, timeout=30).stdout))
+    try:
+        yield pids
+    finally:
+        for pid in pids:
+            with suppress(ProcessLookupError):
+                os.kill(pid, signal.SIGKILL)
+
+
+def test_a_busy_process_on_the_servers_core_makes_the_run_invalid_not_a_regression(vllm_server: Server) -> None:
+    server_cpus = frozenset(os.sched_getaffinity(vllm_server.pids[0]))
+    client_cpus = frozenset(os.sched_getaffinity(0)) - server_cpus
+    assert client_cpus, f"the server was placed on every CPU ({sorted(server_cpus)}): nothing left to pin the client to"
+    with detached_spinners(server_cpus) as spinners:
+        assert all(psutil.Process(pid).ppid() != os.getpid() for pid in spinners)
+        run = measure(vllm_server, TINY, WORKLOAD, client_cpus=client_cpus, repeats=3)
+
+    reasons = {loss.reason: loss.detail for loss in run.conditions}
+    assert "cpu-contention" in reasons, run.telemetry
+    assert any(f"pid {pid} " in reasons["cpu-contention"] for pid in spinners), reasons["cpu-contention"]
+
+    # A baseline twice as fast, with the same spread: by the numbers alone a clear regression.
+    faster = {name: tuple(2 * v for v in values if v is not None) for name, values in (run.samples or {}).items()}
+    baseline = baseline_from_run(msgspec.structs.replace(run, samples=faster, conditions=()), source="test")
+    judgements = judge_run(baseline, run)
+    assert judgements and all(j.verdict == "invalid" and "cpu-contention" in j.reason for j in judgements), [j.label for j in judgements]

@@ -1,0 +1,96 @@
+"""Run validity: the device's conditions a run's telemetry shows, against the suite's limits, and
+what the gate makes of a run that had one (``invalid: <reason>``, never a regression)."""
+
+from __future__ import annotations
+
+from types import MappingProxyType
+
+import pytest
+
+from pytest_qwenperf.core.run import Loss
+from pytest_qwenperf.core.validity import ValidityLimits
+from pytest_qwenperf.gate.baseline import BaselineRefused, baseline_from_run, write_baseline
+from pytest_qwenperf.gate.judge import judge_against_run, judge_run
+from pytest_qwenperf.measure.validity import conditions
+from pytest_qwenperf.telemetry import TelemetrySummary
+from pytest_qwenperf.telemetry.cores import OtherProcess
+from pytest_qwenperf.telemetry.cpu import CpuSummary, ServerCoresSummary
+from pytest_qwenperf.telemetry.sampling import SamplerHealth, Stats
+from tests.test_baseline import make_run, run_of
+
+HEALTH = SamplerHealth(0.5, 10, 0, None, None, None, None)
+
+
+def cpu_telemetry(contended: float | None, steal: float | None = 0.0) -> TelemetrySummary:
+    cores = ServerCoresSummary(
+        cores=(0,),
+        others_busy=Stats.of([0.9, 0.1]),
+        contended_share=contended,
+        steal_share=steal,
+        busiest_others=(OtherProcess(4242, "stress", 0.93, 1.0),),
+    )
+    return TelemetrySummary(window=None, gpu=None, cpu=CpuSummary(MappingProxyType({}), HEALTH, server_cores=cores), server=None)
+
+
+@pytest.mark.parametrize(
+    ("contended", "steal", "reasons"),
+    [
+        (0.10, 0.10, []),  # at the limits: still valid
+        (0.11, 0.0, ["cpu-contention"]),
+        (0.0, 0.25, ["cpu-steal"]),
+        (0.5, 0.5, ["cpu-contention", "cpu-steal"]),
+        (None, None, []),  # nothing watched: nothing to judge
+    ],
+)
+def test_cpu_conditions_beyond_the_limits_are_wrong(contended: float | None, steal: float | None, reasons: list[str]) -> None:
+    found = conditions(cpu_telemetry(contended, steal), ValidityLimits())
+    assert [loss.reason for loss in found] == reasons
+
+
+def test_a_contended_run_names_the_core_the_share_the_limit_and_the_busiest_other_process() -> None:
+    (loss,) = conditions(cpu_telemetry(0.42), ValidityLimits(contended_share=0.2))
+    assert loss.detail.startswith("server core 0 was shared with other busy processes")
+    assert "42% of the steady state (limit 20%)" in loss.detail
+    assert "pid 4242 (stress) 0.93 cores" in loss.detail
+
+
+def test_the_suites_limits_decide() -> None:
+    assert conditions(cpu_telemetry(0.42), ValidityLimits(contended_share=0.5)) == ()
+
+
+def contended(**changes: object) -> dict[str, object]:
+    loss = {"reason": "cpu-contention", "detail": "server core 0 was shared with other busy processes for 60% of the steady state"}
+    return make_run(**changes, extra={"conditions": [loss]})  # type: ignore[arg-type]
+
+
+def test_a_run_with_a_wrong_condition_is_invalid_for_every_metric_and_never_a_regression() -> None:
+    """Half the baseline's throughput, many repeats: a regression by any measure, but the
+    server's core was shared, so the verdict is about the machine, not vLLM."""
+    fast = {"total_token_throughput": [20_000.0, 20_100.0, 19_900.0], "output_throughput": [10_000.0, 10_050.0, 9_950.0]}
+    slow = {"total_token_throughput": [10_000.0, 10_100.0, 9_900.0], "output_throughput": [5_000.0, 5_050.0, 4_950.0]}
+    baseline = baseline_from_run(run_of(samples=fast), source="test")
+    clean = {j.metric: j.verdict for j in judge_run(baseline, run_of(samples=slow))}
+    assert clean["total_token_throughput"] == "regression"  # the same numbers without the condition
+    judgements = judge_run(baseline, run_of(contended(samples=slow)))
+    assert judgements and {j.label for j in judgements} == {"invalid: cpu-contention"}
+    assert all("the run's server core 0 was shared" in j.detail for j in judgements)
+    assert not any(j.verdict == "regression" for j in judgements)
+
+
+def test_a_reference_with_a_wrong_condition_makes_the_comparison_invalid() -> None:
+    judgements = judge_against_run(run_of(contended()), run_of())
+    assert {j.label for j in judgements} == {"invalid: cpu-contention (reference)"}
+
+
+def test_a_run_with_a_wrong_condition_never_becomes_a_baseline(tmp_path) -> None:
+    with pytest.raises(BaselineRefused, match="cpu-contention"):
+        write_baseline(tmp_path, run_of(contended()), source="test")
+    assert not any(tmp_path.rglob("*.json"))
+
+
+def test_conditions_survive_the_runs_json() -> None:
+    run = run_of(contended())
+    assert run.conditions == (Loss(reason="cpu-contention", detail=run.conditions[0].detail),)
+    older = make_run()
+    del older["conditions"]  # a run's JSON from before conditions were kept
+    assert run_of(older).conditions == ()
