@@ -3,11 +3,13 @@
 Baselines live in ``baselines/<hardware>/<model>/<config>/<workload>.json`` and are
 recorded with ``--qwenperf-update-baselines`` from a passing session. A run with no
 baseline, or one measured on other hardware or with other flags or workload, cannot be
-judged: the test is skipped and says which (that is never reported as a regression). A run
-that lost data (failed requests, token totals that disagree with the server, a client that
-could not keep up, a metric without a value) fails as ``invalid``, baseline or not. A verdict
-the data cannot decide (``noisy``, ``underpowered``) after the extra repeats the suite allows
-(``max_repeats``) warns and never fails.
+judged: the test is skipped and says which (that is never reported as a regression); so is
+one whose recorded environment differs in a field the suite's ``must_match`` names, while
+other environment differences are warned about. A run that lost data or ran in wrong
+conditions (failed requests, token totals that disagree with the server, a client that could
+not keep up, a metric without a value, a shared core or a throttled GPU) fails as
+``invalid``, baseline or not. A verdict the data cannot decide (``noisy``, ``underpowered``)
+after the extra repeats the suite allows (``max_repeats``) warns and never fails.
 """
 
 from __future__ import annotations
@@ -17,7 +19,7 @@ import warnings
 import pytest
 
 from pytest_qwenperf.core.verdict import Judgement
-from pytest_qwenperf.gate.judge import render_judgements
+from pytest_qwenperf.gate.judge import environment_notes, render_judgements
 
 
 def test_no_regression_against_baseline(qwenperf_judgements: tuple[Judgement, ...]) -> None:
@@ -29,6 +31,9 @@ def test_no_regression_against_baseline(qwenperf_judgements: tuple[Judgement, ..
     assert "regression" not in verdicts, f"slower than the baseline beyond tolerance and noise\n{table}"
     if "noisy" in verdicts:
         warnings.warn(f"some metrics look worse than the tolerance, but the noise cannot confirm it\n{table}", stacklevel=1)
+    changed = environment_notes(qwenperf_judgements)
+    if changed:
+        warnings.warn("the environment differs from the baseline's (the suite allows it):\n" + "\n".join(changed), stacklevel=1)
     if "underpowered" in verdicts:
         warnings.warn(
             f"some metrics could not have shown a change of their tolerance's size: the spread is too wide (MDE above the tolerance)\n{table}",

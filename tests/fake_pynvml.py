@@ -5,13 +5,16 @@ same constants and the same exception hierarchy as nvidia-ml-py 13.x (``NVMLErro
 returns the subclass for that code, e.g. ``NVMLError_NotSupported``). Each GPU is a
 :class:`FakeGpu` whose readings are scripted; tests put the module into ``sys.modules``
 under the name ``pynvml`` so the real sampler code runs unchanged.
+
+Readings that change over a run are scripted by poll: the poll number is how many times
+the GPU's utilization was read (polls start with it), less one.
 """
 
 from __future__ import annotations
 
 import time
 from collections import Counter
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from types import ModuleType, SimpleNamespace
 from typing import ClassVar
@@ -20,6 +23,7 @@ NVML_SUCCESS = 0
 ERROR_CODES = {  # code → (constant suffix, class suffix, message) as in nvidia-ml-py
     1: ("UNINITIALIZED", "Uninitialized", "Uninitialized"),
     3: ("NOT_SUPPORTED", "NotSupported", "Not Supported"),
+    10: ("TIMEOUT", "Timeout", "Timeout"),
     13: ("FUNCTION_NOT_FOUND", "FunctionNotFound", "Function Not Found"),
     15: ("GPU_IS_LOST", "GpuIsLost", "GPU is lost"),
     21: ("NO_DATA", "NoData", "No data"),
@@ -27,6 +31,9 @@ ERROR_CODES = {  # code → (constant suffix, class suffix, message) as in nvidi
 }
 GPM_METRIC_IDS = {"SM_UTIL": 2, "SM_OCCUPANCY": 3, "ANY_TENSOR_UTIL": 5}
 GPM_METRIC_MAX = 477
+EVENT_TYPE_XID = 0x8  # nvmlEventTypeXidCriticalError
+
+Processes = Sequence[tuple[int, int | None]]  # (pid, bytes held or None: not accounted)
 
 
 @dataclass
@@ -40,12 +47,15 @@ class FakeGpu:
     memory_used: int | Sequence[int] = 70 * 2**30
     power_mw: int = 500_000  # the energy counter grows at this rate in real time
     sm_clock_mhz: int = 1980
-    clock_events: int = 0
+    clock_events: int | Sequence[int] = 0
     gpm: dict[int, float] | None = field(default_factory=lambda: {2: 60.0, 3: 30.0, 5: 45.0})  # None: no GPM
     not_supported: frozenset[str] = frozenset()  # functions that raise NVMLError_NotSupported
     unknown_errors: dict[str, int] = field(default_factory=dict)  # function → first n calls raise NVMLError_Unknown
     lost_from_poll: int | None = None  # from this poll on (0-based; polls start with utilization) calls raise GpuIsLost
-    processes: Sequence[tuple[int, int | None]] = ()  # compute processes: (pid, bytes held or None: not accounted)
+    processes: Processes | Callable[[int], Processes] = ()  # compute processes, or a function of the poll giving them
+    xid_errors: Sequence[tuple[int, int]] = ()  # (poll, XID code) in poll order: waiting in the event sets from that poll on
+    ecc_uncorrected: int | Sequence[int] = 0  # volatile counters
+    ecc_corrected: int | Sequence[int] = 0
     calls: Counter[str] = field(default_factory=Counter)
     energy_read_at: list[float] = field(default_factory=list)  # perf_counter of each energy reading that succeeded
 
@@ -53,10 +63,13 @@ class FakeGpu:
     def polls(self) -> int:
         return self.calls["nvmlDeviceGetUtilizationRates"]
 
-    def _enter(self, function: str, module: ModuleType) -> int:
-        """Count the call and raise what the script says; returns the poll index."""
+    def _enter(self, function: str, module: ModuleType, *, device: bool = True) -> int:
+        """Count the call and raise what the script says; returns the poll index.
+
+        ``device=False``: a call that does not reach the GPU (an event set's wait), so it works once the GPU is lost.
+        """
         self.calls[function] += 1
-        if self.lost_from_poll is not None and self.polls > self.lost_from_poll:
+        if device and self.lost_from_poll is not None and self.polls > self.lost_from_poll:
             raise module.NVMLError_GpuIsLost()
         if function in self.not_supported:
             raise module.NVMLError_NotSupported()
@@ -71,6 +84,15 @@ def _at(value: int | Sequence[int], poll: int) -> int:
     return value[min(poll, len(value) - 1)]
 
 
+class _EventSet:
+    """Shaped like ``nvmlEventSet_t``: the GPUs registered, and how many of each one's events were taken."""
+
+    def __init__(self) -> None:
+        self.registered: list[tuple[FakeGpu, int]] = []  # (GPU, event type mask)
+        self.taken: Counter[str] = Counter()  # GPU uuid → events delivered
+        self.freed = False
+
+
 def module(gpus: Sequence[FakeGpu], *, event_reasons_api: bool = True) -> ModuleType:
     """A fresh fake ``pynvml``; ``event_reasons_api=False`` mimics releases before ``…ClocksEventReasons``."""
     nv = ModuleType("pynvml")
@@ -80,7 +102,21 @@ def module(gpus: Sequence[FakeGpu], *, event_reasons_api: bool = True) -> Module
     for name, metric_id in GPM_METRIC_IDS.items():
         setattr(nv, f"NVML_GPM_METRIC_{name}", metric_id)
     _add_errors(nv)
-    state = SimpleNamespace(initialized=0, inits=0, shutdowns=0, allocated=0, freed=0, started=time.perf_counter())
+    nv.nvmlEventTypeXidCriticalError = EVENT_TYPE_XID
+    nv.NVML_MEMORY_ERROR_TYPE_CORRECTED = 0
+    nv.NVML_MEMORY_ERROR_TYPE_UNCORRECTED = 1
+    nv.NVML_VOLATILE_ECC = 0
+    nv.NVML_AGGREGATE_ECC = 1
+    state = SimpleNamespace(
+        initialized=0,
+        inits=0,
+        shutdowns=0,
+        allocated=0,
+        freed=0,
+        event_sets=0,
+        event_sets_freed=0,
+        started=time.perf_counter(),
+    )
     nv.state = state
 
     def nvmlInit() -> None:
@@ -93,10 +129,10 @@ def module(gpus: Sequence[FakeGpu], *, event_reasons_api: bool = True) -> Module
         state.initialized -= 1
         state.shutdowns += 1
 
-    def checked(gpu: FakeGpu, function: str) -> int:
+    def checked(gpu: FakeGpu, function: str, *, device: bool = True) -> int:
         if not state.initialized:
             raise nv.NVMLError(1)
-        return gpu._enter(function, nv)
+        return gpu._enter(function, nv, device=device)
 
     def nvmlDeviceGetCount() -> int:
         return len(gpus)
@@ -122,8 +158,9 @@ def module(gpus: Sequence[FakeGpu], *, event_reasons_api: bool = True) -> Module
         return SimpleNamespace(total=141 * 2**30, used=used, free=141 * 2**30 - used)
 
     def nvmlDeviceGetComputeRunningProcesses(gpu: FakeGpu) -> list[SimpleNamespace]:
-        checked(gpu, "nvmlDeviceGetComputeRunningProcesses")
-        return [SimpleNamespace(pid=pid, usedGpuMemory=used) for pid, used in gpu.processes]
+        poll = checked(gpu, "nvmlDeviceGetComputeRunningProcesses")
+        listed = gpu.processes(poll) if callable(gpu.processes) else gpu.processes
+        return [SimpleNamespace(pid=pid, usedGpuMemory=used) for pid, used in listed]
 
     def nvmlDeviceGetGraphicsRunningProcesses(gpu: FakeGpu) -> list[SimpleNamespace]:
         checked(gpu, "nvmlDeviceGetGraphicsRunningProcesses")
@@ -150,12 +187,45 @@ def module(gpus: Sequence[FakeGpu], *, event_reasons_api: bool = True) -> Module
         return gpu.sm_clock_mhz
 
     def nvmlDeviceGetCurrentClocksEventReasons(gpu: FakeGpu) -> int:
-        checked(gpu, "nvmlDeviceGetCurrentClocksEventReasons")
-        return gpu.clock_events
+        return _at(gpu.clock_events, checked(gpu, "nvmlDeviceGetCurrentClocksEventReasons"))
 
     def nvmlDeviceGetCurrentClocksThrottleReasons(gpu: FakeGpu) -> int:
-        checked(gpu, "nvmlDeviceGetCurrentClocksThrottleReasons")
-        return gpu.clock_events
+        return _at(gpu.clock_events, checked(gpu, "nvmlDeviceGetCurrentClocksThrottleReasons"))
+
+    def nvmlDeviceGetTotalEccErrors(gpu: FakeGpu, error_type: int, counter_type: int) -> int:
+        poll = checked(gpu, "nvmlDeviceGetTotalEccErrors")
+        assert counter_type == nv.NVML_VOLATILE_ECC, "only the volatile counters are scripted"
+        counts = {nv.NVML_MEMORY_ERROR_TYPE_UNCORRECTED: gpu.ecc_uncorrected, nv.NVML_MEMORY_ERROR_TYPE_CORRECTED: gpu.ecc_corrected}
+        return _at(counts[error_type], poll)
+
+    def nvmlEventSetCreate() -> _EventSet:
+        if not state.initialized:
+            raise nv.NVMLError(1)
+        state.event_sets += 1
+        return _EventSet()
+
+    def nvmlDeviceRegisterEvents(gpu: FakeGpu, event_types: int, event_set: _EventSet) -> None:
+        checked(gpu, "nvmlDeviceRegisterEvents")
+        event_set.registered.append((gpu, event_types))
+
+    def nvmlEventSetWait_v2(event_set: _EventSet, timeoutms: int) -> SimpleNamespace:
+        """The next event waiting in the set; never blocks: ``NVMLError_Timeout`` at once when there is none."""
+        assert not event_set.freed
+        for gpu, event_types in event_set.registered:
+            poll = checked(gpu, "nvmlEventSetWait_v2", device=False)
+            due = [code for at, code in gpu.xid_errors if at <= poll] if event_types & EVENT_TYPE_XID else []
+            if len(due) > event_set.taken[gpu.uuid]:
+                code = due[event_set.taken[gpu.uuid]]
+                event_set.taken[gpu.uuid] += 1
+                return SimpleNamespace(
+                    device=gpu, eventType=EVENT_TYPE_XID, eventData=code, gpuInstanceId=0xFFFFFFFF, computeInstanceId=0xFFFFFFFF
+                )
+        raise nv.NVMLError_Timeout()
+
+    def nvmlEventSetFree(event_set: _EventSet) -> None:
+        assert not event_set.freed, "an event set freed twice"
+        event_set.freed = True
+        state.event_sets_freed += 1
 
     def nvmlGpmQueryDeviceSupport(gpu: FakeGpu) -> SimpleNamespace:
         checked(gpu, "nvmlGpmQueryDeviceSupport")

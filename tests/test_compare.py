@@ -7,15 +7,19 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
+import msgspec
 import pytest
 
 from pytest_qwenperf.cli.main import main
+from pytest_qwenperf.core.canary import Canary, CanaryFloor
 from pytest_qwenperf.core.verdict import format_mde, judge
 from tests.test_baseline import make_run
+from tests.test_canary import make_canary
 
 
-def session_file(path: Path, runs: Sequence[dict[str, Any]]) -> Path:
-    path.write_text(json.dumps({"schema": "qwenperf-session/1", "hardware": {}, "boots": {}, "runs": list(runs)}))
+def session_file(path: Path, runs: Sequence[dict[str, Any]], canaries: Sequence[Canary] = ()) -> Path:
+    answers = [msgspec.to_builtins(answer) for answer in canaries]
+    path.write_text(json.dumps({"schema": "qwenperf-session/1", "hardware": {}, "boots": {}, "runs": list(runs), "canaries": answers}))
     return path
 
 
@@ -256,3 +260,86 @@ def test_compare_needs_two_files(tmp_path: Path, capsys: pytest.CaptureFixture[s
     with pytest.raises(SystemExit) as exited:
         main(["compare", str(session_file(tmp_path / "one.json", [make_run()]))])
     assert exited.value.code == 2
+
+
+# ---------------------------------------------------------------- canary answers
+
+
+def test_canary_answers_are_judged_and_a_changed_output_fails_when_asked_to(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    old = session_file(tmp_path / "old.json", [make_run()], [make_canary("base"), make_canary("fp8kv")])
+    changed = make_canary("fp8kv", outputs=((1, 2, 3), (4, 9, 9)), version="0.33.0")
+    new = session_file(tmp_path / "new.json", [make_run(version="0.33.0")], [make_canary("base", version="0.33.0"), changed])
+    status, out, err = compare(capsys, old, new, "--fail-on", "changed-output")
+    assert status == 1 and "failing on 1 changed-output" in err
+    section = out[out.index("canary answers (greedy, 8 prompts) against 0.32.0") :].splitlines()
+    assert section[1].split() == ["config", "match", "rate", "(0.33.0)", "drift", "(0.33.0)", "verdict", "(0.33.0)"]
+    assert section[3].split() == ["cpu/base", "1.000", "0", "pass"]
+    assert section[4].split() == ["cpu/fp8kv", "0.500", "0", "changed-output"]
+    assert "0.33.0: cpu/fp8kv: changed-output: match rate 0.500 < 1: 1 of 2 prompts give the reference's tokens" in out
+    assert "first differing prompt 1 'def fibonacci(n):': reference 't4 t5 t6', now 't4 t9 t9'" in out
+    assert out.rstrip().endswith("verdicts against 0.32.0: 1 changed-output, 5 pass")
+    assert compare(capsys, old, new, "--fail-on", "regression")[0] == 0  # a change of output is its own verdict
+    assert compare(capsys, old, old, "--fail-on", "changed-output")[0] == 0
+
+
+def test_the_reference_answers_floor_applies(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    half = CanaryFloor(match_rate=0.5)
+    old = session_file(tmp_path / "old.json", [], [make_canary(floor=half)])
+    new = session_file(tmp_path / "new.json", [], [make_canary(outputs=((1, 2, 3), (7, 7, 7)), version="0.33.0")])
+    status, out, _ = compare(capsys, old, new, "--fail-on", "changed-output")
+    assert status == 0 and out.rstrip().endswith("verdicts against 0.32.0: 1 pass")
+
+
+def test_answers_a_file_lacks_are_missing_unless_it_has_none_at_all(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    old = session_file(tmp_path / "old.json", [make_run()], [make_canary("base"), make_canary("fp8kv")])
+    some = session_file(tmp_path / "some.json", [make_run(version="0.33.0")], [make_canary("base", version="0.33.0")])
+    status, out, _ = compare(capsys, old, some, "--fail-on", "regression")
+    assert status == 1 and "some.json has no canary answer of cpu/fp8kv; the reference has one" in out
+    none = session_file(tmp_path / "none.json", [make_run(version="0.33.0")])
+    status, out, _ = compare(capsys, old, none, "--fail-on", "regression")
+    assert status == 0 and "canary answers" not in out
+
+
+def test_answers_of_another_identity_are_not_comparable(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    old = session_file(tmp_path / "old.json", [], [make_canary(hardware="h100")])
+    new = session_file(tmp_path / "new.json", [], [make_canary(outputs=((7, 7, 7), (7, 7, 7)))])
+    status, out, _ = compare(capsys, old, new, "--fail-on", "changed-output")
+    assert status == 0 and "cpu/base: not-comparable: not comparable (reference vs answer): hardware: 'h100' vs 'cpu-test-cpu-2c'" in out
+
+
+def test_of_differing_answers_in_one_column_the_least_agreeing_is_shown(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    old = session_file(tmp_path / "old.json", [], [make_canary()])
+    column = tmp_path / "new"
+    column.mkdir()
+    session_file(column / "a.json", [], [make_canary()])
+    session_file(column / "b.json", [], [make_canary(outputs=((7, 7, 7), (7, 7, 7)))])
+    status, out, _ = compare(capsys, old, column, "--fail-on", "changed-output")
+    assert status == 1 and "match rate 0.000 < 1" in out
+
+
+def test_json_and_markdown_carry_the_canary_answers(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    old = session_file(tmp_path / "old.json", [], [make_canary()])
+    new = session_file(tmp_path / "new.json", [], [make_canary(outputs=((1, 2, 3), (4, 9, 9)), version="0.33.0")])
+    _, out, _ = compare(capsys, old, new, "--json")
+    document = json.loads(out)
+    assert document["groups"] == [] and document["verdicts"] == {"changed-output": 1}
+    ((row),) = document["canaries"]
+    (judged,) = row["judgements"]
+    assert row["config"] == "cpu/base"
+    assert (judged["file"], judged["verdict"], judged["match_rate"], judged["first_mismatch"]) == ("0.33.0", "changed-output", 0.5, 1)
+    assert judged["logprob_drift"] == 0.0 and judged["floor"] == {"match_rate": 1.0, "logprob_drift": None}
+    _, out, _ = compare(capsys, old, new, "--markdown")
+    assert "### canary answers (greedy, 8 prompts) against 0.32.0" in out and "| cpu/base | 0.500 | 0 | **changed-output** |" in out
+
+
+def test_a_bad_canary_answer_names_the_file_and_the_field(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    good = session_file(tmp_path / "good.json", [make_run()])
+    bad = session_file(tmp_path / "bad.json", [make_run()], [make_canary()])
+    document = json.loads(bad.read_text())
+    del document["canaries"][0]["identity"]["config"]
+    bad.write_text(json.dumps(document))
+    status, _, err = compare(capsys, good, bad)
+    assert status == 2 and err.startswith(f"qwenperf: {bad}: canaries[0].identity.config: expected a string, got nothing")
+    empty = session_file(tmp_path / "empty.json", [])
+    status, _, err = compare(capsys, good, empty)
+    assert status == 2 and "runs: expected a non-empty list of runs (or canary answers), got []" in err

@@ -9,6 +9,7 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
+from pytest_qwenperf.core.canary import EXACT, CanaryFloor
 from pytest_qwenperf.suite.config import SuiteError, load_suite, render_flags
 
 LADDER = """
@@ -59,7 +60,7 @@ def test_ladder_inherits_one_change_per_rung(tmp_path: Path) -> None:
 @pytest.mark.parametrize(
     ("change", "message"),
     [
-        (("[suite]", "[suit]"), r"suit: unknown key; expected one of \['config', 'suite', 'workload'\]$"),
+        (("[suite]", "[suit]"), r"suit: unknown key; expected one of \['canary', 'config', 'suite', 'workload'\]$"),
         ((LADDER[: LADDER.index("[[config]]")], ""), r"suite: expected a table, got None$"),
         (('name = "demo"', "name = \"\""), r"suite.name: expected a non-empty string, got ''$"),
         (('name = "demo"', 'name = "demo"\ngpus = -1'), r"suite.gpus: expected a whole number of GPUs per node, got -1$"),
@@ -80,6 +81,12 @@ def test_ladder_inherits_one_change_per_rung(tmp_path: Path) -> None:
         ((LADDER, "config = [1]\n" + LADDER[: LADDER.index("[[config]]")]), r"config\[0\]: expected a \[\[config\]\] table, got 1$"),
         (('name = "demo"', 'name = "demo"\ntolerances = { p99_ttft = 0.3 }'), r"suite.tolerances.p99_ttft: expected a gated metric, one of \[.*'tokens_per_joule', 'tokens_per_server_cpu_s'\] or scaling_efficiency_n<N>, got 'p99_ttft'$"),
         (('name = "demo"', 'name = "demo"\ntolerances = { completed = 0.3 }'), r"suite.tolerances.completed: expected a gated metric"),
+        (('id = "base"', 'id = "base"\ncanary = { match_rate = 0.5 }'), r"config 'base'.canary: expected a canary floor only on a rung that inherits from another, got \{'match_rate': 0.5, 'logprob_drift': None\}$"),
+        (('description = "shorter context"', "canary = { match_rate = 1.5 }"), r"config 'short'.canary.match_rate: expected a fraction between 0 and 1 \(the least share of prompts\), got 1.5$"),
+        (('description = "shorter context"', "canary = { logprob_drift = -0.1 }"), r"config 'short'.canary.logprob_drift: expected a number >= 0 \(the most mean \|difference\| of log-probabilities\), got -0.1$"),
+        (('description = "shorter context"', "canary = { match = 0.5 }"), r"config 'short'.canary.match: unknown key; expected one of \['logprob_drift', 'match_rate'\]$"),
+        (('description = "shorter context"', "canary = 0.5"), r"config 'short'.canary: expected a table such as \{ match_rate = 0.5, logprob_drift = 0.2 \}, got 0.5$"),
+        ((LADDER, LADDER + "[canary]\nmatch_rate = -1\n"), r"canary.match_rate: expected a fraction between 0 and 1 \(the least share of prompts\), got -1$"),
     ],
 )
 def test_bad_suite_names_file_key_and_expectation(tmp_path: Path, change: tuple[str, str], message: str) -> None:
@@ -87,6 +94,22 @@ def test_bad_suite_names_file_key_and_expectation(tmp_path: Path, change: tuple[
     with pytest.raises(SuiteError, match=message) as excinfo:
         load_suite(path)
     assert str(excinfo.value).startswith(str(path))
+
+
+def test_canary_floors_against_the_parent_and_across_sessions(tmp_path: Path) -> None:
+    """A rung's canary table is its own (not inherited); a speculative rung without one must give its
+    parent's tokens; the [canary] table holds every config to another session's answer."""
+    text = LADDER.replace('description = "shorter context"', 'canary = { match_rate = 0.5, logprob_drift = 0.2 }')
+    suite = load_suite(write(tmp_path, text))
+    base, short, spec = suite.configs
+    assert short.canary == short.canary_floor == CanaryFloor(match_rate=0.5, logprob_drift=0.2)
+    assert spec.canary is None and spec.canary_floor == EXACT  # inherits short, which has a table: not handed down
+    assert base.canary_floor is None
+    assert suite.canary_floor == EXACT
+    across = load_suite(write(tmp_path, text + "[canary]\nmatch_rate = 0.875\nlogprob_drift = 0.01\n"))
+    assert across.canary_floor == CanaryFloor(match_rate=0.875, logprob_drift=0.01)
+    without = load_suite(write(tmp_path, LADDER))
+    assert [c.canary_floor for c in without.configs] == [None, None, EXACT]
 
 
 def test_unreadable_and_invalid_toml(tmp_path: Path) -> None:
@@ -167,6 +190,7 @@ def test_workloads_carry_arrival_warmup_selection_slo_and_floors(tmp_path: Path)
         (('slo = "ttft:500 tpot:50"', 'slo = "ttft=500"'), r"workload 'chat'.slo: .*has no ':'"),
         (('floors = { output_throughput = { short = 100.0, "*" = 50.0 } }', 'floors = { output_throughput = 5 }'), r"floors.output_throughput: expected a table of config id"),
         (("input_len = 64", 'input_len = "64"'), r"workload 'chat'.*input_len"),
+        (('name = "chat"', 'name = "Canary"'), r"workload 'Canary'.name: expected a name other than 'canary', which names the file of a config's canary answer, got 'Canary'$"),
     ],
 )
 def test_bad_workload_names_file_key_and_expectation(tmp_path: Path, change: tuple[str, str], message: str) -> None:

@@ -27,6 +27,18 @@ def test_each_selector_keeps_its_kind_of_pair() -> None:
     assert _ids("prefix-cache") == ["cpu/prefix-cache/shared-prefix-p4x24"]
     assert _ids("speculative") == ["cpu/ngram-spec/isl128-osl128"]
     assert _ids("scaling") == ["cpu/replicas-2/scaling-isl128-osl128"]
+    # The canary is per config: once each, on its first workload.
+    assert _ids("canary") == [
+        "cpu/base/isl128-osl128",
+        "cpu/ctx-short/isl128-osl128",
+        "cpu/fp8kv/isl128-osl128",
+        "cpu/ngram-spec/isl128-osl128",
+        "cpu/seqs-32/isl128-osl128",
+        "cpu/replicas-2/scaling-isl128-osl128",
+        "cpu/prefix-cache/shared-prefix-p4x24",
+    ]
+    # fp8kv has a canary table; ngram-spec is speculative, so it must give its parent's tokens.
+    assert _ids("canary-floor") == ["cpu/fp8kv/isl128-osl128", "cpu/ngram-spec/isl128-osl128"]
     unchecked = [i for i in _ids("all") if not i.endswith("/shared-prefix-p4x24")]  # that workload has no SLO, no CPU floor
     assert _ids("slo") == unchecked and _ids("utilization") == unchecked
 

@@ -7,7 +7,9 @@ import os
 import sys
 import time
 from collections.abc import Callable
+from typing import Any
 
+import psutil
 import pytest
 
 from pytest_qwenperf.telemetry import Telemetry
@@ -16,6 +18,8 @@ from tests import fake_pynvml
 from tests.fake_pynvml import FakeGpu
 
 UUIDS = ["GPU-aaaa1111-0000", "GPU-bbbb2222-0000", "GPU-cccc3333-0000"]
+GiB = 2**30
+NO_SUCH_PID = 2**22 + 1  # above the largest pid_max: never a process here
 
 
 def wait_until(condition: Callable[[], bool], timeout: float = 10.0) -> None:
@@ -31,8 +35,8 @@ def install(monkeypatch: pytest.MonkeyPatch, gpus: list[FakeGpu], **options: boo
     return nv
 
 
-def run_sampler(visible: list[str | None], until: Callable[[], bool], interval_s: float = 0.02) -> NvmlSampler:
-    sampler = NvmlSampler(visible, interval_s=interval_s).start()
+def run_sampler(visible: list[str | None], until: Callable[[], bool], interval_s: float = 0.02, **options: Any) -> NvmlSampler:
+    sampler = NvmlSampler(visible, interval_s=interval_s, **options).start()
     try:
         wait_until(until)
     finally:
@@ -87,6 +91,8 @@ def test_visible_gpus_are_sampled_with_every_field(monkeypatch: pytest.MonkeyPat
     assert dict(device.clock_events) == {"sw_power_cap": 1.0}
     assert dict(device.field_errors) == {}
     assert not device.lost
+    assert device.xid_errors == () and device.ecc_uncorrected == device.ecc_corrected == 0
+    assert dict(device.foreign_processes) == {}
 
     # Energy: the counter grows at 500 W in real time, so each GPU used 500 J per second between its
     # first reading and its last (the counter counts whole mJ).
@@ -98,6 +104,7 @@ def test_visible_gpus_are_sampled_with_every_field(monkeypatch: pytest.MonkeyPat
 
     assert nv.state.initialized == 0 and nv.state.shutdowns == 1  # NVML shut down again
     assert nv.state.allocated == nv.state.freed == 4  # two GPM samples per GPU, all freed
+    assert nv.state.event_sets == nv.state.event_sets_freed == 2  # one event set per GPU, all freed
 
 
 def test_a_window_selects_samples_and_interpolates_energy(monkeypatch: pytest.MonkeyPatch) -> None:
@@ -227,8 +234,211 @@ def test_the_json_block_has_the_documented_shape(monkeypatch: pytest.MonkeyPatch
         "unresolved_devices",
         "sampler",
     }
+    assert set(block["devices"][0]) == {
+        "index",
+        "uuid",
+        "name",
+        "samples",
+        "lost",
+        "utilization",
+        "memory_utilization",
+        "sm_activity",
+        "sm_occupancy",
+        "tensor_activity",
+        "power_w",
+        "sm_clock_mhz",
+        "peak_memory_used_bytes",
+        "energy_j",
+        "clock_events",
+        "xid_errors",
+        "ecc_uncorrected",
+        "ecc_corrected",
+        "foreign_processes",
+        "field_errors",
+    }
     assert set(block["devices"][0]["utilization"]) == {"mean", "median", "min", "max", "count"}
     assert set(block["sampler"]) >= {"interval_s", "polls", "jitter_p50_s", "jitter_p99_s", "unavailable"}
+
+
+# --- evidence that the GPU was not the GPU the run claims -------------------------------
+
+
+def test_clock_event_share_counts_a_sample_held_back_once_whatever_held_it(monkeypatch: pytest.MonkeyPatch) -> None:
+    thermal, power_cap, idle = 0x40, 0x4, 0x1
+    # Polls 5 to 14 are the window: 3 thermal (one also idle), 1 power cap, 6 free; outside it, thermal throughout.
+    hot = FakeGpu(UUIDS[0], clock_events=[thermal] * 5 + [thermal, thermal | idle, thermal, power_cap] + [0] * 6 + [thermal])
+    cool = FakeGpu(UUIDS[1], clock_events=[thermal] * 5 + [power_cap, power_cap | thermal] + [0] * 8 + [thermal])
+    install(monkeypatch, [hot, cool])
+    sampler = run_sampler(["0,1"], until=lambda: cool.polls >= 20)
+    # In each poll the GPUs are read in order: this window holds polls 5 to 14 of both.
+    window = (sampler.samples(UUIDS[0])[5].at, sampler.samples(UUIDS[1])[14].at)
+    summary = sampler.summary(window)
+    first, second = summary.devices
+
+    assert first.samples == second.samples == 10
+    assert dict(first.clock_events) == {"hw_thermal_slowdown": 0.3, "sw_power_cap": 0.1, "gpu_idle": 0.1}
+    assert first.clock_event_share(["hw_thermal_slowdown", "sw_power_cap"]) == pytest.approx(0.4)
+    assert dict(second.clock_events) == {"sw_power_cap": 0.2, "hw_thermal_slowdown": 0.1}
+    assert second.clock_event_share(["hw_thermal_slowdown", "sw_power_cap"]) == pytest.approx(0.2)  # not 0.3: together once
+    assert summary.clock_event_share(["hw_thermal_slowdown", "sw_power_cap"]) == pytest.approx(0.4)  # the worst GPU
+    assert summary.clock_event_share(["hw_thermal_slowdown"]) == pytest.approx(0.3)
+    assert summary.clock_event_share(["sync_boost"]) == 0.0
+    with pytest.raises(ValueError, match="thermal_throttle"):
+        summary.clock_event_share(["thermal_throttle"])
+
+
+def test_without_clock_events_there_is_no_clock_event_share(monkeypatch: pytest.MonkeyPatch) -> None:
+    gpu = FakeGpu(UUIDS[0], not_supported=frozenset({"nvmlDeviceGetCurrentClocksEventReasons"}))
+    install(monkeypatch, [gpu])
+    summary = run_sampler(["0"], until=lambda: gpu.polls >= 3).summary()
+    assert summary.clock_event_share(["sw_power_cap"]) is None
+    assert summary.devices[0].field_errors["clock_events"].unavailable
+
+
+def test_xid_errors_that_may_lie_in_the_window_are_kept_in_order(monkeypatch: pytest.MonkeyPatch) -> None:
+    gpu = FakeGpu(
+        UUIDS[0],
+        xid_errors=[(2, 13), (5, 31), (9, 48), (9, 94), (12, 63), (13, 119)],
+        unknown_errors={"nvmlEventSetWait_v2": 1},  # the first drain fails: recorded, and the events wait for the next
+    )
+    healthy = FakeGpu(UUIDS[1])
+    nv = install(monkeypatch, [gpu, healthy])
+    sampler = run_sampler(["0,1"], until=lambda: healthy.polls >= 20)
+    samples = sampler.samples(UUIDS[0])
+    # Each poll drains the events after reading the GPU: those drained in polls 5 to 12 may have
+    # happened after sample 5 was read, none drained after poll 12 before sample 12 was.
+    summary = sampler.summary((samples[5].at, samples[12].at))
+    device = summary.devices[0]
+
+    assert device.xid_errors == (31, 48, 94, 63)
+    assert summary.xid_errors() == {"0": (31, 48, 94, 63)}  # only GPUs with some
+    assert device.as_json()["xid_errors"] == [31, 48, 94, 63]
+    assert sampler.summary().devices[0].xid_errors == (13, 31, 48, 94, 63, 119)
+    health = device.field_errors["xid_errors"]
+    assert (health.errors, health.unavailable, health.last_error) == (1, False, "Unknown Error")
+    assert nv.state.event_sets == nv.state.event_sets_freed == 2
+
+
+def test_the_xid_of_a_gpu_lost_mid_run_is_kept(monkeypatch: pytest.MonkeyPatch) -> None:
+    lost, healthy = FakeGpu(UUIDS[0], lost_from_poll=3, xid_errors=[(3, 79)]), FakeGpu(UUIDS[1])
+    install(monkeypatch, [lost, healthy])
+    summary = run_sampler(["0,1"], until=lambda: healthy.polls >= 8).summary()
+    assert summary.devices[0].lost and summary.devices[0].samples == 3
+    assert summary.xid_errors() == {"0": (79,)}  # fallen off the bus: drained in the poll that found it lost
+
+
+def test_xid_events_not_supported_leave_the_other_fields_sampled(monkeypatch: pytest.MonkeyPatch) -> None:
+    gpu = FakeGpu(UUIDS[0], not_supported=frozenset({"nvmlDeviceRegisterEvents"}), xid_errors=[(1, 13)])
+    nv = install(monkeypatch, [gpu])
+    sampler = run_sampler(["0"], until=lambda: gpu.polls >= 5)
+    device = sampler.summary().devices[0]
+
+    assert device.as_json()["field_errors"]["xid_errors"] == {"errors": 0, "unavailable": True, "last_error": "Not Supported"}
+    assert device.xid_errors == () and gpu.calls["nvmlEventSetWait_v2"] == 0
+    assert device.utilization.count == device.samples >= 5 and device.ecc_uncorrected == 0
+    assert sampler.unavailable is None and sampler.health().failed_polls == 0
+    assert nv.state.event_sets == nv.state.event_sets_freed == 1  # the set made to register in is freed at once
+
+
+def test_ecc_errors_are_counted_between_the_readings_that_bracket_the_window(monkeypatch: pytest.MonkeyPatch) -> None:
+    gpu = FakeGpu(UUIDS[0], ecc_uncorrected=[0] * 4 + [2] * 4 + [5] * 7 + [9], ecc_corrected=7)  # 2 at poll 4, 3 at 8, 4 at 15
+    install(monkeypatch, [gpu])
+    sampler = run_sampler(["0"], until=lambda: gpu.polls >= 20)
+    samples = sampler.samples(UUIDS[0])
+
+    summary = sampler.summary((samples[3].at, samples[12].at))
+    assert summary.devices[0].ecc_uncorrected == 5
+    assert summary.devices[0].ecc_corrected == 0  # read, and none counted
+    assert summary.ecc_uncorrected() == {"0": 5}
+    assert summary.as_json()["devices"][0]["ecc_uncorrected"] == 5
+    # between two readings: the errors counted by the reading after the window's end (poll 8) may lie in it
+    assert sampler.summary((samples[6].at, (samples[7].at + samples[8].at) / 2)).devices[0].ecc_uncorrected == 3
+    assert sampler.summary((samples[8].at, samples[14].at)).ecc_uncorrected() == {}  # none in the window
+    assert sampler.summary().devices[0].ecc_uncorrected == 9
+    assert sampler.summary((samples[0].at - 1, samples[-1].at)).devices[0].ecc_uncorrected is None  # not read over all of it
+
+
+def test_ecc_not_supported_is_unavailable_and_the_run_goes_on(monkeypatch: pytest.MonkeyPatch) -> None:
+    gpu = FakeGpu(UUIDS[0], not_supported=frozenset({"nvmlDeviceGetTotalEccErrors"}))  # e.g. ECC turned off
+    install(monkeypatch, [gpu])
+    sampler = run_sampler(["0"], until=lambda: gpu.polls >= 5)
+    summary = sampler.summary()
+    device = summary.devices[0]
+
+    assert device.ecc_uncorrected is None and device.ecc_corrected is None
+    assert device.field_errors["ecc_uncorrected"].unavailable and device.field_errors["ecc_corrected"].unavailable
+    assert gpu.calls["nvmlDeviceGetTotalEccErrors"] == 2  # once per counter, not asked again
+    assert summary.ecc_uncorrected() == {}
+    assert device.utilization.count == device.samples and sampler.health().failed_polls == 0
+
+
+def test_other_processes_holding_memory_on_a_gpu_are_reported(monkeypatch: pytest.MonkeyPatch) -> None:
+    server, worker, early, late, nameless, me = 5_000_001, 5_000_002, 5_000_003, 5_000_004, NO_SUCH_PID, os.getpid()
+
+    def listed(poll: int) -> list[tuple[int, int | None]]:
+        found: list[tuple[int, int | None]] = [(server, 60 * GiB)]
+        if 4 <= poll <= 17:
+            found.append((worker, 50 * GiB))  # the server's child, started during the run; its memory outlives it a moment
+        if poll <= 2:
+            found.append((early, 8 * GiB))  # gone before the window
+        if 6 <= poll <= 14:
+            found.append((me, (3 if poll == 10 else 1) * GiB))
+        if poll in (11, 12):
+            found.append((nameless, None))  # another PID namespace: no figure, no name
+        if poll >= 18:
+            found.append((late, GiB))  # after the window
+        return found
+
+    gpu = FakeGpu(UUIDS[0], processes=listed)
+    install(monkeypatch, [gpu])
+
+    def own_pids() -> set[int]:
+        return {server, worker} if 8 < gpu.polls <= 16 else {server}  # the child is seen in the server's tree late, and exits
+
+    sampler = run_sampler(["0"], until=lambda: gpu.polls >= 20, own_pids=own_pids, processes_every_s=0)
+    samples = sampler.samples(UUIDS[0])
+    summary = sampler.summary((samples[5].at, samples[15].at))
+    device = summary.devices[0]
+
+    assert dict(device.foreign_processes) == {me: 3 * GiB, nameless: None}  # the most each held
+    assert dict(device.foreign_process_names) == {me: psutil.Process().name()}
+    assert summary.foreign_processes() == {"0": device.foreign_processes}
+    assert device.as_json()["foreign_processes"] == [
+        {"pid": me, "used_bytes": 3 * GiB, "name": psutil.Process().name()},
+        {"pid": nameless, "used_bytes": None, "name": None},
+    ]
+    assert set(sampler.summary().devices[0].foreign_processes) == {early, me, nameless, late}
+
+
+def test_without_own_pids_no_process_is_read_or_reported(monkeypatch: pytest.MonkeyPatch) -> None:
+    gpu = FakeGpu(UUIDS[0], processes=[(NO_SUCH_PID, GiB)])
+    install(monkeypatch, [gpu])
+    summary = run_sampler(["0"], until=lambda: gpu.polls >= 5, processes_every_s=0).summary()
+    assert dict(summary.devices[0].foreign_processes) == {} and summary.foreign_processes() == {}
+    assert gpu.calls["nvmlDeviceGetComputeRunningProcesses"] == 0
+
+
+def test_processes_are_read_every_few_seconds_and_at_the_closing_poll(monkeypatch: pytest.MonkeyPatch) -> None:
+    # a GPU without graphics contexts lists its compute processes alone
+    gpu = FakeGpu(UUIDS[0], processes=[(NO_SUCH_PID, GiB)], not_supported=frozenset({"nvmlDeviceGetGraphicsRunningProcesses"}))
+    install(monkeypatch, [gpu])
+    sampler = run_sampler(["0"], until=lambda: gpu.polls >= 10, own_pids=lambda: (), processes_every_s=3600)
+    samples = sampler.samples(UUIDS[0])
+    read = [i for i, sample in enumerate(samples) if sample.processes is not None]
+    assert read[0] == 0 and read[-1] == len(samples) - 1  # the first poll and the closing one
+    assert len(read) <= 3  # (and a scheduled poll that began as the sampler was being stopped)
+    device = sampler.summary().devices[0]
+    assert dict(device.foreign_processes) == {NO_SUCH_PID: GiB} and "processes" not in device.field_errors
+
+
+def test_processes_not_supported_are_unavailable_and_nothing_is_reported(monkeypatch: pytest.MonkeyPatch) -> None:
+    gpu = FakeGpu(UUIDS[0], processes=[(NO_SUCH_PID, GiB)], not_supported=frozenset({"nvmlDeviceGetComputeRunningProcesses"}))
+    install(monkeypatch, [gpu])
+    sampler = run_sampler(["0"], until=lambda: gpu.polls >= 5, own_pids=lambda: (), processes_every_s=0)
+    device = sampler.summary().devices[0]
+    assert device.field_errors["processes"].unavailable and dict(device.foreign_processes) == {}
+    assert gpu.calls["nvmlDeviceGetComputeRunningProcesses"] == 1
+    assert device.utilization.count == device.samples and sampler.health().failed_polls == 0
 
 
 # --- the entry point -------------------------------------------------------------------

@@ -3,6 +3,8 @@ what the gate makes of a run that had one (``invalid: <reason>``, never a regres
 
 from __future__ import annotations
 
+import os
+import sys
 from types import MappingProxyType
 
 import pytest
@@ -12,11 +14,14 @@ from pytest_qwenperf.core.validity import ValidityLimits
 from pytest_qwenperf.gate.baseline import BaselineRefused, baseline_from_run, write_baseline
 from pytest_qwenperf.gate.judge import judge_against_run, judge_run
 from pytest_qwenperf.measure.validity import conditions
-from pytest_qwenperf.telemetry import TelemetrySummary
+from pytest_qwenperf.telemetry import Telemetry, TelemetrySummary
 from pytest_qwenperf.telemetry.cores import OtherProcess
 from pytest_qwenperf.telemetry.cpu import CpuSummary, ServerCoresSummary
 from pytest_qwenperf.telemetry.sampling import SamplerHealth, Stats
+from tests import fake_pynvml
+from tests.fake_pynvml import FakeGpu
 from tests.test_baseline import make_run, run_of
+from tests.test_telemetry_nvml import NO_SUCH_PID, UUIDS, GiB, wait_until
 
 HEALTH = SamplerHealth(0.5, 10, 0, None, None, None, None)
 
@@ -94,3 +99,49 @@ def test_conditions_survive_the_runs_json() -> None:
     older = make_run()
     del older["conditions"]  # a run's JSON from before conditions were kept
     assert run_of(older).conditions == ()
+
+
+# --- GPU conditions, through the NVML fake behind the real sampler ---------------------
+
+HW_THERMAL, SW_POWER_CAP = 0x40, 0x4
+
+
+def gpu_conditions(monkeypatch: pytest.MonkeyPatch, gpu: FakeGpu, limits: ValidityLimits = ValidityLimits()) -> tuple[Loss, ...]:
+    """The conditions of a load run on ``gpu`` whose server is this process (its own memory on the GPU is not another's)."""
+    monkeypatch.setitem(sys.modules, "pynvml", fake_pynvml.module([gpu]))
+    telemetry = Telemetry.start(gpu_visible_devices=["0"], server_pids=[os.getpid()], interval_s=0.01)
+    try:
+        wait_until(lambda: gpu.polls >= 24)
+    finally:
+        telemetry.stop()
+    gpus_alone = TelemetrySummary(window=None, gpu=telemetry.summary().gpu, cpu=None, server=None)  # this machine's cores are not under test
+    return conditions(gpus_alone, limits)
+
+
+def test_a_gpu_running_as_it_should_has_no_wrong_condition(monkeypatch: pytest.MonkeyPatch) -> None:
+    gpu = FakeGpu(UUIDS[0], clock_events=0x1, processes=[(os.getpid(), 60 * GiB)])  # gpu_idle is no fault
+    assert gpu_conditions(monkeypatch, gpu) == ()
+
+
+def test_a_throttled_gpu_that_logged_errors_beside_another_process_is_wrong_in_every_way(monkeypatch: pytest.MonkeyPatch) -> None:
+    stranger = NO_SUCH_PID
+    gpu = FakeGpu(
+        UUIDS[0],
+        clock_events=[0, 0, HW_THERMAL, SW_POWER_CAP | HW_THERMAL] * 10,  # held back in half of the samples
+        xid_errors=[(5, 79)],
+        ecc_uncorrected=[0] * 8 + [2],
+        processes=[(os.getpid(), 60 * GiB), (stranger, 8 * GiB)],
+    )
+    found = {loss.reason: loss.detail for loss in gpu_conditions(monkeypatch, gpu)}
+    assert set(found) == {"gpu-clock-events", "gpu-xid", "gpu-ecc", "gpu-shared"}
+    assert "hw_thermal_slowdown, sw_power_cap" in found["gpu-clock-events"] and "(limit 10%)" in found["gpu-clock-events"]
+    assert "GPU 0: XID 79" in found["gpu-xid"]
+    assert "GPU 0: 2" in found["gpu-ecc"]
+    assert f"pid {stranger} (8,192 MiB)" in found["gpu-shared"]
+
+
+def test_clock_events_within_the_suites_share_are_tolerated(monkeypatch: pytest.MonkeyPatch) -> None:
+    gpu = FakeGpu(UUIDS[0], clock_events=[0, 0, 0, SW_POWER_CAP] * 10)  # a power cap in a quarter of the samples
+    assert [loss.reason for loss in gpu_conditions(monkeypatch, gpu, ValidityLimits(clock_event_share=0.5))] == []
+    gpu = FakeGpu(UUIDS[0], clock_events=[0, 0, 0, SW_POWER_CAP] * 10)
+    assert [loss.reason for loss in gpu_conditions(monkeypatch, gpu, ValidityLimits(clock_event_share=0.1))] == ["gpu-clock-events"]

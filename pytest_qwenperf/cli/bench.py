@@ -27,6 +27,8 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import TextIO
 
+import msgspec
+
 from pytest_qwenperf.core.apikey import ApiKey, ApiKeyError, resolve_api_key
 from pytest_qwenperf.core.files import unwritable, write_atomically
 from pytest_qwenperf.core.formats import BENCH_SCHEMA, json_safe
@@ -40,6 +42,7 @@ from pytest_qwenperf.core.options import (
 )
 from pytest_qwenperf.core.records import RequestRecord
 from pytest_qwenperf.core.summary import GoodputSLO, inter_token_latencies
+from pytest_qwenperf.core.validity import ValidityLimits
 from pytest_qwenperf.gate.history import HistoryError, HistoryStore
 from pytest_qwenperf.gate.sources import bench_run
 from pytest_qwenperf.loadgen.arrivals import Arrival, ClosedLoop, Distribution, OpenLoop
@@ -47,6 +50,7 @@ from pytest_qwenperf.loadgen.client import DEFAULT_TIMEOUT_S, LoadOptions, run_l
 from pytest_qwenperf.loadgen.request import RequestSpec
 from pytest_qwenperf.loadgen.tokenizer import PromptTokenizer
 from pytest_qwenperf.measure.run import Observation, observe
+from pytest_qwenperf.measure.validity import conditions
 from pytest_qwenperf.serving.server import (
     ServerAuthError,
     ServerInfo,
@@ -380,6 +384,7 @@ def result_json(plan: BenchPlan, seen: Observation, *, detailed: bool, max_faile
             "workers": plan.workers,
             "started": seen.started,
             "host": os.uname().nodename,
+            "environment": msgspec.to_builtins(plan.servers[0].environment) if plan.servers[0].environment else None,
         },
         "metrics": seen.summary.values(),
         "steady_state": seen.steady.values() if seen.steady else None,
@@ -388,6 +393,7 @@ def result_json(plan: BenchPlan, seen: Observation, *, detailed: bool, max_faile
         "failures": _failures_json(seen, max_failed_fraction),
         "client": {"bound": seen.client_bound, "cpu_busy": seen.client_cpu_busy},
         "telemetry": seen.telemetry.as_json(),
+        "conditions": msgspec.to_builtins(conditions(seen.telemetry, ValidityLimits())),
     }
     if detailed:
         result["requests"] = [_request_json(r, seen.load.started_at) for r in seen.load.records if not r.warmup]

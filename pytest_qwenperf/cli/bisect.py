@@ -250,6 +250,7 @@ class Stepper:
                 pair = measure_interleaved(
                     self.good.get(rung.config, cpus, self.gpus), pool.get(rung.config, cpus, self.gpus), rung.config, rung.workload, rung.plan,
                     suite=rung.config.suite, client_cpus=self.placed.client_cpus, tolerances=rung.suite.tolerances,
+                    validity=rung.suite.validity, must_match=rung.suite.must_match,
                 )  # fmt: skip
                 run, judgements = pair.run, pair.judgements
             else:
@@ -271,6 +272,7 @@ class Stepper:
             decided = measure_point(
                 server, rung.config, rung.workload, rung.plan, lambda run: None,
                 suite=rung.config.suite, client_cpus=self.placed.client_cpus, tolerances=rung.suite.tolerances,
+                validity=rung.suite.validity, must_match=rung.suite.must_match,
             )  # fmt: skip
         finally:
             pool.release(rung.config.key)

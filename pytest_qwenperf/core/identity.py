@@ -12,6 +12,7 @@ from typing import Annotated
 import msgspec
 
 from pytest_qwenperf.core.apikey import redact_argv
+from pytest_qwenperf.core.environment import Environment
 
 Text = Annotated[str, msgspec.Meta(min_length=1)]
 """A non-empty string."""
@@ -70,5 +71,6 @@ class Context(msgspec.Struct, frozen=True, kw_only=True):
     cpu_count: Count | None = None
     date: str | None = None  # ISO 8601
     git_commit: str | None = None  # this project's commit that measured it
+    environment: Environment | None = None  # what ran the server (None: not recorded)
 
 

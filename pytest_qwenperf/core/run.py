@@ -21,6 +21,7 @@ from typing import Any
 import msgspec
 
 from pytest_qwenperf.core import schema
+from pytest_qwenperf.core.environment import Environment
 from pytest_qwenperf.core.formats import show
 from pytest_qwenperf.core.identity import Context, Count, Identity, Text, argv_digest
 from pytest_qwenperf.core.metrics import GATED, find, gate_order
@@ -80,6 +81,7 @@ class RunContext(msgspec.Struct, frozen=True, kw_only=True):
     routing: str | None = None
     client_cpus: tuple[int, ...] = ()
     started: str | None = None  # ISO 8601, UTC
+    environment: Environment | None = None  # what ran the (first) server: versions and engine config
 
 
 class ServerCounters(msgspec.Struct, frozen=True, kw_only=True):
@@ -160,6 +162,7 @@ class Run(msgspec.Struct, frozen=True, kw_only=True):
     samples: dict[str, tuple[float | None, ...]] | None = None  # metric -> one value per repeat
     extra_repeats: Count = 0  # repeats added after the first ones because the verdicts could not decide
     tolerances: dict[str, float] | None = None  # the suite's, per gated metric
+    must_match: tuple[str, ...] = ()  # the suite's: environment fields a comparison needs equal (``core.environment``)
     conditions: tuple[Loss, ...] = ()  # what was wrong with the device while it ran (``core.validity``)
 
     @property
@@ -193,6 +196,7 @@ class Run(msgspec.Struct, frozen=True, kw_only=True):
             cpu_model=hardware.cpu_model or None,
             cpu_count=hardware.cpu_count,
             date=self.context.started or None,
+            environment=self.context.environment,
         )
 
     def value(self, name: str) -> float | None:

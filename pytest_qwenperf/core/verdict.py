@@ -52,6 +52,13 @@ metric is (:func:`judge_run`):
   **no-baseline**: nothing to judge against; never a regression.
 * **missing** (``qwenperf compare`` only): the reference has a config × workload the
   candidate file lacks.
+
+One verdict is not on a metric but on what a config answered (:func:`~pytest_qwenperf.core.canary.judge_canary`):
+
+* **changed-output**: the config's answer to the correctness canary (fixed prompts, greedy)
+  agrees with the reference answer (the stored one, or the other side of ``qwenperf compare``)
+  less than the suite's floor allows: fewer prompts give the same tokens, or their
+  log-probabilities drift further. Its output changed, whatever its speed.
 """
 
 from __future__ import annotations
@@ -66,7 +73,16 @@ from pytest_qwenperf.core.metrics import Direction
 from pytest_qwenperf.core.stats import centre, t_quantile
 
 Verdict = Literal[
-    "pass", "regression", "improvement", "noisy", "underpowered", "not-comparable", "no-baseline", "missing", "invalid"
+    "pass",
+    "regression",
+    "improvement",
+    "noisy",
+    "underpowered",
+    "not-comparable",
+    "no-baseline",
+    "missing",
+    "invalid",
+    "changed-output",
 ]
 UNDECIDED: tuple[Verdict, ...] = ("noisy", "underpowered")
 """Verdicts more repeats can settle: the data point at a regression, or could not have seen one."""
@@ -90,6 +106,7 @@ class Judgement:
     reason: str = ""  # an invalid verdict's short why ("failed requests", "client-bound (reference)")
     mde: float | None = None  # minimum detectable effect, a fraction of the baseline; None: no spread to know it
     confidence: float = DEFAULT_CONFIDENCE  # of the interval the verdict was decided on
+    environment: tuple[str, ...] = ()  # how the run's environment differs from the baseline's where the suite allows it: shown, not judged
 
     HEADER: ClassVar[tuple[str, ...]] = ("metric", "baseline", "now", "ratio", "tolerance", "MDE", "verdict")
 

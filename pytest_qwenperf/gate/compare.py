@@ -32,6 +32,14 @@ separately still give a spread; the pool has every repeat's failed requests, tok
 and client-bound reason, and a metric that one repeat lacks has no value in the pool.
 Repeats must be of one setup: runs that differ are an error naming the files and the field.
 
+Canary answers (session JSON's ``canaries``) follow the tables: per config, each later file's
+answer against the reference's (:func:`~pytest_qwenperf.core.canary.judge_canary`, within the
+floor the reference's answer carries: its suite's ``[canary]`` table), with its match rate,
+drift and verdict, ``changed-output`` among them. A file without any answers (an older one, a
+session that ran no correctness test) is not judged on them; one that has answers but none for a
+config the reference answered is ``missing`` there. Where a column holds differing answers of
+one config, the one that agrees least with the reference is shown.
+
 :func:`as_json` is the machine-readable form (``schema`` :data:`SCHEMA`).
 """
 
@@ -47,6 +55,7 @@ from typing import cast, get_args
 
 import msgspec
 
+from pytest_qwenperf.core.canary import Canary, CanaryJudgement, judge_canary
 from pytest_qwenperf.core.formats import json_safe
 from pytest_qwenperf.core.metrics import METRICS, gate_order, metric
 from pytest_qwenperf.core.run import Run
@@ -54,7 +63,7 @@ from pytest_qwenperf.core.stats import centre
 from pytest_qwenperf.core.tables import format_table
 from pytest_qwenperf.core.verdict import Judgement, Verdict, format_mde, format_value
 from pytest_qwenperf.gate import sources
-from pytest_qwenperf.gate.judge import judge_against_run, judge_run
+from pytest_qwenperf.gate.judge import environment_notes, judge_against_run, judge_run
 from pytest_qwenperf.gate.sources import BENCH_KEY, Result, RunKey, Setup
 
 SCHEMA = "qwenperf-compare/1"
@@ -84,6 +93,7 @@ class RunSet:
     label: str
     runs: Mapping[RunKey, Run]
     setups: Mapping[RunKey, Setup] = dataclasses.field(default_factory=dict)
+    canaries: Mapping[str, tuple[Canary, ...]] = dataclasses.field(default_factory=dict)  # by config key, distinct answers
 
 
 # ------------------------------------------------------------------ reading
@@ -126,16 +136,24 @@ def _pooled(path: Path, key: RunKey, results: list[Result]) -> Run:
 def load_runs(path: Path) -> RunSet:
     """Read one column, a results file or a directory of them; :class:`CompareError` names the file, the field and what was expected."""
     try:
-        results = sources.read_results(Path(path))
+        read = sources.read(Path(path))
     except sources.SourceError as exc:
         raise CompareError(str(exc)) from None
+    results = read.runs
     by_key: dict[RunKey, list[Result]] = {}
     for result in results:
         by_key.setdefault(result.key, []).append(result)
+    answers: dict[str, list[Canary]] = {}
+    for answer in read.canaries:
+        same = answers.setdefault(answer.config_key, [])
+        if not any((a.identity, a.fingerprint) == (answer.identity, answer.fingerprint) for a in same):
+            same.append(answer)
     versions = {result.run.context.vllm_version for result in results if result.run.context.vllm_version}
+    versions |= {answer.context.vllm_version for answer in read.canaries if answer.context.vllm_version}
     label = ", ".join(sorted(versions)) or Path(path).name
     setups = {key: found[0].setup for key, found in by_key.items() if found[0].setup is not None}
-    return RunSet(Path(path), label, {key: _pooled(Path(path), key, found) for key, found in by_key.items()}, setups)
+    runs = {key: _pooled(Path(path), key, found) for key, found in by_key.items()}
+    return RunSet(Path(path), label, runs, setups, {key: tuple(found) for key, found in answers.items()})
 
 
 # ------------------------------------------------------------------ comparing
@@ -167,10 +185,19 @@ class Group:
 
 
 @dataclass(frozen=True)
+class CanaryRow:
+    """One config's canary answers, judged in each later file against the reference's."""
+
+    config: str  # the config's key
+    judgements: tuple[CanaryJudgement | None, ...]  # one per file after the first; None: the file has no answers
+
+
+@dataclass(frozen=True)
 class Comparison:
     labels: tuple[str, ...]
     groups: tuple[Group, ...]
     paths: tuple[Path, ...]  # one per label
+    canaries: tuple[CanaryRow, ...] = ()
 
     def judgements(self) -> list[tuple[Group, str, Judgement]]:
         """(group, file label, judgement) for every judged cell."""
@@ -183,7 +210,9 @@ class Comparison:
         ]
 
     def verdicts(self) -> Counter[Verdict]:
-        return Counter(judgement.verdict for _, _, judgement in self.judgements())
+        """Every judged cell's verdict, the canary answers' included."""
+        answers = [j.verdict for row in self.canaries for j in row.judgements if j is not None]
+        return Counter([judgement.verdict for _, _, judgement in self.judgements()] + answers)
 
 
 def _utilization(run: Run) -> dict[str, float]:
@@ -271,7 +300,32 @@ def compare(sets: Sequence[RunSet], metrics: Sequence[str] = ()) -> Comparison:
     if missing:
         present = sorted({name for run_set in sets for run in run_set.runs.values() for name in _values(run)})
         raise CompareError(f"--metric {', '.join(missing)}: no input has it; metrics present: {', '.join(present)}")
-    return Comparison(_unique_labels(sets), tuple(groups), tuple(s.path for s in sets))
+    return Comparison(_unique_labels(sets), tuple(groups), tuple(s.path for s in sets), _canary_rows(sets))
+
+
+def _canary_rows(sets: Sequence[RunSet]) -> tuple[CanaryRow, ...]:
+    reference = sets[0]
+    configs = list(dict.fromkeys(key for run_set in sets for key in run_set.canaries))
+    rows = [CanaryRow(config, tuple(_canary_judgement(reference, run_set, config) for run_set in sets[1:])) for config in configs]
+    return tuple(row for row in rows if any(row.judgements))
+
+
+def _canary_judgement(reference: RunSet, run_set: RunSet, config: str) -> CanaryJudgement | None:
+    """The answer of ``config`` in ``run_set`` against the reference's first; the least agreeing of
+    several. None when ``run_set`` has no answers at all."""
+    if not run_set.canaries:
+        return None
+    first = reference.canaries.get(config, (None,))[0]
+    answers = run_set.canaries.get(config)
+    if answers is None:
+        assert first is not None  # the config is in one of the two
+        return CanaryJudgement(
+            config=config, verdict="missing", detail=f"{run_set.path.name} has no canary answer of {config}; the reference has one", floor=first.floor
+        )
+    floor = first.floor if first is not None else answers[0].floor
+    absent = f"{reference.path.name} has no canary answer of {config}"
+    judged = [judge_canary(first, answer, floor, absent=absent) for answer in answers]
+    return min(judged, key=lambda j: (j.verdict == "pass", j.found.match_rate if j.found else 1.0))
 
 
 def _aligned(sets: Sequence[RunSet]) -> Sequence[RunSet]:
@@ -348,13 +402,47 @@ def render(comparison: Comparison, *, markdown: bool = False) -> str:
                 if j is not None and j.verdict != "pass":
                     same.setdefault((label, j.label, j.detail), []).append(row.metric)
         notes = [f"{label}: {', '.join(names)}: {verdict}: {detail}" for (label, verdict, detail), names in same.items()]
+        for i, label in enumerate(labels[1:]):
+            judged = [j for row in group.rows if (j := row.judgements[i]) is not None]
+            notes += [f"{label}: environment differs (allowed): {d}" for d in environment_notes(judged)]
         if notes:
             lines += [""] + ([f"- {note}" for note in notes] if markdown else notes)
         lines.append("")
+    lines += _render_canaries(comparison, markdown)
     counts = comparison.verdicts()
     summary = ", ".join(f"{n} {verdict}" for verdict, n in sorted(counts.items())) or "nothing judged"
     lines.append(f"verdicts against {labels[0]}: {summary}")
     return "\n".join(lines)
+
+
+def _render_canaries(comparison: Comparison, markdown: bool) -> list[str]:
+    """The canary answers' table (config; per later file: match rate, drift, verdict), then every
+    verdict that is not a pass with its detail."""
+    if not comparison.canaries:
+        return []
+    labels = comparison.labels
+    title = f"canary answers (greedy, 8 prompts) against {labels[0]}"
+    lines = [f"### {title}", ""] if markdown else [title]
+    header = ["config"]
+    for label in labels[1:]:
+        header += [f"match rate ({label})", f"drift ({label})", f"verdict ({label})"]
+    rows = []
+    notes = []
+    for row in comparison.canaries:
+        cells = [row.config]
+        for label, j in zip(labels[1:], row.judgements, strict=True):
+            if j is None:
+                cells += ["", "", ""]
+                continue
+            _, rate, drift, verdict = j.row()
+            cells += [rate, drift, f"**{verdict}**" if markdown and verdict != "pass" else verdict]
+            if j.verdict != "pass":
+                notes.append(f"{label}: {row.config}: {j.verdict}: {j.detail}")
+        rows.append(cells)
+    lines += format_table(header, rows, markdown=markdown)
+    if notes:
+        lines += [""] + ([f"- {note}" for note in notes] if markdown else notes)
+    return [*lines, ""]
 
 
 def as_json(comparison: Comparison) -> dict[str, object]:
@@ -362,7 +450,9 @@ def as_json(comparison: Comparison) -> dict[str, object]:
     reference), per row ``values`` one per file and ``judgements`` one per later file (null
     where a row is shown, not judged; ``mde`` a fraction of the baseline, null where unknown or the
     verdict is not decided on the numbers), and
-    ``verdicts`` counted as the summary line does. A group of bench results has no suite, config,
+    ``verdicts`` counted as the summary line does. ``canaries``: per config, one judgement of its
+    canary answer per later file (null where the file has no answers), with the match rate, the
+    drift and the floor. A group of bench results has no suite, config,
     workload or hardware (nulls) but ``setups``, one per file (null where a file has none).
     JSON-safe (:func:`~pytest_qwenperf.core.formats.json_safe`), as every file this package writes."""
     labels = comparison.labels
@@ -391,9 +481,25 @@ def as_json(comparison: Comparison) -> dict[str, object]:
             }
             for group in comparison.groups
         ],
+        "canaries": [
+            {"config": row.config, "judgements": [_canary_json(label, j) for label, j in zip(labels[1:], row.judgements, strict=True)]}
+            for row in comparison.canaries
+        ],
         "verdicts": dict(sorted(comparison.verdicts().items())),
     }
     return cast(dict[str, object], json_safe(document))
+
+
+def _canary_json(label: str, j: CanaryJudgement | None) -> dict[str, object] | None:
+    if j is None:
+        return None
+    found = j.found
+    figures = {
+        "match_rate": None if found is None else found.match_rate,
+        "logprob_drift": None if found is None else found.logprob_drift,
+        "first_mismatch": None if found is None else found.first_mismatch,
+    }
+    return {"file": label, "verdict": j.verdict, "detail": j.detail} | figures | {"floor": msgspec.to_builtins(j.floor)}
 
 
 def _where(group: Group) -> dict[str, object]:

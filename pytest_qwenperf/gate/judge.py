@@ -5,6 +5,7 @@ from __future__ import annotations
 import dataclasses
 from collections.abc import Sequence
 
+from pytest_qwenperf.core.environment import Environment, must_match_violations
 from pytest_qwenperf.core.metrics import SCALING, gate_order, metric
 from pytest_qwenperf.core.run import Loss, Run
 from pytest_qwenperf.core.stats import centre
@@ -68,6 +69,12 @@ def judge_run(baseline: Baseline | None, run: Run, *, confidence: float = DEFAUL
     found = losses(run)
     gated, lost = run.gated_samples(), run.lost_values()
     differences = baseline.identity.differences(run.identity.baseline()) if baseline else ()
+    allowed: tuple[str, ...] = ()
+    if baseline is not None and not differences:
+        changed = environment_differences(baseline.context.environment, run)
+        conflicts = must_match_violations(changed, run.must_match)
+        differences = tuple(f"environment {d} (the suite's must_match)" for d in conflicts)
+        allowed = tuple(d for d in changed if d not in conflicts)
     names = set(gated)
     if baseline is not None and not differences:
         names |= {name for name in baseline.metrics if name not in names and _expected(name, lost)}
@@ -100,7 +107,19 @@ def judge_run(baseline: Baseline | None, run: Run, *, confidence: float = DEFAUL
                     confidence=confidence,
                 )
             )
-    return tuple(judgements)
+    return tuple(dataclasses.replace(j, environment=allowed) for j in judgements) if allowed else tuple(judgements)
+
+
+def environment_notes(judgements: Sequence[Judgement]) -> tuple[str, ...]:
+    """The allowed environment differences the judgements carry, once each."""
+    return tuple(dict.fromkeys(d for j in judgements for d in j.environment))
+
+
+def environment_differences(reference: Environment | None, run: Run) -> tuple[str, ...]:
+    """Every field in which ``run``'s environment differs from ``reference`` (``reference`` first);
+    none where either was not recorded."""
+    mine = run.context.environment
+    return () if reference is None or mine is None else reference.differences(mine)
 
 
 def judge_against_run(reference: Run, run: Run, *, confidence: float = DEFAULT_CONFIDENCE) -> tuple[Judgement, ...]:
@@ -130,9 +149,11 @@ def judge_against_run(reference: Run, run: Run, *, confidence: float = DEFAULT_C
 
 
 def render_judgements(judgements: Sequence[Judgement], *, markdown: bool = False) -> str:
-    """The table of :attr:`Judgement.HEADER`, then the detail of every verdict that is not a pass."""
+    """The table of :attr:`Judgement.HEADER`, then the detail of every verdict that is not a pass,
+    then how the environment differs where the suite allows it."""
     lines = format_table(Judgement.HEADER, [j.row() for j in judgements], markdown=markdown)
     notes = [f"{j.metric}: {j.label}: {j.detail}" for j in judgements if j.verdict != "pass"]
+    notes += [f"environment differs (allowed): {d}" for d in environment_notes(judgements)]
     if notes:
         lines.append("")
         lines += [f"- {note}" for note in notes] if markdown else notes

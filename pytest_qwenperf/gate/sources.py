@@ -8,6 +8,8 @@ is set (the same result in another shape). The formats:
 * session JSON (``--qwenperf-json``) and pytest-benchmark JSON whose benchmarks carry a
   qwenperf run (the others are other tests, skipped): runs of a suite, matched by their
   :class:`~pytest_qwenperf.core.run.RunIdentity` (config, vLLM argv, workload, hardware).
+  A session JSON also holds each config's answer to the correctness canary (``canaries``), and
+  may hold answers alone (a session that ran only the correctness tests).
 * ``qwenperf bench --json`` (schema ``qwenperf-bench/1``) and ``vllm bench serve --save-result``
   (no schema key; told by its ``model_id`` or ``backend``): one result of one command line each. They name
   no suite config and no argv, so what they measured is their :class:`Setup`, compared field
@@ -50,12 +52,15 @@ from typing import Annotated, Any, Literal, TypeVar
 import msgspec
 
 from pytest_qwenperf.core import schema
+from pytest_qwenperf.core.canary import Canary
+from pytest_qwenperf.core.environment import Environment
 from pytest_qwenperf.core.formats import BENCH_SCHEMA, SESSION_SCHEMA, show
 from pytest_qwenperf.core.identity import Count, Text
 from pytest_qwenperf.core.metrics import find
 from pytest_qwenperf.core.run import (
     MISSING,
     ClientLoad,
+    Loss,
     Number,
     Run,
     RunContext,
@@ -165,10 +170,24 @@ class Result:
         return BENCH_KEY if self.setup is not None else (identity.suite, identity.config, identity.workload)
 
 
+@dataclass(frozen=True)
+class Results:
+    """What a results file, or a directory of them, holds: its runs, and its sessions' canary answers."""
+
+    runs: tuple[Result, ...]
+    canaries: tuple[Canary, ...] = ()
+
+
+def read(path: Path, *, recursive: bool = False) -> Results:
+    """Every run and canary answer of a results file, or of every results file in a directory (and in
+    its subfolders when ``recursive``, as pytest-benchmark's storage is laid out); :class:`SourceError` otherwise."""
+    found = [_read(file) for file in _files(Path(path), recursive)]
+    return Results(tuple(r for f in found for r in f.runs), tuple(c for f in found for c in f.canaries))
+
+
 def read_results(path: Path, *, recursive: bool = False) -> tuple[Result, ...]:
-    """Every run of a results file, or of every results file in a directory (and in its subfolders
-    when ``recursive``, as pytest-benchmark's storage is laid out); :class:`SourceError` otherwise."""
-    return tuple(result for file in _files(Path(path), recursive) for result in _read(file))
+    """Every run of :func:`read`."""
+    return read(path, recursive=recursive).runs
 
 
 def bench_run(data: object, where: str = "qwenperf bench") -> Run:
@@ -185,31 +204,45 @@ def _files(path: Path, recursive: bool = False) -> list[Path]:
     return files
 
 
-def _read(path: Path) -> list[Result]:
+def _read(path: Path) -> Results:
     text = read_text(path, "results file", EXPECTED, SourceError)
     try:
         data = json.loads(text)
     except json.JSONDecodeError as exc:
         raise SourceError(f"{path}: not valid JSON ({exc}); expected {EXPECTED}") from None
     if isinstance(data, dict) and data.get("schema") == BENCH_SCHEMA:
-        return [_qwenperf_bench(path, data)]
+        return Results((_qwenperf_bench(path, data),))
     if isinstance(data, dict) and "schema" not in data and any(key in data for key in _SERVE_MARKS):
-        return [_vllm_bench_serve(path, data)]
+        return Results((_vllm_bench_serve(path, data),))
+    canaries = _canaries(path, data)
     runs = []
-    for where, data_of_run in _suite_runs(path, data):
+    for where, data_of_run in _suite_runs(path, data, bool(canaries)):
         try:
             runs.append(Result(path, decode_run(data_of_run, where)))
         except RunJsonError as exc:
             raise SourceError(str(exc)) from None
-    return runs
+    return Results(tuple(runs), canaries)
 
 
-def _suite_runs(path: Path, data: object) -> list[tuple[str, object]]:
-    """(where, run JSON) pairs of a session or pytest-benchmark JSON."""
+class _SessionCanaries(msgspec.Struct, frozen=True, kw_only=True):
+    """The canary answers of a session JSON (it has more)."""
+
+    canaries: tuple[Canary, ...] = ()
+
+
+def _canaries(path: Path, data: object) -> tuple[Canary, ...]:
+    if not (isinstance(data, dict) and data.get("schema") == SESSION_SCHEMA):
+        return ()
+    return _convert(path, {"canaries": data.get("canaries", [])}, _SessionCanaries).canaries
+
+
+def _suite_runs(path: Path, data: object, answered: bool = False) -> list[tuple[str, object]]:
+    """(where, run JSON) pairs of a session or pytest-benchmark JSON; a session with canary answers
+    (``answered``) may have no runs."""
     if isinstance(data, dict) and data.get("schema") == SESSION_SCHEMA:
         runs = data.get("runs")
-        if not isinstance(runs, list) or not runs:
-            raise SourceError(f"{path}: runs: expected a non-empty list of runs, got {runs!r:.80}")
+        if not isinstance(runs, list) or not (runs or answered):
+            raise SourceError(f"{path}: runs: expected a non-empty list of runs (or canary answers), got {runs!r:.80}")
         return [(f"{path}: runs[{i}]", run) for i, run in enumerate(runs)]
     if isinstance(data, dict) and "schema" in data:
         raise SourceError(f"{path}: schema: expected {SESSION_SCHEMA!r} or {BENCH_SCHEMA!r}, got {data['schema']!r:.80}")
@@ -270,6 +303,7 @@ class _BenchContext(msgspec.Struct, frozen=True, kw_only=True):
     vllm_version: str | None = None
     servers: tuple[dict[str, Any], ...] = ()
     started: str | None = None
+    environment: Environment | None = None
 
 
 class _BenchServer(msgspec.Struct, frozen=True, kw_only=True):
@@ -287,6 +321,7 @@ class _QwenperfBench(msgspec.Struct, frozen=True, kw_only=True):
     token_check: TokenCheck
     client: ClientLoad
     telemetry: dict[str, Any] | None = None
+    conditions: tuple[Loss, ...] = ()
 
 
 def _qwenperf_bench(path: Path, data: object) -> Result:
@@ -306,7 +341,12 @@ def _qwenperf_bench(path: Path, data: object) -> Result:
         load=bench.identity.arrival,
         sampling=GREEDY,
     )
-    context = RunContext(vllm_version=bench.context.vllm_version, servers=bench.context.servers, started=bench.context.started)
+    context = RunContext(
+        vllm_version=bench.context.vllm_version,
+        servers=bench.context.servers,
+        started=bench.context.started,
+        environment=bench.context.environment,
+    )
     return _bench_run(
         path,
         setup,
@@ -317,6 +357,7 @@ def _qwenperf_bench(path: Path, data: object) -> Result:
         token_check=bench.token_check,
         client=bench.client,
         telemetry=bench.telemetry,
+        conditions=bench.conditions,
     )
 
 

@@ -1,4 +1,5 @@
-"""Recording a session's runs as the baselines: when, which published figures may go, and what became of each run."""
+"""Recording a session's runs (and its canary answers) as the baselines: when, which published figures may go,
+and what became of each run."""
 
 from __future__ import annotations
 
@@ -6,13 +7,15 @@ from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
+from pytest_qwenperf.core.canary import Canary
 from pytest_qwenperf.core.run import Run
 from pytest_qwenperf.gate.baseline import BaselineError, BaselineRefused, PublishedBaselineKept, write_baseline
+from pytest_qwenperf.gate.canary import canary_path, write_canary
 
 
 @dataclass(frozen=True)
 class BaselineOutcome:
-    """What became of one run: its baseline file, and why it was not written (None: written)."""
+    """What became of one run (or canary answer): its file, and why it was not written (None: written)."""
 
     config_key: str
     path: Path
@@ -35,8 +38,10 @@ def update_baselines(
     failed_tests: int,
     replace_published: Sequence[str],
     source: str,
+    canaries: Iterable[Canary] = (),
 ) -> BaselineUpdate:
-    """Write each run as the baseline of its identity under ``root``, unless a test failed.
+    """Write each run as the baseline of its identity under ``root``, and each canary answer as
+    its config's stored answer (:func:`~pytest_qwenperf.gate.canary.write_canary`), unless a test failed.
 
     A stored baseline of published figures is replaced only by the runs of a config whose key
     (e.g. ``b200/dp8``) ``replace_published`` names, or when it names the file itself; a refused run leaves its
@@ -58,4 +63,9 @@ def update_baselines(
             outcomes.append(BaselineOutcome(config_key, target, str(exc)))
         else:
             outcomes.append(BaselineOutcome(config_key, path))
+    for answer in canaries:
+        try:
+            outcomes.append(BaselineOutcome(answer.config_key, write_canary(root, answer)))
+        except (BaselineRefused, BaselineError) as exc:
+            outcomes.append(BaselineOutcome(answer.config_key, canary_path(root, answer), str(exc)))
     return BaselineUpdate(0, tuple(outcomes))

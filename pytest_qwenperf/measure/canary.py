@@ -14,14 +14,17 @@ return token ids fails the canary with what it answered: text alone cannot be co
 
 from __future__ import annotations
 
+import datetime
 import json
 from collections.abc import Sequence
 from concurrent.futures import ThreadPoolExecutor
 from typing import Any
 
 from pytest_qwenperf.core.apikey import ApiKey
-from pytest_qwenperf.core.canary import Canary, CanaryOutput, fingerprint
+from pytest_qwenperf.core.canary import CANARY, EXACT, Canary, CanaryFloor, CanaryOutput, definition_digest, fingerprint
 from pytest_qwenperf.core.http import http_post_json
+from pytest_qwenperf.core.identity import Context, Identity, argv_digest
+from pytest_qwenperf.serving.hardware import detect
 from pytest_qwenperf.serving.server import Server
 from pytest_qwenperf.suite.config import ServingConfig
 
@@ -69,7 +72,11 @@ def _output(prompt: str, status: int, raw: bytes) -> CanaryOutput:
     if not isinstance(token_ids, list):
         raise CanaryError(f"canary prompt {prompt!r}: the answer has no token_ids (a vLLM that predates return_token_ids?)")
     logprobs = (choice.get("logprobs") or {}).get("token_logprobs") or []
-    return CanaryOutput(token_ids=tuple(int(t) for t in token_ids), logprobs=tuple(float(v) for v in logprobs if v is not None))
+    return CanaryOutput(
+        token_ids=tuple(int(t) for t in token_ids),
+        logprobs=tuple(float(v) for v in logprobs if v is not None),
+        text=str(choice.get("text") or ""),
+    )
 
 
 def ask(
@@ -91,8 +98,46 @@ def ask(
         return tuple(pool.map(send, prompts))
 
 
-def canary_of(server: Server, config: ServingConfig, *, api_key: ApiKey | None = None, max_tokens: int = MAX_TOKENS) -> Canary:
-    """``config``'s answer to the canary from its running ``server`` (the first replica's)."""
+def canary_of(
+    server: Server,
+    config: ServingConfig,
+    *,
+    suite: str,
+    floor: CanaryFloor = EXACT,
+    api_key: ApiKey | None = None,
+    max_tokens: int = MAX_TOKENS,
+) -> Canary:
+    """``config``'s answer to the canary from its running ``server`` (the first replica's), identified
+    as a run of ``config`` from ``suite`` is, with the canary as its workload; ``floor``: the suite's
+    for another session's answer, carried with it as runs carry their tolerances."""
+    started = datetime.datetime.now(datetime.UTC).isoformat(timespec="seconds")
     outputs = ask(server.base_urls[0], server.model, max_tokens=max_tokens, api_key=api_key)
-    version = server.info[0].version if server.info else None
-    return Canary(config=config.key, vllm_version=version, max_tokens=max_tokens, outputs=outputs, fingerprint=fingerprint(outputs))
+    hardware = detect()
+    identity = Identity(
+        hardware=hardware.id,
+        model=config.model,
+        suite=suite,
+        config=config.id,
+        argv_sha256=argv_digest(config.vllm_args),
+        workload=CANARY,
+        workload_fingerprint=definition_digest(PROMPTS, max_tokens),
+    )
+    context = Context(
+        vllm_version=server.info[0].version if server.info else None,
+        gpu_name=hardware.gpu_name or None,
+        gpu_count=hardware.gpu_count,
+        driver_version=hardware.driver_version or None,
+        cuda_version=hardware.cuda_version or None,
+        cpu_model=hardware.cpu_model or None,
+        cpu_count=hardware.cpu_count,
+        date=started,
+    )
+    return Canary(
+        identity=identity,
+        context=context,
+        prompts=PROMPTS,
+        max_tokens=max_tokens,
+        outputs=outputs,
+        fingerprint=fingerprint(outputs),
+        floor=floor,
+    )

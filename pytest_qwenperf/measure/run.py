@@ -19,6 +19,7 @@ from types import MappingProxyType
 import msgspec
 
 from pytest_qwenperf.core.apikey import ApiKey, redact_argv
+from pytest_qwenperf.core.environment import Environment
 from pytest_qwenperf.core.http import http_post
 from pytest_qwenperf.core.run import ClientLoad, Loss, Run, RunContext, RunHardware, RunIdentity, ServerCounters, TokenCheck
 from pytest_qwenperf.core.summary import (
@@ -105,6 +106,7 @@ def build_run(
             routing=config.routing,
             client_cpus=tuple(client_cpus),
             started=started,
+            environment=_environment(servers, hardware),
         ),
         metrics=dict(summary.values()),
         steady_state=dict(steady.values()) if steady else None,
@@ -116,6 +118,19 @@ def build_run(
         samples={},
         tolerances=dict(tolerances),
         conditions=conditions(telemetry, validity),
+    )
+
+
+def _environment(servers: Sequence[ServerInfo], hardware: Hardware) -> Environment | None:
+    """The first server's environment, with this machine's GPU and driver where the server did not say."""
+    reported = servers[0].environment if servers else None
+    if reported is None:
+        return None
+    return msgspec.structs.replace(
+        reported,
+        gpu_name=reported.gpu_name or hardware.gpu_name or None,
+        gpu_count=reported.gpu_count or hardware.gpu_count or None,
+        driver=reported.driver or hardware.driver_version or None,
     )
 
 
@@ -256,13 +271,14 @@ def measure(
     workers: int = 1,
     api_key: ApiKey | None = None,
     validity: ValidityLimits = ValidityLimits(),
+    must_match: Sequence[str] = (),
 ) -> Run:
     """Drive ``workload`` against ``server`` (running ``config``) ``repeats`` times.
 
     The result is the repeat with the median total token throughput, carrying every
     repeat's figures in ``samples`` (what verdicts weigh the noise with). A repeat that
     was client-bound or whose token totals disagree with the server makes the result so.
-    ``tolerances`` (the suite's) travel with the result, so a baseline recorded from it
+    ``tolerances`` and ``must_match`` (the suite's) travel with the result, so a baseline recorded from it
     and ``qwenperf compare`` judge it as the suite says. Each load run starts with an
     empty prefix cache where the server allows a reset (see :func:`reset_prefix_caches`),
     so a run does not hit on the prompts of the one before.
@@ -297,7 +313,7 @@ def measure(
         )
         for _ in range(repeats)
     ]
-    return combine_repeats(measured, config.replicas, tolerances=tolerances)
+    return combine_repeats(measured, config.replicas, tolerances=tolerances, must_match=must_match)
 
 
 def measure_repeat(
@@ -332,9 +348,16 @@ def measure_repeat(
     return MappingProxyType(runs)
 
 
-def combine_repeats(repeats: Sequence[Repeat], replicas: int, *, tolerances: Mapping[str, float] = MappingProxyType({})) -> Run:
+def combine_repeats(
+    repeats: Sequence[Repeat],
+    replicas: int,
+    *,
+    tolerances: Mapping[str, float] = MappingProxyType({}),
+    must_match: Sequence[str] = (),
+) -> Run:
     """The run of a point measured as ``repeats`` (as :func:`measure` describes it): the median
-    repeat of the ``replicas`` route (else the largest), every repeat's figures as its samples."""
+    repeat of the ``replicas`` route (else the largest), every repeat's figures as its samples;
+    it carries the suite's ``tolerances`` and ``must_match`` (what a comparison of it holds to)."""
     if not repeats:
         raise ValueError("a run needs at least one repeat")
     counts = sorted(repeats[0])
@@ -361,6 +384,7 @@ def combine_repeats(repeats: Sequence[Repeat], replicas: int, *, tolerances: Map
         conditions=_conditions(every),
         samples=samples,
         tolerances=dict(tolerances),
+        must_match=tuple(must_match),
         scaling=scaling.record() if scaling else None,
     )
 

@@ -136,6 +136,7 @@ def measure_point(
     workers: int = 1,
     api_key: ApiKey | None = None,
     validity: ValidityLimits = ValidityLimits(),
+    must_match: Sequence[str] = (),
 ) -> Decided:
     """:func:`~pytest_qwenperf.measure.run.measure` with as many repeats as :func:`decide` takes."""
 
@@ -145,7 +146,7 @@ def measure_point(
         )
 
     def combine(repeats: Sequence[Repeat]) -> Run:
-        return combine_repeats(repeats, config.replicas, tolerances=tolerances)
+        return combine_repeats(repeats, config.replicas, tolerances=tolerances, must_match=must_match)
 
     return decide(plan, repeat, combine, baseline_of)
 
@@ -163,6 +164,7 @@ def measure_interleaved(
     workers: int = 1,
     api_key: ApiKey | None = None,
     validity: ValidityLimits = ValidityLimits(),
+    must_match: Sequence[str] = (),
 ) -> DecidedPair:
     """The point on both servers, as many repeats each as :func:`decide_interleaved` takes."""
 
@@ -172,6 +174,6 @@ def measure_interleaved(
         )
 
     def combine(repeats: Sequence[Repeat]) -> Run:
-        return combine_repeats(repeats, config.replicas, tolerances=tolerances)
+        return combine_repeats(repeats, config.replicas, tolerances=tolerances, must_match=must_match)
 
     return decide_interleaved(plan, repeat_on(reference), repeat_on(candidate), combine)

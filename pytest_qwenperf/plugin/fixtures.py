@@ -11,11 +11,13 @@ from pathlib import Path
 
 import pytest
 
-from pytest_qwenperf.core.canary import Canary
+from pytest_qwenperf.core.canary import Canary, CanaryJudgement, judge_canary
 from pytest_qwenperf.core.run import Run
 from pytest_qwenperf.core.verdict import Judgement
 from pytest_qwenperf.gate.baseline import Baseline, BaselineError, find_baseline
+from pytest_qwenperf.gate.canary import canary_path, find_canary
 from pytest_qwenperf.measure.canary import canary_of
+from pytest_qwenperf.measure.report import SessionReport
 from pytest_qwenperf.measure.scaling import endpoint_routes
 from pytest_qwenperf.measure.sequential import measure_interleaved, measure_point
 from pytest_qwenperf.plugin.settings import REPORT_KEY, SETTINGS_KEY, SUITES_KEY, USES_KEY, QwenperfSettings, repeat_plan
@@ -163,6 +165,7 @@ def qwenperf_measure(
                 workers=settings.client_workers,
                 api_key=settings.api_key,
                 validity=suite.validity,
+                must_match=suite.must_match,
             )
             report.reference.add(pair.reference)
             report.add(pair.run, pair.judgements)
@@ -190,6 +193,7 @@ def qwenperf_measure(
             workers=settings.client_workers,
             api_key=settings.api_key,
             validity=suite.validity,
+            must_match=suite.must_match,
         )
         report.add(decided.run, decided.judgements, unreadable=unreadable[0] if unreadable else None)
         return decided.run
@@ -201,21 +205,57 @@ CanaryFn = Callable[[ServingConfig], Canary]
 
 
 @pytest.fixture
-def qwenperf_canary(pytestconfig: pytest.Config, qwenperf_pool: ServerPool, qwenperf_settings: QwenperfSettings) -> CanaryFn:
+def qwenperf_canary(
+    pytestconfig: pytest.Config,
+    qwenperf_pool: ServerPool,
+    qwenperf_candidate_pool: ServerPool | None,
+    qwenperf_settings: QwenperfSettings,
+) -> CanaryFn:
     """``canary(config)``: what ``config``'s server answered to the correctness canary, asked once
     per session (booting the server if needed) and kept in the session's report and JSON.
-    The canary's requests are its own, never inside a measurement."""
+    With a candidate, it is the candidate's answer, and the launcher's is asked too and kept in
+    the reference's report. The canary's requests are their own, never inside a measurement."""
     report = pytestconfig.stash[REPORT_KEY]
+    settings = qwenperf_settings
 
-    def _canary(cfg: ServingConfig) -> Canary:
-        found = report.canaries.get(cfg.key)
+    def ask(pool: ServerPool, into: SessionReport, cfg: ServingConfig) -> Canary:
+        found = into.canaries.get(cfg.key)
         if found is None:
-            placed = _placement(cfg, qwenperf_settings)
-            server = qwenperf_pool.get(cfg, placed.server_cpus, gpu_ids(cfg, detect()))
-            found = report.canaries[cfg.key] = canary_of(server, cfg, api_key=qwenperf_settings.api_key)
+            server = pool.get(cfg, _placement(cfg, settings).server_cpus, gpu_ids(cfg, detect()))
+            floor = _suite_of(pytestconfig, cfg).canary_floor
+            found = into.canaries[cfg.key] = canary_of(server, cfg, suite=cfg.suite, floor=floor, api_key=settings.api_key)
         return found
 
+    def _canary(cfg: ServingConfig) -> Canary:
+        if qwenperf_candidate_pool is not None and report.reference is not None:
+            ask(qwenperf_pool, report.reference, cfg)
+            return ask(qwenperf_candidate_pool, report, cfg)
+        return ask(qwenperf_pool, report, cfg)
+
     return _canary
+
+
+@pytest.fixture
+def qwenperf_canary_judgement(
+    pytestconfig: pytest.Config, serving_config: ServingConfig, qwenperf_canary: CanaryFn, qwenperf_settings: QwenperfSettings
+) -> CanaryJudgement:
+    """``serving_config``'s canary answer against its stored one (beside its baselines), or, when a
+    candidate is measured, the candidate's answer against the launcher's, within the suite's
+    ``[canary]`` floor (:func:`~pytest_qwenperf.core.canary.judge_canary`).
+
+    A stored answer that cannot be read fails the test with the one line that names the file,
+    the field and what was expected."""
+    report = pytestconfig.stash[REPORT_KEY]
+    answer = qwenperf_canary(serving_config)
+    floor = _suite_of(pytestconfig, serving_config).canary_floor
+    if report.reference is not None:
+        return judge_canary(report.reference.canaries[serving_config.key], answer, floor)
+    try:
+        stored = find_canary(qwenperf_settings.baselines, answer)
+    except BaselineError as exc:
+        pytest.fail(f"qwenperf: {exc}", pytrace=False)
+    absent = f"no stored canary answer for this hardware, model and config ({canary_path(qwenperf_settings.baselines, answer)})"
+    return judge_canary(stored.answer if stored else None, answer, floor, absent=absent)
 
 
 @pytest.fixture

@@ -50,7 +50,8 @@ MARKERS = {
     "h200": "sized for one node of 8x NVIDIA H200",
     "h100": "sized for one node of 8x NVIDIA H100",
     "scaling": "multi-replica scaling-efficiency tests",
-    "qwenperf_select(name)": "only (config, workload) pairs of this kind: ladder, slo, speculative, prefix-cache, utilization, scaling",
+    "qwenperf_select(name)": "only (config, workload) pairs of this kind: ladder, slo, speculative, prefix-cache, utilization, "
+    "scaling, canary, canary-floor",
 }
 
 
@@ -122,7 +123,8 @@ def pytest_addoption(parser: pytest.Parser) -> None:
     group.addoption(
         "--qwenperf-update-baselines",
         action="store_true",
-        help="after a session without failures, record its runs as the baselines (the previous values move to history)",
+        help="after a session without failures, record its runs as the baselines and each config's canary answer beside "
+        "them (the previous values move to history)",
     )
     group.addoption(
         "--qwenperf-replace-published",
@@ -317,6 +319,7 @@ def pytest_sessionfinish(session: pytest.Session) -> None:
             failed_tests=session.testsfailed,
             replace_published=settings.replace_published,
             source="pytest --qwenperf-update-baselines",
+            canaries=report.canaries.values(),
         )
         if update.failed_tests:
             _say(config, f"qwenperf: baselines not updated: {update.failed_tests} test(s) failed", red=True)

@@ -21,13 +21,17 @@ from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Protocol
 
+import msgspec
+
 from pytest_qwenperf.core.apikey import (
     CLIENT_ENVS,
     SERVER_ENV,
     ApiKey,
     redact_argv,
 )
+from pytest_qwenperf.core.environment import Environment
 from pytest_qwenperf.core.http import http_get
+from pytest_qwenperf.serving.environment import server_environment
 from pytest_qwenperf.serving.process import (
     LOG_TAIL_LINES,
     Launch,
@@ -123,6 +127,7 @@ class ServerInfo:
     # (what, why) for each of "version" (/version) and "metrics" (/metrics: the cache config, token
     # cross-check and gauges) that the server answered 200 for with something that could not be read
     unreadable: tuple[tuple[str, str], ...] = ()
+    environment: Environment | None = None  # what ran it, where it says (``/server_info``)
 
     def as_dict(self) -> dict[str, object]:
         return {
@@ -135,6 +140,7 @@ class ServerInfo:
             "engine_config": self.engine_config,
             "cache_config": dict(self.cache_config),
             "unreadable": dict(self.unreadable),
+            "environment": msgspec.to_builtins(self.environment) if self.environment else None,
         }
 
 
@@ -203,7 +209,7 @@ def probe_ready(base_url: str, model: str | None, api_key: ApiKey | None = None)
 
 
 def describe(base_url: str, model: str | None, engine_config: str | None = None, api_key: ApiKey | None = None) -> ServerInfo:
-    """Read ``/version``, ``/v1/models`` and ``vllm:cache_config_info`` from a ready server.
+    """Read ``/version``, ``/v1/models``, ``vllm:cache_config_info`` and ``/server_info`` from a ready server.
 
     ``/version`` and ``/metrics`` are optional (a gateway may not serve them); one that
     answers 200 with something that cannot be read leaves its field empty and says why in
@@ -224,6 +230,7 @@ def describe(base_url: str, model: str | None, engine_config: str | None = None,
         cache_config=cache_config,
         root=str(entry["root"]) if entry.get("root") else None,
         unreadable=tuple((name, why) for name, why in unreadable if why is not None),
+        environment=server_environment(base_url, api_key),
     )
 
 

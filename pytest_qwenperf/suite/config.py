@@ -24,6 +24,8 @@ from msgspec import Meta
 
 from pytest_qwenperf.core import schema
 from pytest_qwenperf.core.apikey import SERVER_ENV, is_api_key_option
+from pytest_qwenperf.core.canary import CANARY, EXACT, CanaryFloor
+from pytest_qwenperf.core.environment import check_must_match
 from pytest_qwenperf.core.identity import Identity, argv_digest
 from pytest_qwenperf.core.metrics import FLOORED, GATED, SCALING, find
 from pytest_qwenperf.core.summary import GoodputSLO
@@ -70,6 +72,7 @@ class ServingConfig:
     improves: bool = False  # the ladder claims this rung is at least as fast as the one it inherits
     replicas: int = 1  # independent vLLM servers, each with its own device slice and N-th of the load
     routing: str = "round-robin"  # how requests reach the replicas: one of ROUTINGS
+    canary: CanaryFloor | None = None  # the suite's floor for its canary answer against the rung it inherits
 
     @property
     def key(self) -> str:
@@ -80,6 +83,15 @@ class ServingConfig:
     @property
     def speculative(self) -> bool:
         return "--speculative-config" in self.vllm_args
+
+    @property
+    def canary_floor(self) -> CanaryFloor | None:
+        """How far this rung's canary answer must agree with the rung it inherits: its ``canary``
+        table; without one, a speculative rung must give the same tokens (speculative decoding
+        is lossless), and any other rung is not held to its parent's answer."""
+        if self.inherits is None:
+            return None
+        return self.canary or (EXACT if self.speculative else None)
 
 
 @dataclass(frozen=True)
@@ -160,6 +172,8 @@ class Suite:
     max_repeats: int | None = None  # load runs a point may take while its verdicts cannot decide; None: the repeats in force
     tolerances: Mapping[str, float] = field(default_factory=lambda: MappingProxyType({}))  # per gated metric, for baselines recorded from this suite
     validity: ValidityLimits = ValidityLimits()  # when the device's conditions make a run invalid
+    must_match: tuple[str, ...] = ()  # environment fields a comparison needs equal (``core.environment``)
+    canary_floor: CanaryFloor = EXACT  # a config's canary answer against another session's (the [canary] table)
 
     def config(self, config_id: str) -> ServingConfig:
         for cfg in self.configs:
@@ -198,6 +212,9 @@ def load_suite(path: Path | str) -> Suite:
         raise SuiteError(f"{path}: not valid TOML: {exc}") from None
     file = schema.convert(data, _SuiteFile, lambda m: SuiteError(f"{path}: {m.text(_field(data, m.path))}"))
     suite = file.suite
+    wrong = check_must_match(suite.must_match)
+    if wrong:
+        raise SuiteError(f"{path}: suite.must_match: {wrong}")
     if suite.max_repeats is not None and suite.max_repeats < suite.repeats:
         raise _fail(path, "suite.max_repeats", f"a whole number of load runs >= suite.repeats ({suite.repeats})", suite.max_repeats)
     served = suite.served_model_name
@@ -216,6 +233,8 @@ def load_suite(path: Path | str) -> Suite:
             raise SuiteError(f"{path}: {where}.inherits: expected the id of an earlier config, got {parent!r}")
         if entry.improves and parent is None:
             raise _fail(path, f"{where}.improves", "improves only on a rung that inherits from another", entry.improves)
+        if entry.canary is not None and parent is None:
+            raise _fail(path, f"{where}.canary", "a canary floor only on a rung that inherits from another", msgspec.to_builtins(entry.canary))
         inherited = rungs[parent] if parent else base
         rung = rungs[config_id] = _Rung(
             {**inherited.flags, **_flags(path, entry.vllm, f"{where}.vllm")},
@@ -237,6 +256,7 @@ def load_suite(path: Path | str) -> Suite:
                 cpu_flags_any=entry.cpu_flags_any,
                 replicas=rung.replicas,
                 routing=rung.routing,
+                canary=entry.canary,
             )
         )
     _one_file_each(path, [c.id for c in configs], "config")
@@ -257,6 +277,7 @@ def load_suite(path: Path | str) -> Suite:
         max_repeats=suite.max_repeats,
         tolerances=_tolerances(path, suite.tolerances),
         validity=suite.validity,
+        canary_floor=file.canary,
     )
 
 
@@ -276,6 +297,7 @@ _Flags = Annotated[
     Meta(description="a table of vLLM flags"),
 ]
 _LOAD = "a table such as { concurrency = 32 } or { rate = 10 }"
+_CANARY = "a table such as { match_rate = 0.5, logprob_drift = 0.2 }"
 
 
 class _SuiteTable(schema.Shape, frozen=True):
@@ -294,6 +316,7 @@ class _SuiteTable(schema.Shape, frozen=True):
         default_factory=dict
     )
     validity: Annotated[ValidityLimits, Meta(description="a table of condition = largest share")] = ValidityLimits()
+    must_match: _Strings = ()
 
 
 class _ConfigTable(schema.Shape, frozen=True):
@@ -308,6 +331,7 @@ class _ConfigTable(schema.Shape, frozen=True):
     improves: Annotated[bool, Meta(description="true or false")] = False
     replicas: Annotated[int, Meta(ge=1, description="a whole number of vLLM servers >= 1")] | None = None
     routing: Annotated[Routing, Meta(description=f"one of {list(ROUTINGS)}")] | None = None
+    canary: Annotated[CanaryFloor, Meta(description=_CANARY)] | None = None  # not inherited: it is about this rung's change
 
 
 class _RunTable(schema.Shape, frozen=True):
@@ -336,6 +360,7 @@ class _SuiteFile(schema.Shape, frozen=True):
         Meta(min_length=1, description="at least one [[config]] table"),
     ]
     workload: tuple[Annotated[dict[str, Any], Meta(description="a [[workload]] table")], ...] = ()
+    canary: Annotated[CanaryFloor, Meta(description=_CANARY)] = EXACT
 
 
 @dataclass(frozen=True)
@@ -418,6 +443,8 @@ def _suite_workload(path: Path, entry: Mapping[str, Any], where: str, config_ids
     name = entry.get("name")
     if isinstance(name, str):
         where = f"workload {_safe_id(path, name, f'{where}.name')!r}"
+        if name.casefold() == CANARY:
+            raise _fail(path, f"{where}.name", f"a name other than {CANARY!r}, which names the file of a config's canary answer", name)
     source = f"{path}: {where}"
     run = schema.convert(
         {k: v for k, v in entry.items() if k in _RunTable.__struct_fields__},

@@ -12,14 +12,19 @@ from dataclasses import dataclass
 from pytest_qwenperf.suite.config import ServingConfig, Suite, SuiteWorkload
 from pytest_qwenperf.suite.workloads import SharedPrefixWorkload
 
+
+def _first_workload(suite: Suite, cfg: ServingConfig, wl: SuiteWorkload) -> bool:
+    """Whether ``wl`` is the first workload that runs on ``cfg``: a test per config, not per workload."""
+    return wl is next(w for w in suite.workloads if w.runs_on(cfg.id))
+
+
 SELECTORS: dict[str, Callable[[Suite, ServingConfig, SuiteWorkload], bool]] = {
     "all": lambda suite, cfg, wl: True,
     "ladder": lambda suite, cfg, wl: cfg.improves and cfg.inherits is not None and wl.runs_on(cfg.inherits),
     "slo": lambda suite, cfg, wl: wl.slo is not None,
     "speculative": lambda suite, cfg, wl: cfg.speculative,
-    "lossless": lambda suite, cfg, wl: (
-        cfg.speculative and cfg.inherits is not None and wl is next(w for w in suite.workloads if w.runs_on(cfg.id))
-    ),
+    "canary": _first_workload,
+    "canary-floor": lambda suite, cfg, wl: cfg.canary_floor is not None and _first_workload(suite, cfg, wl),
     "utilization": lambda suite, cfg, wl: any(wl.floor(name, cfg.id) is not None for name in ("gpu_utilization", "server_cpu_busy")),
     "scaling": lambda suite, cfg, wl: cfg.replicas > 1,
     "prefix-cache": lambda suite, cfg, wl: (
@@ -32,8 +37,10 @@ SELECTORS: dict[str, Callable[[Suite, ServingConfig, SuiteWorkload], bool]] = {
 """``ladder`` compares a rung with the one it inherits from, ``prefix-cache`` a cached rung with
 its uncached parent on a shared-prefix workload, ``utilization`` pairs with a utilization floor,
 ``scaling`` configs of several replicas (every config when deployed endpoint sets are measured),
-``lossless`` a speculative rung that inherits from another, once (its first workload: the canary
-it is checked with is per config, not per workload)."""
+``canary`` every config once and ``canary-floor`` once each rung held to the canary answer of the
+one it inherits (a speculative rung, or one with a ``canary`` table: see
+:attr:`~pytest_qwenperf.suite.config.ServingConfig.canary_floor`), on its first workload: the
+canary is per config, not per workload."""
 
 
 @dataclass(frozen=True)

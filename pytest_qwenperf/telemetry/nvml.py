@@ -25,6 +25,7 @@ import bisect
 import contextlib
 import functools
 import statistics
+from collections import Counter
 from collections.abc import Callable, Collection, Mapping, Sequence
 from dataclasses import dataclass, field
 from types import MappingProxyType, ModuleType
@@ -45,8 +46,8 @@ from pytest_qwenperf.telemetry.sampling import (
 
 DEFAULT_INTERVAL_S = 0.1
 PROCESSES_EVERY_S = 2.0
-"""Listing a GPU's processes costs the driver far more than a utilization reading; a process
-holding memory stays for seconds. Read every this often, and at the closing poll."""
+"""Listing a GPU's processes is slower than the other readings, and a process that holds memory
+holds it for seconds: they are read every this often, and at the closing poll."""
 GIVE_UP_AFTER = 5
 """Consecutive failures after which a field is marked unavailable (not-supported: at once)."""
 
@@ -499,7 +500,9 @@ class NvmlSampler(PeriodicSampler):
             energy_mj=self._field(device, "energy", lambda: nv.nvmlDeviceGetTotalEnergyConsumption(h)),
             sm_clock_mhz=self._field(device, "sm_clock", lambda: nv.nvmlDeviceGetClockInfo(h, nv.NVML_CLOCK_SM)),
             clock_events=self._field(device, "clock_events", lambda: _clock_event_reasons(nv, h)),
-            ecc_uncorrected=self._field(device, "ecc_uncorrected", lambda: _ecc_errors(nv, h, nv.NVML_MEMORY_ERROR_TYPE_UNCORRECTED)),
+            ecc_uncorrected=self._field(
+                device, "ecc_uncorrected", lambda: _ecc_errors(nv, h, nv.NVML_MEMORY_ERROR_TYPE_UNCORRECTED)
+            ),
             ecc_corrected=self._field(device, "ecc_corrected", lambda: _ecc_errors(nv, h, nv.NVML_MEMORY_ERROR_TYPE_CORRECTED)),
             processes=self._field(device, "processes", lambda: self._processes(h)) if processes else None,
         )
@@ -583,12 +586,15 @@ class NvmlSampler(PeriodicSampler):
     def summary(self, window: Window | None = None, tokens: int | None = None) -> GpuSummary:
         """Per-GPU statistics of the samples inside ``window`` (all samples when None).
 
-        Energy is over ``window``, or over the span all GPUs were sampled: a GPU whose
-        counter stopped early (lost, or the field gave up) has no energy figure.
+        Energy and ECC errors are over ``window``, or over the span all GPUs were sampled: a
+        GPU whose counter stopped early (lost, or the field gave up) has no figure. XID and ECC
+        errors and processes come from the readings that bracket the window (:func:`_bracket`).
+        A process is the run's own if ``own_pids`` ever returned it, even after it was listed.
         """
         span = window or _span(self._devices)
+        own, names = frozenset(self._own), dict(self._process_names)
         return GpuSummary(
-            devices=tuple(_device_summary(d, window, span, self.interval_s) for d in self._devices),
+            devices=tuple(_device_summary(d, window, span, self.interval_s, own, names) for d in self._devices),
             unresolved_devices=self.unresolved_devices,
             tokens=tokens,
             health=self.health(),
@@ -607,8 +613,16 @@ def _span(devices: Sequence[_DeviceState]) -> Window | None:
     return (min(s[0].at for s in sampled), max(s[-1].at for s in sampled)) if sampled else None
 
 
-def _device_summary(device: _DeviceState, window: Window | None, span: Window | None, slack: float) -> GpuDeviceSummary:
-    """``slack``: GPUs are read one after another, so their samples of one poll differ by up to a poll's length."""
+def _device_summary(
+    device: _DeviceState,
+    window: Window | None,
+    span: Window | None,
+    slack: float,
+    own: Collection[int],
+    names: Mapping[int, str | None],
+) -> GpuDeviceSummary:
+    """``slack``: GPUs are read one after another, so their samples of one poll differ by up to a poll's length.
+    ``own``: the run's processes; ``names``: process names by pid (None: unreadable)."""
     samples = [s for s in device.samples if inside(s.at, window)]
 
     def stats(name: str) -> Stats | None:
@@ -618,6 +632,13 @@ def _device_summary(device: _DeviceState, window: Window | None, span: Window | 
     increase = counter_increase(energy, span, slack) if span else None
     events = [s.clock_events for s in samples if s.clock_events is not None]
     memory = [s.memory_used_bytes for s in samples if s.memory_used_bytes is not None]
+    uncorrected = [(s.at, s.ecc_uncorrected) for s in device.samples if s.ecc_uncorrected is not None]
+    corrected = [(s.at, s.ecc_corrected) for s in device.samples if s.ecc_corrected is not None]
+    first, last = _bracket([at for at, _ in device.xid_drains], window)
+    xids = tuple(code for _, codes in device.xid_drains[first + 1 : last + 1] for code in codes)
+    listed = [(s.at, s.processes) for s in device.samples if s.processes is not None]
+    first, last = _bracket([at for at, _ in listed], window)
+    foreign = _foreign([processes for _, processes in listed[max(first, 0) : last + 1]], own)
     return GpuDeviceSummary(
         device=device.info,
         samples=len(samples),
@@ -631,6 +652,12 @@ def _device_summary(device: _DeviceState, window: Window | None, span: Window | 
         peak_memory_used_bytes=max(memory) if memory else None,
         energy_j=increase / 1000 if increase is not None else None,
         clock_events=_event_shares(events),
+        clock_event_masks=MappingProxyType(dict(Counter(events))),
+        xid_errors=xids,
+        ecc_uncorrected=_errors_counted(uncorrected, span, slack),
+        ecc_corrected=_errors_counted(corrected, span, slack),
+        foreign_processes=MappingProxyType(foreign),
+        foreign_process_names=MappingProxyType({pid: name for pid in foreign if (name := names.get(pid))}),
         field_errors=MappingProxyType(
             {
                 name: FieldHealth(state.errors, state.unavailable, state.last_error)
@@ -646,6 +673,64 @@ def _event_shares(masks: Sequence[int]) -> Mapping[str, float]:
     """Share of the samples in which each clock-event reason was active (reasons never seen left out)."""
     shares = {reason: sum(1 for m in masks if m & bit) / len(masks) for bit, reason in CLOCK_EVENT_REASONS.items()} if masks else {}
     return MappingProxyType({reason: share for reason, share in shares.items() if share})
+
+
+def _clock_event_bits(reasons: Collection[str]) -> int:
+    """The mask of named clock-event reasons; a name NVML does not have is an error, not a share of 0."""
+    bits = {reason: bit for bit, reason in CLOCK_EVENT_REASONS.items()}
+    unknown = set(reasons) - bits.keys()
+    if unknown:
+        raise ValueError(f"unknown clock-event reasons {sorted(unknown)}; known: {', '.join(bits)}")
+    return sum(bits[reason] for reason in set(reasons))
+
+
+def _bracket(times: Sequence[float], window: Window | None) -> tuple[int, int]:
+    """Indices of the readings that bracket ``window``: the last at or before its start (-1: none)
+    and the first at or after its end (the last reading: none); ``(-1, last)`` without a window.
+
+    Readings are taken at intervals, so what happened at a window's edge is told by the reading
+    just outside it: errors counted or events drained by the first reading after them, a process
+    that held memory across the start by the last reading before it.
+    """
+    if window is None:
+        return -1, len(times) - 1
+    return bisect.bisect_right(times, window[0]) - 1, min(bisect.bisect_left(times, window[1]), len(times) - 1)
+
+
+def _errors_counted(points: Sequence[tuple[float, int]], span: Window | None, slack: float) -> int | None:
+    """How much an error counter grew over ``span``, from the reading before it to the one after it.
+
+    Not interpolated as energy is: an error counted between two readings may have happened
+    anywhere between them, and half an error is none. None when the readings miss more than
+    ``slack`` at either end of the span, as for energy.
+    """
+    if span is None or len(points) < 2 or span[0] < points[0][0] - slack or span[1] > points[-1][0] + slack:
+        return None
+    first, last = _bracket([at for at, _ in points], span)
+    return points[last][1] - points[max(first, 0)][1]
+
+
+def _foreign(listed: Sequence[Mapping[int, int | None]], own: Collection[int]) -> dict[int, int | None]:
+    """pid → the most bytes it was seen holding, for every listed process that is not the run's own."""
+    held: dict[int, int | None] = {}
+    for processes in listed:
+        for pid, used in processes.items():
+            if pid not in own:
+                held[pid] = max((b for b in (held.get(pid), used) if b is not None), default=None)
+    return held
+
+
+def _ecc_errors(nv: Any, handle: Any, error_type: int) -> int:
+    """ECC errors of ``error_type`` counted since the driver loaded (the volatile counter)."""
+    return int(nv.nvmlDeviceGetTotalEccErrors(handle, error_type, nv.NVML_VOLATILE_ECC))
+
+
+def _process_name(pid: int) -> str | None:
+    """None for a process that is gone, not ours to read, or in another PID namespace (a container)."""
+    try:
+        return psutil.Process(pid).name()
+    except psutil.Error:
+        return None
 
 
 def _clock_event_reasons(nv: Any, handle: Any) -> int:

@@ -3,6 +3,11 @@ readiness endpoints like vLLM (requiring ``VLLM_API_KEY`` where vLLM does, when 
 and misbehaves on request (children that ignore SIGTERM, a grandchild that leaves the
 process group, dying during boot).
 
+It answers a plain (not streamed) ``/v1/completions`` as vLLM does with ``return_token_ids``
+and ``logprobs``, with output ids that depend on the prompt alone, each moved by the sum of the
+``--answer-shift`` options (given by a launcher, or by a config's flags): a model whose output
+has changed.
+
 It exists because vLLM itself cannot be told to misbehave; every test of the happy path
 uses real vLLM.
 """
@@ -34,6 +39,7 @@ def main() -> None:
     parser.add_argument("--exit-during-boot", type=int, help="exit with this code instead of serving")
     parser.add_argument("--pid-file", help="append every pid of the tree to this file")
     parser.add_argument("--api-key", nargs="+", help="as vLLM's: wins over VLLM_API_KEY (the first key is checked)")
+    parser.add_argument("--answer-shift", type=int, action="append", default=[], help="added to every output token id (summed)")
     args = parser.parse_args()
 
     if args.ignore_sigterm:
@@ -94,6 +100,20 @@ def main() -> None:
                 self._send(200, 'vllm:cache_config_info{block_size="16",engine="0"} 1.0\n', "text/plain")
             else:
                 self._send(404, "{}")
+
+        def do_POST(self) -> None:
+            body = json.loads(self.rfile.read(int(self.headers.get("content-length", 0))) or b"{}")
+            if api_key and self.headers.get("Authorization") != f"Bearer {api_key}":
+                self._send(401, json.dumps({"error": "Unauthorized"}))
+            elif self.path != "/v1/completions" or body.get("stream"):
+                self._send(404, "{}")
+            elif body.get("model") != name:
+                self._send(404, json.dumps({"error": {"message": f"The model `{body.get('model')}` does not exist."}}))
+            else:
+                ids = [(sum(str(body["prompt"]).encode()) + 7 * i + sum(args.answer_shift)) % 512 for i in range(int(body["max_tokens"]))]
+                logprobs = {"token_logprobs": [-0.25] * len(ids), "tokens": [f"t{i}" for i in ids]}
+                choice = {"index": 0, "text": " ".join(f"t{i}" for i in ids), "token_ids": ids, "logprobs": logprobs}
+                self._send(200, json.dumps({"id": "cmpl-standin", "object": "text_completion", "choices": [choice]}))
 
     server = ThreadingHTTPServer((args.host, args.port), Handler)
     print(f"stand-in serving {name} on {args.host}:{args.port}", flush=True)
