@@ -7,7 +7,8 @@ cache), ``ngram-spec`` (n-gram speculative decoding) and ``ctx-short`` with ``--
 (:func:`pytest_qwenperf.measure.canary.canary_of`) and stops it. Per session it reports each
 rung's match rate, common-prefix rate and mean log-prob drift against that session's
 ``ctx-short``, and, across sessions, each rung's answer against its first session's. The raw
-answers, boot and canary times go to a JSON file, rewritten after every session.
+answers, boot and canary times go to a JSON file, rewritten after every session; a file that
+exists is continued up to ``--sessions``.
 
     python -m benchmarks.canary --sessions 3 --out benchmarks/results/canary-<date>.json
     python -m benchmarks.canary --analyse benchmarks/results/canary-<date>.json
@@ -52,12 +53,12 @@ def rungs() -> tuple[ServingConfig, ...]:
     return (parent, suite.config("fp8kv"), suite.config("ngram-spec"), float32)
 
 
-def session(log_dir: Path) -> dict[str, Any]:
+def session(configs: Sequence[ServingConfig], log_dir: Path) -> dict[str, Any]:
     """One answer per rung, each from a fresh boot."""
     pool = ServerPool(PoolSettings(log_dir=log_dir))
     answers: dict[str, Any] = {}
     try:
-        for cfg in rungs():
+        for cfg in configs:
             started = time.monotonic()
             server = pool.get(cfg, placement(cfg, detect()).server_cpus)
             booted = time.monotonic()
@@ -103,10 +104,13 @@ def main(argv: list[str] | None = None) -> int:
     if args.out is None:
         parser.error("--out is needed to measure")
     document: dict[str, Any] = {"schema": SCHEMA, "hardware": detect().as_dict(), "sessions": []}
+    if args.out.exists():
+        document = json.loads(args.out.read_text())
+    configs = rungs()
     with tempfile.TemporaryDirectory(prefix="qwenperf-canary-") as logs:
-        for n in range(args.sessions):
+        for n in range(len(document["sessions"]), args.sessions):
             print(f"session {n + 1} of {args.sessions}", flush=True)
-            document["sessions"].append({"answers": session(Path(logs) / str(n))})
+            document["sessions"].append({"answers": session(configs, Path(logs) / str(n))})
             write_atomically(args.out, json.dumps(document, indent=1))
     print("\n".join(analyse(document["sessions"])))
     return 0

@@ -250,10 +250,13 @@ def qwenperf_canary_judgement(
     floor = _suite_of(pytestconfig, serving_config).canary_floor
     if report.reference is not None:
         return judge_canary(report.reference.canaries[serving_config.key], answer, floor)
+    unreadable = None
     try:
         stored = find_canary(qwenperf_settings.baselines, answer)
     except BaselineError as exc:
-        pytest.fail(f"qwenperf: {exc}", pytrace=False)
+        stored, unreadable = None, str(exc)
+    if unreadable is not None:  # failed outside the except, so no chained traceback hides the one line
+        pytest.fail(f"qwenperf: {unreadable}", pytrace=False)
     absent = f"no stored canary answer for this hardware, model and config ({canary_path(qwenperf_settings.baselines, answer)})"
     return judge_canary(stored.answer if stored else None, answer, floor, absent=absent)
 

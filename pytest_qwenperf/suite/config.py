@@ -277,6 +277,7 @@ def load_suite(path: Path | str) -> Suite:
         max_repeats=suite.max_repeats,
         tolerances=_tolerances(path, suite.tolerances),
         validity=suite.validity,
+        must_match=suite.must_match,
         canary_floor=file.canary,
     )
 
