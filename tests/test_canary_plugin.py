@@ -107,13 +107,12 @@ def test_an_answer_of_other_flags_is_not_judged_and_a_bad_stored_file_fails_nami
 def test_a_rung_below_its_floor_against_its_parent_fails_with_both_figures(pytester: pytest.Pytester) -> None:
     result = session(pytester, numerics="vllm = { answer-shift = 1 }")
     result.assert_outcomes(failed=1, skipped=2)
-    result.stdout.fnmatch_lines(
-        [
-            "*standin/numerics answers the canary unlike standin/base, below its floor (match rate 0.000 < 0.5): match rate 0.000 "
-            "(0 of 8 prompts give the same tokens; first different: prompt 0), mean log-prob drift unknown over the common prefixes*"
-            "floor: match rate >= 0.5, no drift floor*"
-        ]
+    expected = (
+        "*standin/numerics answers the canary unlike standin/base, below its floor (match rate 0.000 < 0.5): match rate 0.000 "
+        "(0 of 8 prompts give the same tokens; first different: prompt 0), mean log-prob drift unknown over the common prefixes*"
+        "floor: match rate >= 0.5, no drift floor*"
     )
+    result.stdout.fnmatch_lines([expected])
 
 
 def test_a_candidate_is_judged_against_the_launchers_answer(pytester: pytest.Pytester) -> None:

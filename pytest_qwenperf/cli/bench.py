@@ -393,7 +393,7 @@ def result_json(plan: BenchPlan, seen: Observation, *, detailed: bool, max_faile
         "failures": _failures_json(seen, max_failed_fraction),
         "client": {"bound": seen.client_bound, "cpu_busy": seen.client_cpu_busy},
         "telemetry": seen.telemetry.as_json(),
-        "conditions": msgspec.to_builtins(conditions(seen.telemetry, ValidityLimits())),
+        "conditions": [msgspec.to_builtins(loss) for loss in conditions(seen.telemetry, ValidityLimits())],
     }
     if detailed:
         result["requests"] = [_request_json(r, seen.load.started_at) for r in seen.load.records if not r.warmup]
@@ -460,6 +460,10 @@ def print_summary(result: dict[str, object], out: TextIO) -> None:
             print(f"UNREADABLE {name} of {server['base_url']}: {why}", file=out)
     if client["bound"]:
         print(f"CLIENT-BOUND (not a server figure): {client['bound']}", file=out)
+    wrong = result["conditions"]
+    assert isinstance(wrong, list)
+    for loss in wrong:
+        print(f"INVALID {loss['reason']} (not a server figure): {loss['detail']}", file=out)
     failures = result["failures"]
     assert isinstance(failures, dict)
     reasons = failures["reasons"]

@@ -21,6 +21,7 @@ from pytest_qwenperf.core.files import folder_lock, keep_aside, write_atomically
 from pytest_qwenperf.core.formats import SESSION_SCHEMA, json_safe
 from pytest_qwenperf.core.run import Run
 from pytest_qwenperf.core.verdict import Judgement, format_mde
+from pytest_qwenperf.gate.judge import losses
 from pytest_qwenperf.serving.hardware import detect
 
 SCHEMA = SESSION_SCHEMA
@@ -76,7 +77,7 @@ class SessionReport:
                 f"{name:<48} {v['output_throughput']:>10.1f} {v['total_token_throughput']:>11.1f} "
                 f"{v['p99_ttft_ms']:>7.1f}ms {v['p99_tpot_ms']:>7.2f}ms {v['completed']:>5} {run.failed_requests:>19} "
                 f"{run.extra_repeats:>5} {format_mde(mde):>7}"
-                + (f"  CLIENT-BOUND: {run.client_bound}" if run.client_bound else "")
+                + _invalid(run)
             )
         extended = [run.extra_repeats for run in self.runs if run.extra_repeats]
         lines.append(
@@ -108,3 +109,9 @@ class SessionReport:
             kept = keep_aside(path) if path.exists() else None
             write_atomically(path, text)
         return kept
+
+
+def _invalid(run: Run) -> str:
+    """A run's reasons to be invalid, as the end of its line (the detail is with its verdicts)."""
+    found = losses(run)
+    return "  INVALID: " + ", ".join(loss.reason for loss in found) if found else ""
