@@ -298,6 +298,12 @@ def test_answers_a_file_lacks_are_missing_unless_it_has_none_at_all(tmp_path: Pa
     none = session_file(tmp_path / "none.json", [make_run(version="0.33.0")])
     status, out, _ = compare(capsys, old, none, "--fail-on", "regression")
     assert status == 0 and "canary answers" not in out
+    # A config only a third file answered: no reference answer for it, nothing in the second file.
+    answers = [make_canary(config, version="0.34.0") for config in ("base", "fp8kv", "seqs-32")]
+    third = session_file(tmp_path / "third.json", [make_run(version="0.34.0")], answers)
+    status, out, _ = compare(capsys, old, some, third)
+    assert status == 0 and "0.34.0: cpu/seqs-32: no-baseline: old.json has no canary answer of cpu/seqs-32" in out
+    assert "some.json has no canary answer of cpu/seqs-32" not in out
 
 
 def test_answers_of_another_identity_are_not_comparable(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:

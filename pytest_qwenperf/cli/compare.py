@@ -21,8 +21,9 @@ DESCRIPTION = (
     "totals that disagree with the server, client-bound, a metric without a value) is 'invalid: <why>', a "
     "config x workload that REFERENCE has and a FILE lacks is 'missing'; bench results whose setups differ "
     "(model, dataset, lengths, load, sampling: vllm bench serve saves no dataset or temperature, so record them "
-    "with --metadata dataset_name=NAME temperature=T) are 'not-comparable'. Exit 1 on a --fail-on verdict, "
-    "exit 2 for an unreadable input."
+    "with --metadata dataset_name=NAME temperature=T) are 'not-comparable'. Session JSON's canary answers are judged "
+    "per config against REFERENCE's: 'changed-output' below the floor of its suite's [canary] table. Exit 1 on a "
+    "--fail-on verdict, exit 2 for an unreadable input."
 )
 ERRORS: tuple[type[Exception], ...] = ()
 

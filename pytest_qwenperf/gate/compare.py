@@ -312,13 +312,14 @@ def _canary_rows(sets: Sequence[RunSet]) -> tuple[CanaryRow, ...]:
 
 def _canary_judgement(reference: RunSet, run_set: RunSet, config: str) -> CanaryJudgement | None:
     """The answer of ``config`` in ``run_set`` against the reference's first; the least agreeing of
-    several. None when ``run_set`` has no answers at all."""
-    if not run_set.canaries:
-        return None
+    several. None when ``run_set`` has no answers at all, or neither it nor the reference has one of ``config``."""
     first = reference.canaries.get(config, (None,))[0]
     answers = run_set.canaries.get(config)
+    if not run_set.canaries:
+        return None
     if answers is None:
-        assert first is not None  # the config is in one of the two
+        if first is None:
+            return None
         return CanaryJudgement(
             config=config, verdict="missing", detail=f"{run_set.path.name} has no canary answer of {config}; the reference has one", floor=first.floor
         )
