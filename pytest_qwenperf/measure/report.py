@@ -3,7 +3,8 @@
 Each run is kept with the verdicts decided as it was measured (against its baseline, or
 against the reference's run when a candidate is measured, at the confidence of its last
 look: :mod:`pytest_qwenperf.measure.sequential`) and why its baseline could not be read,
-if it could not; the JSON holds the runs alone, as before. A session that measures a
+if it could not; the JSON holds the runs and each config's answer to the correctness canary
+(:attr:`SessionReport.canaries`), not the verdicts. A session that measures a
 candidate keeps the reference's runs in a report of their own (:attr:`SessionReport.reference`),
 written to a file of their own.
 """
