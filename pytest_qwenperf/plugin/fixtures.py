@@ -16,6 +16,7 @@ from pytest_qwenperf.core.run import Run
 from pytest_qwenperf.core.verdict import Judgement
 from pytest_qwenperf.gate.baseline import Baseline, BaselineError, find_baseline
 from pytest_qwenperf.gate.canary import canary_path, find_canary
+from pytest_qwenperf.gate.judge import losses
 from pytest_qwenperf.measure.canary import canary_of
 from pytest_qwenperf.measure.report import SessionReport
 from pytest_qwenperf.measure.scaling import endpoint_routes
@@ -262,9 +263,23 @@ def qwenperf_canary_judgement(
 
 
 @pytest.fixture
-def qwenperf_run(serving_config: ServingConfig, suite_workload: SuiteWorkload, vllm_server: Server, qwenperf_measure: MeasureFn) -> Run:
-    """The measured run of ``suite_workload`` on ``serving_config``: once per session, shared by tests."""
-    return qwenperf_measure(serving_config, suite_workload)
+def qwenperf_run(
+    serving_config: ServingConfig,
+    suite_workload: SuiteWorkload,
+    vllm_server: Server,
+    qwenperf_measure: MeasureFn,
+    qwenperf_settings: QwenperfSettings,
+) -> Run:
+    """The measured run of ``suite_workload`` on ``serving_config``: once per session, shared by tests.
+
+    With ``--qwenperf-allow-invalid``, an invalid run skips every test that asks for it, with the
+    reasons: its numbers are no verdict either way. By default the tests run and the ones that
+    check validity fail."""
+    run = qwenperf_measure(serving_config, suite_workload)
+    found = losses(run)
+    if found and qwenperf_settings.allow_invalid:
+        pytest.skip("invalid, not a verdict on vLLM (--qwenperf-allow-invalid): " + "; ".join(f"{loss.reason}: {loss.detail}" for loss in found))
+    return run
 
 
 @pytest.fixture

@@ -121,6 +121,13 @@ def pytest_addoption(parser: pytest.Parser) -> None:
         "(see qwenperf history)",
     )
     group.addoption(
+        "--qwenperf-allow-invalid",
+        action="store_true",
+        default=None,
+        help="a run judged invalid (lost data, a client that could not keep up, a shared core or a throttled GPU) "
+        "skips its tests with the reason instead of failing them; it never passes (default: fail)",
+    )
+    group.addoption(
         "--qwenperf-update-baselines",
         action="store_true",
         help="after a session without failures, record its runs as the baselines and each config's canary answer beside "
@@ -144,6 +151,7 @@ def pytest_addoption(parser: pytest.Parser) -> None:
     parser.addini("qwenperf_max_repeats", "default for --qwenperf-max-repeats")
     parser.addini("qwenperf_client_workers", "default for --qwenperf-client-workers")
     parser.addini("qwenperf_baselines", "default for --qwenperf-baselines, relative to the rootdir")
+    parser.addini("qwenperf_allow_invalid", "default for --qwenperf-allow-invalid", type="bool", default=False)
     parser.addini("qwenperf_history", "default for --qwenperf-history (a path relative to the rootdir, or a URL)")
     parser.addini("qwenperf_api_key_env", "default for --qwenperf-api-key-env (a variable name, never the key)")
 

@@ -51,6 +51,7 @@ class QwenperfSettings:
     client_workers: int  # load-generator processes (one event loop each)
     baselines: Path
     update_baselines: bool
+    allow_invalid: bool = False  # an invalid run skips its tests with the reason instead of failing them
     replace_published: tuple[str, ...] = ()  # config keys or baseline files whose published figures a run may replace
     api_key: ApiKey | None = None  # from the environment (see _api_key); booted servers require it, requests carry it
     history: str | None = None  # a history store (an SQLite file or a postgresql:// URL) the session's runs are added to
@@ -89,6 +90,7 @@ def resolve_settings(config: pytest.Config) -> QwenperfSettings:
         client_workers=_resolve(config, "qwenperf_client_workers", whole_number(1), 1),
         baselines=config.rootpath / _resolve(config, "qwenperf_baselines", Path, Path("baselines")),
         update_baselines=config.getoption("qwenperf_update_baselines"),
+        allow_invalid=_flag(config, "qwenperf_allow_invalid"),
         replace_published=tuple(config.getoption("qwenperf_replace_published")),
         api_key=_api_key(config),
         history=_history(config),
@@ -97,6 +99,12 @@ def resolve_settings(config: pytest.Config) -> QwenperfSettings:
     )
     _check_outputs(settings)
     return settings
+
+
+def _flag(config: pytest.Config, name: str) -> bool:
+    """A switch: given on the command line, else the ini key (``true``/``false``), else off."""
+    given = config.getoption(name)
+    return bool(config.getini(name)) if given is None else bool(given)
 
 
 def _api_key(config: pytest.Config) -> ApiKey | None:
