@@ -69,16 +69,25 @@ def test_a_busy_process_on_the_servers_core_is_seen_and_named(spawn: Spawn) -> N
     assert cores.steal_share is None or 0 <= cores.steal_share <= 1
 
 
-def test_others_are_the_cores_time_less_the_runs_own_and_steal_is_a_share_of_the_cores(spawn: Spawn, monkeypatch) -> None:
-    """Scripted per-CPU times: the server's own CPU time plus 0.3 cores of someone else's, and
-    0.1 cores of steal, at a scripted clock; the sampler must find exactly those."""
+@pytest.mark.parametrize(
+    ("others", "contended_share"),
+    [
+        (0.8, 1.0),  # the core full, 0.8 of it someone else's: contended in every interval
+        (0.3, 0.0),  # 0.3 cores of someone else's on a core with room to spare: nothing taken from the server
+    ],
+)
+def test_others_are_the_cores_time_less_the_runs_own_and_count_when_the_cores_are_full(
+    spawn: Spawn, monkeypatch, others: float, contended_share: float
+) -> None:
+    """Scripted per-CPU times: the server's own CPU time plus ``others`` cores of someone else's,
+    and 0.1 cores of steal, at a scripted clock; the sampler must find exactly those."""
     first = sorted(os.sched_getaffinity(0))[0]
     server = spawn(IDLE, first)
     now = [0.0]
 
     def cores(watched: object) -> CoreTimes:
         times = psutil.Process(server.pid).cpu_times()
-        return CoreTimes(busy_s=times.user + times.system + 0.3 * now[0], steal_s=0.1 * now[0])
+        return CoreTimes(busy_s=times.user + times.system + others * now[0], steal_s=0.1 * now[0])
 
     monkeypatch.setattr("pytest_qwenperf.telemetry.cpu.CLOCK", lambda: now[0])
     monkeypatch.setattr("pytest_qwenperf.telemetry.cpu.core_times", cores)
@@ -88,8 +97,8 @@ def test_others_are_the_cores_time_less_the_runs_own_and_steal_is_a_share_of_the
         sampler._poll()
     summary = sampler.summary().server_cores
     assert summary is not None and summary.cores == (first,)
-    assert [s.others for s in sampler.samples] == pytest.approx([0.3] * 5)
-    assert summary.contended_share == pytest.approx(1.0)  # 0.3 cores >= CONTENDED_CORES in every interval
+    assert [s.others for s in sampler.samples] == pytest.approx([others] * 5)
+    assert summary.contended_share == pytest.approx(contended_share)
     assert summary.steal_share == pytest.approx(0.1)
 
 

@@ -28,13 +28,15 @@ power caps, thermal and hardware slowdowns. Idle, application-clock, sync-boost 
 settings are not a machine fault."""
 
 CONTENDED_CORES = 0.25
-"""Other processes' use of the server's cores, in cores, from which an interval counts as
-contended: a busy process sharing one core takes about half of it; daemons take a few percent."""
+"""An interval counts as contended when other processes kept this many of the server's cores busy
+while the cores had no more than this left idle: they took time the server could have used. A
+busy process sharing one core takes about half of it; daemons take a few percent; on cores with
+room to spare (a GPU server's API processes on a host of many cores) others slow nothing."""
 
 
 class ValidityLimits(Shape, frozen=True, kw_only=True):
     """The most of a run's steady-state window each condition may cover before the run is invalid."""
 
     clock_event_share: Share = 0.10  # samples of any GPU with a CLOCK_EVENTS reason active
-    contended_share: Share = 0.10  # intervals in which other processes kept CONTENDED_CORES of the server's cores busy
+    contended_share: Share = 0.10  # intervals in which other processes took CONTENDED_CORES of the server's full cores
     steal_share: Share = 0.10  # the server's cores' time the hypervisor gave to someone else

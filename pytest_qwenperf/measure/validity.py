@@ -35,7 +35,7 @@ def _cores(cores: ServerCoresSummary, limits: ValidityLimits) -> list[Loss]:
             Loss(
                 reason="cpu-contention",
                 detail=(
-                    f"{where} shared with other busy processes (at least {CONTENDED_CORES} cores) for "
+                    f"{where} shared with other busy processes (at least {CONTENDED_CORES} cores, the cores full) for "
                     f"{cores.contended_share:.0%} of the steady state (limit {limits.contended_share:.0%})"
                     + (f"; busiest: {named}" if named else "")
                 ),

@@ -50,6 +50,7 @@ class CpuSample:
     processes: tuple[int, ...]  # live processes per group
     others: float | None = None  # cores busy on the server's cores by processes outside the groups
     steal: float | None = None  # cores of the server's cores the hypervisor gave to someone else
+    cores_busy: float | None = None  # the server's cores' use by every process, in cores
 
 
 @dataclass(frozen=True)
@@ -74,7 +75,7 @@ class ServerCoresSummary:
 
     cores: tuple[int, ...]
     others_busy: Stats | None  # cores busy by processes outside the run
-    contended_share: float | None  # time share of the intervals in which others kept CONTENDED_CORES busy
+    contended_share: float | None  # time share of the intervals that were contended (see ``contended``)
     steal_share: float | None  # steal over the cores' time; None where the kernel reports none
     busiest_others: tuple[OtherProcess, ...]
 
@@ -175,15 +176,16 @@ class CpuSampler(PeriodicSampler):
         if self._last_poll is not None:
             elapsed = now - self._last_poll
             counts = [sum(1 for t in self._tracked.values() if t.group == g) for g in range(len(self.groups))]
-            others = steal = None
+            others = steal = busy = None
             if cores_before is not None and cores_now is not None:
-                others = max(cores_now.busy_s - cores_before.busy_s - own_on_cores, 0.0) / elapsed
+                busy = max(cores_now.busy_s - cores_before.busy_s, 0.0) / elapsed
+                others = max(busy - own_on_cores / elapsed, 0.0)
                 if cores_now.steal_s is not None and cores_before.steal_s is not None:
                     steal = max(cores_now.steal_s - cores_before.steal_s, 0.0) / elapsed
             if self.samples and elapsed < self.interval_s / 2:
-                self.samples[-1] = _merged(self.samples[-1], now, elapsed, used, counts, others, steal)
+                self.samples[-1] = _merged(self.samples[-1], now, elapsed, used, counts, (others, steal, busy))
             else:
-                self.samples.append(CpuSample(now, elapsed, tuple(u / elapsed for u in used), tuple(counts), others, steal))
+                self.samples.append(CpuSample(now, elapsed, tuple(u / elapsed for u in used), tuple(counts), others, steal, busy))
         self._last_poll = now
 
     def _discover(self) -> None:
@@ -243,7 +245,7 @@ class CpuSampler(PeriodicSampler):
         return ServerCoresSummary(
             cores=tuple(sorted(self.cores)),
             others_busy=Stats.of(s.others for s in watched),
-            contended_share=sum(s.seconds for s in watched if (s.others or 0.0) >= CONTENDED_CORES) / seconds
+            contended_share=sum(s.seconds for s in watched if contended(s, len(self.cores))) / seconds
             if seconds
             else None,
             steal_share=(
@@ -254,14 +256,22 @@ class CpuSampler(PeriodicSampler):
         )
 
 
+def contended(sample: CpuSample, cores: int) -> bool:
+    """Whether other processes took the server's cores from it over ``sample``'s interval: they kept
+    :data:`CONTENDED_CORES` busy while the cores had no more than that left idle. Other processes on
+    cores with room to spare (a GPU server's API process on a host of many cores) slow nothing."""
+    if sample.others is None or sample.cores_busy is None:
+        return False
+    return sample.others >= CONTENDED_CORES and sample.cores_busy >= cores - CONTENDED_CORES
+
+
 def _merged(
     last: CpuSample,
     now: float,
     elapsed: float,
     used: Sequence[float],
     counts: Sequence[int],
-    others: float | None,
-    steal: float | None,
+    cores: tuple[float | None, float | None, float | None],  # others, steal, cores_busy over the short interval
 ) -> CpuSample:
     """``last`` extended by a short interval (the closing poll right after a scheduled one).
 
@@ -275,7 +285,10 @@ def _merged(
         return None if earlier is None or later is None else (earlier * last.seconds + later * elapsed) / seconds
 
     processes = tuple(max(a, b) for a, b in zip(last.processes, counts, strict=True))
-    return CpuSample(now, seconds, busy, processes, rate(last.others, others), rate(last.steal, steal))
+    others, steal, cores_busy = cores
+    return CpuSample(
+        now, seconds, busy, processes, rate(last.others, others), rate(last.steal, steal), rate(last.cores_busy, cores_busy)
+    )
 
 
 def _trees(roots: Sequence[int]) -> list[psutil.Process]:
