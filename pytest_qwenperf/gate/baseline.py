@@ -31,7 +31,7 @@ import math
 import subprocess
 from collections.abc import Mapping, Sequence
 from pathlib import Path
-from typing import Annotated, Literal
+from typing import Annotated, Literal, TypeVar
 
 import msgspec
 
@@ -50,6 +50,9 @@ ProvenanceKind = Literal["measured", "published"]
 NonNegative = Annotated[float, msgspec.Meta(ge=0)]
 
 # ------------------------------------------------------------------ errors
+
+
+_Doc = TypeVar("_Doc")
 
 
 class BaselineError(ValueError):
@@ -108,23 +111,31 @@ class Baseline(msgspec.Struct, frozen=True, kw_only=True):
     history: tuple[HistoryEntry, ...]  # earlier entries, newest last
 
 
+def decode_document(text: str | bytes, where: str, name: str, shape: type[_Doc]) -> _Doc:
+    """A versioned JSON document of the baseline store (``schema`` ``name``) as ``shape``: the
+    JSON first, then the schema name (a document of another version says so, whatever else
+    differs), then what ``shape`` states; :class:`BaselineError` names ``where``, the field and
+    what was expected."""
+    try:
+        data = msgspec.json.decode(text)
+    except msgspec.DecodeError as exc:
+        raise BaselineError(
+            f"{where}: (document): expected a complete {name} JSON document, but it is not valid JSON ({exc}); "
+            "the file may be truncated or half-written"
+        ) from None
+    if isinstance(data, dict) and data.get("schema") != name:
+        got = show(data["schema"]) if "schema" in data else MISSING
+        raise BaselineError(f"{where}: schema: expected {name!r}, got {got}")
+    return schema.convert(data, shape, lambda m: BaselineError(f"{where}: {m.text(show=show, absent=MISSING)}"), null=True)
+
+
 def decode_baseline(text: str | bytes, where: str) -> Baseline:
     """Check and convert a baseline document; errors name ``where``, the field and the expectation.
 
     The schema name first (a document of another version says so, whatever else differs),
     then what the schema states, then what it cannot: a value that is not the centre of its
     samples, a tolerance outside [0, 1)."""
-    try:
-        data = msgspec.json.decode(text)
-    except msgspec.DecodeError as exc:
-        raise BaselineError(
-            f"{where}: (document): expected a complete {SCHEMA} JSON document, but it is not valid JSON ({exc}); "
-            "the file may be truncated or half-written"
-        ) from None
-    if isinstance(data, dict) and data.get("schema") != SCHEMA:
-        got = show(data["schema"]) if "schema" in data else MISSING
-        raise BaselineError(f"{where}: schema: expected {SCHEMA!r}, got {got}")
-    baseline = schema.convert(data, Baseline, lambda m: BaselineError(f"{where}: {m.text(show=show, absent=MISSING)}"), null=True)
+    baseline = decode_document(text, where, SCHEMA, Baseline)
     history = tuple(
         msgspec.structs.replace(entry, metrics=_checked(entry.metrics, f"{where}: history[{i}].metrics"))
         for i, entry in enumerate(baseline.history)

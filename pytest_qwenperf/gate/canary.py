@@ -21,14 +21,12 @@ from typing import Annotated
 
 import msgspec
 
-from pytest_qwenperf.core import schema
 from pytest_qwenperf.core.canary import Canary, fingerprint
 from pytest_qwenperf.core.files import write_atomically
 from pytest_qwenperf.core.formats import show
 from pytest_qwenperf.core.identity import Context, Text
-from pytest_qwenperf.core.run import MISSING
 from pytest_qwenperf.core.textfiles import read_text
-from pytest_qwenperf.gate.baseline import BaselineError, BaselineRefused, project_commit
+from pytest_qwenperf.gate.baseline import BaselineError, BaselineRefused, decode_document, project_commit
 
 SCHEMA = "qwenperf-canary/1"
 
@@ -55,17 +53,7 @@ def decode_canary(text: str | bytes, where: str) -> StoredCanary:
 
     The schema name first, then what the schema states, then what it cannot: an answer for every
     prompt, and a fingerprint that is its outputs'."""
-    try:
-        data = msgspec.json.decode(text)
-    except msgspec.DecodeError as exc:
-        raise BaselineError(
-            f"{where}: (document): expected a complete {SCHEMA} JSON document, but it is not valid JSON ({exc}); "
-            "the file may be truncated or half-written"
-        ) from None
-    if isinstance(data, dict) and data.get("schema") != SCHEMA:
-        got = show(data["schema"]) if "schema" in data else MISSING
-        raise BaselineError(f"{where}: schema: expected {SCHEMA!r}, got {got}")
-    stored = schema.convert(data, _Document, lambda m: BaselineError(f"{where}: {m.text(show=show, absent=MISSING)}"), null=True)
+    stored = decode_document(text, where, SCHEMA, _Document)
     answer = stored.answer
     if len(answer.outputs) != len(answer.prompts):
         raise BaselineError(
