@@ -20,10 +20,8 @@ from dataclasses import dataclass
 from types import TracebackType
 from typing import Self
 
-import psutil
-
 from pytest_qwenperf.telemetry.cpu import DEFAULT_INTERVAL_S as CPU_INTERVAL_S
-from pytest_qwenperf.telemetry.cpu import CpuSampler, CpuSummary
+from pytest_qwenperf.telemetry.cpu import CpuSampler, CpuSummary, process_trees
 from pytest_qwenperf.telemetry.gauges import DEFAULT_INTERVAL_S as METRICS_INTERVAL_S
 from pytest_qwenperf.telemetry.gauges import GaugeSummary, MetricsPoller
 from pytest_qwenperf.telemetry.nvml import DEFAULT_INTERVAL_S as NVML_INTERVAL_S
@@ -73,14 +71,19 @@ class Telemetry:
 
         ``gpu_visible_devices``: each replica's ``CUDA_VISIBLE_DEVICES`` (None: unset, all
         GPUs); empty: no GPU sampling. ``server_pids``: the servers' root processes (their
-        descendants are included; on a GPU, any other process holding memory is reported); ``client_pid``: the load generator (with its worker
-        processes, but not the servers it started). ``metrics_urls``: server base URLs.
+        descendants are included; on a GPU, any other process holding memory is reported);
+        ``client_pid``: the load generator (with its worker processes, but not the servers it
+        started). ``metrics_urls``: server base URLs.
         """
         groups = {
             name: pids for name, pids in (("server", tuple(server_pids)), ("client", _pids(client_pid))) if pids
         }
+
+        def own() -> set[int]:  # the GPU's users that are the run's: the servers' processes now
+            return {process.pid for process in process_trees(server_pids)}
+
         samplers = cls(
-            gpu=NvmlSampler(gpu_visible_devices, interval_s, own_pids=lambda: _tree_pids(server_pids)) if gpu_visible_devices else None,
+            gpu=NvmlSampler(gpu_visible_devices, interval_s, own_pids=own) if gpu_visible_devices else None,
             cpu=CpuSampler(groups, cpu_interval_s) if groups else None,
             server=MetricsPoller(metrics_urls, metrics_interval_s) if metrics_urls else None,
         )
@@ -114,18 +117,6 @@ class Telemetry:
         self, exc_type: type[BaseException] | None, exc: BaseException | None, tb: TracebackType | None
     ) -> None:
         self.stop()
-
-
-def _tree_pids(roots: Sequence[int]) -> set[int]:
-    """The servers' processes now: each root and its descendants (the GPU's own users)."""
-    found = set()
-    for pid in roots:
-        try:
-            root = psutil.Process(pid)
-            found |= {pid, *(child.pid for child in root.children(recursive=True))}
-        except psutil.Error:
-            continue
-    return found
 
 
 def _pids(pid: int | None) -> tuple[int, ...]:

@@ -192,7 +192,7 @@ class CpuSampler(PeriodicSampler):
         """Track new members of each group; a process is counted in the first group that reaches it."""
         seen: set[int] = set()
         for group, roots in enumerate(self._roots):
-            for process in _trees(roots):
+            for process in process_trees(roots):
                 if process.pid in seen:
                     continue
                 seen.add(process.pid)
@@ -216,7 +216,8 @@ class CpuSampler(PeriodicSampler):
         # belongs to the run. (Not decided by create_time(): psutil derives it from a boot time
         # in whole seconds, so it can be off by up to a second.)
         baseline = 0.0 if self._last_poll is not None else times.user + times.system
-        self._tracked[process.pid] = _Tracked(process, group, baseline, bool(self.cores & affinity(process.pid)))
+        on_cores = bool(self.cores) and bool(self.cores & affinity(process.pid))  # no cores yet: decided when found
+        self._tracked[process.pid] = _Tracked(process, group, baseline, on_cores)
 
     def summary(self, window: Window | None = None, tokens: int | None = None) -> CpuSummary:
         """Per group: cores busy over the polls that ended inside ``window`` (all when None);
@@ -252,7 +253,6 @@ class CpuSampler(PeriodicSampler):
                 sum((s.steal or 0.0) * s.seconds for s in stolen) / (seconds * len(self.cores)) if stolen and seconds else None
             ),
             busiest_others=busiest(self.others_seen),  # over the whole load run: who was there, not how much
-
         )
 
 
@@ -291,7 +291,8 @@ def _merged(
     )
 
 
-def _trees(roots: Sequence[int]) -> list[psutil.Process]:
+def process_trees(roots: Sequence[int]) -> list[psutil.Process]:
+    """Every root still alive, each followed by its descendants."""
     found = []
     for pid in roots:
         try:
