@@ -59,11 +59,11 @@ def test_a_gpu_servers_report_gives_its_commit_gpus_nccl_and_flashinfer() -> Non
 
 def test_every_differing_field_is_named_engine_keys_one_by_one() -> None:
     other = msgspec.structs.replace(H100, driver="580.65.06", engine={**H100.engine, "scheduler_config.max_num_seqs": "512"})
-    assert H100.differences(other) == (
-        "driver: '570.86.15' vs '580.65.06'",
-        "engine.scheduler_config.max_num_seqs: 256 vs 512",
-    )
-    assert H100.differences(H100) == ()
+    assert H100.differences(other) == {
+        "driver": "driver: '570.86.15' vs '580.65.06'",
+        "engine.scheduler_config.max_num_seqs": "engine.scheduler_config.max_num_seqs: 256 vs 512",
+    }
+    assert H100.differences(H100) == {}
 
 
 @pytest.mark.parametrize(

@@ -15,7 +15,7 @@ verdict. The rest is what an upgrade changes on purpose and is only shown.
 from __future__ import annotations
 
 import json
-from collections.abc import Iterable, Mapping, Sequence
+from collections.abc import Mapping, Sequence
 from typing import Any
 
 import msgspec
@@ -41,27 +41,27 @@ class Environment(msgspec.Struct, frozen=True, kw_only=True):
     gpu_count: int | None = None
     engine: dict[str, str] = msgspec.field(default_factory=dict)
 
-    def differences(self, other: Environment) -> tuple[str, ...]:
-        """``"field: 'mine' vs 'other'"`` for every field that differs, engine keys one by one."""
-        found = [
-            f"{name}: {getattr(self, name)!r} vs {getattr(other, name)!r}"
+    def differences(self, other: Environment) -> dict[str, str]:
+        """Every field that differs (engine keys one by one, as ``engine.<key>``) → ``"field: 'mine' vs 'other'"``."""
+        found = {
+            name: f"{name}: {getattr(self, name)!r} vs {getattr(other, name)!r}"
             for name in VERSIONS
             if getattr(self, name) != getattr(other, name)
-        ]
+        }
         for key in sorted({*self.engine, *other.engine}):
             mine, theirs = self.engine.get(key), other.engine.get(key)
             if mine != theirs:
-                found.append(f"engine.{key}: {_shown(mine)} vs {_shown(theirs)}")
-        return tuple(found)
+                found[f"engine.{key}"] = f"engine.{key}: {_shown(mine)} vs {_shown(theirs)}"
+        return found
 
 
 def _shown(value: str | None) -> str:
     return "absent" if value is None else value
 
 
-def must_match_violations(differences: Iterable[str], must_match: Sequence[str]) -> tuple[str, ...]:
-    """The differences (as :meth:`Environment.differences` words them) in fields that must match."""
-    return tuple(d for d in differences if any(_covers(name, d.split(":", 1)[0]) for name in must_match))
+def must_match_violations(differences: Mapping[str, str], must_match: Sequence[str]) -> tuple[str, ...]:
+    """The differences (:meth:`Environment.differences`) in fields that must match, as worded there."""
+    return tuple(text for field, text in differences.items() if any(_covers(name, field) for name in must_match))
 
 
 def _covers(name: str, field: str) -> bool:

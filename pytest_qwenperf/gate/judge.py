@@ -74,7 +74,7 @@ def judge_run(baseline: Baseline | None, run: Run, *, confidence: float = DEFAUL
         changed = environment_differences(baseline.context.environment, run)
         conflicts = must_match_violations(changed, run.must_match)
         differences = tuple(f"environment {d} (the suite's must_match)" for d in conflicts)
-        allowed = tuple(d for d in changed if d not in conflicts)
+        allowed = tuple(d for d in changed.values() if d not in conflicts)
     names = set(gated)
     if baseline is not None and not differences:
         names |= {name for name in baseline.metrics if name not in names and _expected(name, lost)}
@@ -115,11 +115,11 @@ def environment_notes(judgements: Sequence[Judgement]) -> tuple[str, ...]:
     return tuple(dict.fromkeys(d for j in judgements for d in j.environment))
 
 
-def environment_differences(reference: Environment | None, run: Run) -> tuple[str, ...]:
-    """Every field in which ``run``'s environment differs from ``reference`` (``reference`` first);
-    none where either was not recorded."""
+def environment_differences(reference: Environment | None, run: Run) -> dict[str, str]:
+    """Every field in which ``run``'s environment differs from ``reference`` (``reference`` first),
+    worded; none where either was not recorded."""
     mine = run.context.environment
-    return () if reference is None or mine is None else reference.differences(mine)
+    return {} if reference is None or mine is None else reference.differences(mine)
 
 
 def judge_against_run(reference: Run, run: Run, *, confidence: float = DEFAULT_CONFIDENCE) -> tuple[Judgement, ...]:
