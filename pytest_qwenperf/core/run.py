@@ -185,19 +185,8 @@ class Run(msgspec.Struct, frozen=True, kw_only=True):
 
     @property
     def baseline_context(self) -> Context:
-        """The run's context as a baseline stores it (an empty text, an unknown CPU model, is null)."""
-        hardware = self.context.hardware or RunHardware()
-        return Context(
-            vllm_version=self.context.vllm_version or None,
-            gpu_name=hardware.gpu_name or None,
-            gpu_count=hardware.gpu_count,
-            driver_version=hardware.driver_version or None,
-            cuda_version=hardware.cuda_version or None,
-            cpu_model=hardware.cpu_model or None,
-            cpu_count=hardware.cpu_count,
-            date=self.context.started or None,
-            environment=self.context.environment,
-        )
+        """The run's context as a baseline stores it (:func:`context_of`)."""
+        return context_of(self.context.vllm_version, self.context.hardware, self.context.started, self.context.environment)
 
     def value(self, name: str) -> float | None:
         """The finite number at the metric's registry path (``metrics.<name>``, ``telemetry.gpu...``);
@@ -238,6 +227,25 @@ class Run(msgspec.Struct, frozen=True, kw_only=True):
             elif leaf is None or isinstance(leaf, float):  # a null or a NaN: named without a number
                 lost[name] = f"{'.'.join(info.path)} is {json.dumps(leaf)}"
         return {name: found[name] for name in gate_order(found)}, {name: lost[name] for name in gate_order(lost)}
+
+
+def context_of(
+    vllm_version: str | None, hardware: RunHardware | None, date: str | None, environment: Environment | None = None
+) -> Context:
+    """Where and with which versions something was measured, as a baseline or a stored canary answer
+    keeps it (an empty text, an unknown CPU model, is null)."""
+    hardware = hardware or RunHardware()
+    return Context(
+        vllm_version=vllm_version or None,
+        gpu_name=hardware.gpu_name or None,
+        gpu_count=hardware.gpu_count,
+        driver_version=hardware.driver_version or None,
+        cuda_version=hardware.cuda_version or None,
+        cpu_model=hardware.cpu_model or None,
+        cpu_count=hardware.cpu_count,
+        date=date or None,
+        environment=environment,
+    )
 
 
 _ABSENT = object()

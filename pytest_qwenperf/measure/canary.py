@@ -20,10 +20,13 @@ from collections.abc import Sequence
 from concurrent.futures import ThreadPoolExecutor
 from typing import Any
 
+import msgspec
+
 from pytest_qwenperf.core.apikey import ApiKey
 from pytest_qwenperf.core.canary import CANARY, EXACT, Canary, CanaryFloor, CanaryOutput, definition_digest, fingerprint
 from pytest_qwenperf.core.http import http_post_json
-from pytest_qwenperf.core.identity import Context, Identity, argv_digest
+from pytest_qwenperf.core.identity import Identity, argv_digest
+from pytest_qwenperf.core.run import RunHardware, context_of
 from pytest_qwenperf.serving.hardware import detect
 from pytest_qwenperf.serving.server import Server
 from pytest_qwenperf.suite.config import ServingConfig
@@ -122,16 +125,8 @@ def canary_of(
         workload=CANARY,
         workload_fingerprint=definition_digest(PROMPTS, max_tokens),
     )
-    context = Context(
-        vllm_version=server.info[0].version if server.info else None,
-        gpu_name=hardware.gpu_name or None,
-        gpu_count=hardware.gpu_count,
-        driver_version=hardware.driver_version or None,
-        cuda_version=hardware.cuda_version or None,
-        cpu_model=hardware.cpu_model or None,
-        cpu_count=hardware.cpu_count,
-        date=started,
-    )
+    version = server.info[0].version if server.info else None
+    context = context_of(version, msgspec.convert(hardware.as_dict(), RunHardware), started)
     return Canary(
         identity=identity,
         context=context,
