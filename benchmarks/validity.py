@@ -39,15 +39,17 @@ from pytest_qwenperf.suite.config import load_suite
 ROOT = Path(__file__).resolve().parents[1]
 SUITE = ROOT / "perf_tests" / "suites" / "cpu.toml"
 SCHEMA = "qwenperf-validity-figures/1"
-SPIN = "import os, sys, time\nos.sched_setaffinity(0, {int(sys.argv[1])})\nend = time.monotonic() + 600\nwhile time.monotonic() < end:\n    pass\n"
+SPIN = "import os, sys, time\nos.sched_setaffinity(0, {int(sys.argv[1])})\nend = time.monotonic() + float(sys.argv[2])\nwhile time.monotonic() < end:\n    pass\n"
 
 
 @contextlib.contextmanager
-def competitor(cpus: frozenset[int]) -> Iterator[list[int]]:
-    """A spinning process per CPU, reparented away from this one; each ends by itself within 10 minutes."""
+def competitor(cpus: frozenset[int], lasts_s: float = 600.0) -> Iterator[list[int]]:
+    """One spinning process per CPU, each reparented away from this process (a shell starts it in
+    the background and exits), so it belongs to neither the server nor the load generator; each
+    ends by itself after ``lasts_s`` even if this process is killed, and is killed on the way out."""
     pids = []
     for cpu in sorted(cpus):
-        shell = f"{sys.executable} -c '{SPIN}' {cpu} </dev/null >/dev/null 2>&1 & echo $!"
+        shell = f"{sys.executable} -c '{SPIN}' {cpu} {lasts_s} </dev/null >/dev/null 2>&1 & echo $!"
         pids.append(int(subprocess.run(["sh", "-c", shell], capture_output=True, text=True, check=True, timeout=30).stdout))
     try:
         yield pids

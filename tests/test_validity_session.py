@@ -15,7 +15,7 @@ from pathlib import Path
 
 import pytest
 
-from tests.e2e.test_validity import detached_spinners
+from benchmarks.validity import competitor
 from tests.test_candidate import paced
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -46,7 +46,7 @@ def contended_session(pytester: pytest.Pytester, *args: str) -> tuple[pytest.Run
     (pytester.path / "suite.toml").write_text(SUITE)
     pytester.makepyfile(test_throughput=(ROOT / "perf_tests" / "test_throughput.py").read_text())
     server_cpus = frozenset(sorted(os.sched_getaffinity(0))[:-1])  # the plugin's placement: all but the last
-    with detached_spinners(server_cpus) as spinners:
+    with competitor(server_cpus, lasts_s=300) as spinners:
         result = pytester.runpytest_subprocess(
             "-p", "no:cacheprovider", "-k", "complete", "--qwenperf-suite=suite.toml", f"--qwenperf-launcher={paced(5)}", *args
         )

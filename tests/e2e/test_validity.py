@@ -9,16 +9,12 @@ the competitor, and never ``regression`` against a baseline it is far slower tha
 from __future__ import annotations
 
 import os
-import signal
-import subprocess
-import sys
-from collections.abc import Iterator
-from contextlib import contextmanager, suppress
 
 import msgspec
 import psutil
 import pytest
 
+from benchmarks.validity import competitor
 from pytest_qwenperf.gate.baseline import baseline_from_run
 from pytest_qwenperf.gate.judge import judge_run
 from pytest_qwenperf.loadgen.arrivals import ClosedLoop
@@ -31,31 +27,11 @@ from tests.e2e.tiny import TINY
 pytestmark = [pytest.mark.e2e, pytest.mark.parametrize("serving_config", [TINY], ids=[TINY.id])]
 
 WORKLOAD = SuiteWorkload(RandomWorkload(input_len=64, output_len=64, num_prompts=96), ClosedLoop(16), warmup=16)
-# Spins on one CPU for at most 5 minutes: it ends by itself even if this test is killed.
-SPIN = "import os, sys, time\nos.sched_setaffinity(0, {int(sys.argv[1])})\nend = time.monotonic() + 300\nwhile time.monotonic() < end:\n    pass\n"
-
-
-@contextmanager
-def detached_spinners(cpus: frozenset[int]) -> Iterator[list[int]]:
-    """One spinning process per CPU, each reparented away from this process (a shell starts it
-    in the background and exits), so it belongs to neither the server nor the load generator."""
-    pids = []
-    for cpu in sorted(cpus):
-        shell = f"{sys.executable} -c '{SPIN}' {cpu} </dev/null >/dev/null 2>&1 & echo $!"
-        pids.append(int(subprocess.run(["sh", "-c", shell], capture_output=True, text=True, check=True, timeout=30).stdout))
-    try:
-        yield pids
-    finally:
-        for pid in pids:
-            with suppress(ProcessLookupError):
-                os.kill(pid, signal.SIGKILL)
-
-
 def test_a_busy_process_on_the_servers_core_makes_the_run_invalid_not_a_regression(vllm_server: Server) -> None:
     server_cpus = frozenset(os.sched_getaffinity(vllm_server.pids[0]))
     client_cpus = frozenset(os.sched_getaffinity(0)) - server_cpus
     assert client_cpus, f"the server was placed on every CPU ({sorted(server_cpus)}): nothing left to pin the client to"
-    with detached_spinners(server_cpus) as spinners:
+    with competitor(server_cpus, lasts_s=300) as spinners:  # ends by itself even if this test is killed
         assert all(psutil.Process(pid).ppid() != os.getpid() for pid in spinners)
         run = measure(vllm_server, TINY, WORKLOAD, client_cpus=client_cpus, repeats=3)
 
