@@ -46,6 +46,8 @@ class FakeGpu:
     memory_utilization: int = 40
     memory_used: int | Sequence[int] = 70 * 2**30
     power_mw: int = 500_000  # the energy counter grows at this rate in real time
+    power_limit_mw: int = 700_000  # the enforced power limit
+    default_power_limit_mw: int = 700_000  # the board's default limit (an H200 SXM's 700 W)
     sm_clock_mhz: int = 1980
     clock_events: int | Sequence[int] = 0
     gpm: dict[int, float] | None = field(default_factory=lambda: {2: 60.0, 3: 30.0, 5: 45.0})  # None: no GPM
@@ -175,6 +177,14 @@ def module(gpus: Sequence[FakeGpu], *, event_reasons_api: bool = True) -> Module
     def nvmlDeviceGetPowerUsage(gpu: FakeGpu) -> int:
         checked(gpu, "nvmlDeviceGetPowerUsage")
         return gpu.power_mw
+
+    def nvmlDeviceGetEnforcedPowerLimit(gpu: FakeGpu) -> int:
+        checked(gpu, "nvmlDeviceGetEnforcedPowerLimit")
+        return gpu.power_limit_mw
+
+    def nvmlDeviceGetPowerManagementDefaultLimit(gpu: FakeGpu) -> int:
+        checked(gpu, "nvmlDeviceGetPowerManagementDefaultLimit")
+        return gpu.default_power_limit_mw
 
     def nvmlDeviceGetTotalEnergyConsumption(gpu: FakeGpu) -> int:
         checked(gpu, "nvmlDeviceGetTotalEnergyConsumption")

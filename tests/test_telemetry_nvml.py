@@ -254,6 +254,8 @@ def test_the_json_block_has_the_documented_shape(monkeypatch: pytest.MonkeyPatch
         "ecc_uncorrected",
         "ecc_corrected",
         "foreign_processes",
+            "power_limit_w",
+            "default_power_limit_w",
         "field_errors",
     }
     assert set(block["devices"][0]["utilization"]) == {"mean", "median", "min", "max", "count"}
@@ -484,3 +486,16 @@ def test_telemetry_without_nvml_still_runs_the_other_samplers(monkeypatch: pytes
     assert block["gpu"]["devices"] == [] and "nvidia-ml-py" in block["gpu"]["sampler"]["unavailable"]
     assert block["gpu"]["energy_j"] is None and block["gpu"]["tokens_per_joule"] is None
     assert block["cpu"]["sampler"]["polls"] >= 1  # the first poll comes before the sampler looks at stop
+
+
+def test_power_limits_are_read_once_and_tell_a_lowered_limit_from_the_gpus_own(monkeypatch: pytest.MonkeyPatch) -> None:
+    own = FakeGpu(UUIDS[0], clock_events=0x4)  # sw_power_cap at the default limit, as a real H200 under full load
+    capped = FakeGpu(UUIDS[1], clock_events=0x4, power_limit_mw=450_000)
+    install(monkeypatch, [own, capped])
+    summary = run_sampler([None], until=lambda: capped.polls >= 5).summary()
+    first, second = summary.devices
+    assert (first.power_limit_w, first.default_power_limit_w, first.power_capped) == (700.0, 700.0, False)
+    assert (second.power_limit_w, second.default_power_limit_w, second.power_capped) == (450.0, 700.0, True)
+    assert first.held_back_share() == 0.0 and second.held_back_share() == 1.0
+    assert summary.held_back_share() == 1.0
+    assert own.calls["nvmlDeviceGetEnforcedPowerLimit"] == 1  # when the sampler opened, not per poll

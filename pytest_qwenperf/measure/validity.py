@@ -9,7 +9,7 @@ turns into ``invalid: <reason>`` for every metric of the run.
 from __future__ import annotations
 
 from pytest_qwenperf.core.run import Loss
-from pytest_qwenperf.core.validity import CLOCK_EVENTS, CONTENDED_CORES, ValidityLimits
+from pytest_qwenperf.core.validity import CONTENDED_CORES, ValidityLimits
 from pytest_qwenperf.telemetry import TelemetrySummary
 from pytest_qwenperf.telemetry.cpu import ServerCoresSummary
 from pytest_qwenperf.telemetry.nvml import GpuSummary
@@ -49,12 +49,17 @@ def _cores(cores: ServerCoresSummary, limits: ValidityLimits) -> list[Loss]:
 
 def _gpus(gpu: GpuSummary, limits: ValidityLimits) -> list[Loss]:
     found = []
-    share = gpu.clock_event_share(CLOCK_EVENTS)
+    share = gpu.held_back_share()
     if share is not None and share > limits.clock_event_share:
-        active = sorted({reason for d in gpu.devices for reason, s in d.clock_events.items() if reason in CLOCK_EVENTS and s > 0})
+        active = sorted({r for d in gpu.devices for r, s in d.clock_events.items() if r in d.held_back_reasons() and s > 0})
+        capped = [
+            f"GPU {d.device.label} power limit {d.power_limit_w:.0f} W of its default {d.default_power_limit_w:.0f} W"
+            for d in gpu.devices
+            if d.power_capped and d.power_limit_w is not None and d.default_power_limit_w is not None
+        ]
         detail = (
             f"GPUs were held below their clocks ({', '.join(active)}) for {share:.0%} of the steady state "
-            f"(limit {limits.clock_event_share:.0%})"
+            f"(limit {limits.clock_event_share:.0%})" + (f"; {'; '.join(capped)}" if capped else "")
         )
         found.append(Loss(reason="gpu-clock-events", detail=detail))
     xids = gpu.xid_errors()

@@ -9,9 +9,10 @@ the cumulative energy counter (→ joules per run, tokens per joule), SM clock a
 clock-event (throttle) reasons.
 
 Also the evidence that a run's GPU was not the GPU it claims: XID errors (NVML's critical
-error events, drained at each poll), the volatile ECC error counters, and processes
-outside the run holding memory on the GPU (read every few seconds; the caller says which
-processes are the run's own).
+error events, drained at each poll), the volatile ECC error counters, processes outside
+the run holding memory on the GPU (read every few seconds; the caller says which
+processes are the run's own), and the enforced and default power limits (read once), which
+tell a GPU at its own power limit from one capped below it.
 
 ``pynvml`` is imported when sampling starts, so this module imports on machines without
 it. NVML errors are recorded per device and field and never end the run: a field the
@@ -33,6 +34,7 @@ from typing import Any
 
 import psutil
 
+from pytest_qwenperf.core.validity import CLOCK_EVENTS, POWER_CAP
 from pytest_qwenperf.telemetry.sampling import (
     CLOCK,
     PeriodicSampler,
@@ -152,6 +154,29 @@ class GpuDeviceSummary:
     foreign_process_names: Mapping[int, str]  # of those, the ones whose name could be read
     field_errors: Mapping[str, FieldHealth]  # only fields that had errors
     lost: bool
+    power_limit_w: float | None = None  # enforced when the sampler opened; None: not readable
+    default_power_limit_w: float | None = None
+
+    @property
+    def power_capped(self) -> bool:
+        """Whether the GPU's power limit was lowered below its default, or cannot be told (limits unreadable).
+
+        A healthy GPU at full load sits at its own power limit: on an H200 (driver 580.159.04) 15 s of
+        bf16 matrix products drew 691 W of 700 W with ``sw_power_cap`` set in every sample. That is the
+        GPU working as built; a limit below the default is a machine that was set up to run slower.
+        """
+        if self.power_limit_w is None or self.default_power_limit_w is None:
+            return True
+        return self.power_limit_w < self.default_power_limit_w
+
+    def held_back_reasons(self) -> frozenset[str]:
+        """The clock-event reasons that make this GPU's samples held back: :data:`CLOCK_EVENTS`, the power
+        cap only where :attr:`power_capped`."""
+        return frozenset(r for r in CLOCK_EVENTS if r != POWER_CAP or self.power_capped)
+
+    def held_back_share(self) -> float | None:
+        """Share of the samples held below the GPU's clocks by a fault (:meth:`held_back_reasons`)."""
+        return self.clock_event_share(self.held_back_reasons())
 
     def clock_event_share(self, reasons: Collection[str]) -> float | None:
         """Share of the samples in which any of ``reasons`` was active; None when no sample read clock events.
@@ -181,6 +206,8 @@ class GpuDeviceSummary:
             "power_w": stats(self.power_w),
             "sm_clock_mhz": stats(self.sm_clock_mhz),
             "peak_memory_used_bytes": self.peak_memory_used_bytes,
+            "power_limit_w": self.power_limit_w,
+            "default_power_limit_w": self.default_power_limit_w,
             "energy_j": self.energy_j,
             "clock_events": dict(self.clock_events),
             "xid_errors": list(self.xid_errors),
@@ -221,6 +248,11 @@ class GpuSummary:
         model. None when no GPU read clock events.
         """
         shares = [share for d in self.devices if (share := d.clock_event_share(reasons)) is not None]
+        return max(shares) if shares else None
+
+    def held_back_share(self) -> float | None:
+        """The largest share, over GPUs, of samples held back by a fault (:meth:`GpuDeviceSummary.held_back_share`)."""
+        shares = [share for d in self.devices if (share := d.held_back_share()) is not None]
         return max(shares) if shares else None
 
     def xid_errors(self) -> dict[str, tuple[int, ...]]:
@@ -323,6 +355,7 @@ class _DeviceState:
     gpm_request: Any = None  # a reusable c_nvmlGpmMetricsGet_t
     gpm_primed: bool = False  # whether ``gpm_samples[0]`` holds a sample yet
     event_set: Any = None  # the nvmlEventSet_t its XID errors arrive in
+    power_limits_w: tuple[float | None, float | None] = (None, None)  # (enforced, default) when opened
     xid_drains: list[tuple[float, tuple[int, ...]]] = field(default_factory=list)  # (when, XID codes) per drain
     lost: bool = False
 
@@ -385,6 +418,7 @@ class NvmlSampler(PeriodicSampler):
             for device in self._devices:
                 self._open_gpm(device)
                 self._open_events(device)
+                device.power_limits_w = _power_limits(pynvml, device.handle)
         except pynvml.NVMLError as exc:
             self._close()
             raise SamplerUnavailable(f"NVML could not list the GPUs: {exc}") from exc
@@ -666,6 +700,8 @@ def _device_summary(
             }
         ),
         lost=device.lost,
+        power_limit_w=device.power_limits_w[0],
+        default_power_limit_w=device.power_limits_w[1],
     )
 
 
@@ -723,6 +759,21 @@ def _foreign(listed: Sequence[Mapping[int, int | None]], own: Collection[int]) -
 def _ecc_errors(nv: Any, handle: Any, error_type: int) -> int:
     """ECC errors of ``error_type`` counted since the driver loaded (the volatile counter)."""
     return int(nv.nvmlDeviceGetTotalEccErrors(handle, error_type, nv.NVML_VOLATILE_ECC))
+
+
+def _power_limits(nv: Any, handle: Any) -> tuple[float | None, float | None]:
+    """The enforced and the default power limit in watts; None where NVML cannot read one."""
+
+    def watts(read: Callable[[], int]) -> float | None:
+        try:
+            return read() / 1000
+        except (nv.NVMLError, AttributeError):
+            return None
+
+    return (
+        watts(lambda: nv.nvmlDeviceGetEnforcedPowerLimit(handle)),
+        watts(lambda: nv.nvmlDeviceGetPowerManagementDefaultLimit(handle)),
+    )
 
 
 def _process_name(pid: int) -> str | None:
