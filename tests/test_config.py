@@ -86,6 +86,7 @@ def test_ladder_inherits_one_change_per_rung(tmp_path: Path) -> None:
         (('description = "shorter context"', "canary = { logprob_drift = -0.1 }"), r"config 'short'.canary.logprob_drift: expected a number >= 0 \(the most mean \|difference\| of log-probabilities\), got -0.1$"),
         (('description = "shorter context"', "canary = { match = 0.5 }"), r"config 'short'.canary.match: unknown key; expected one of \['logprob_drift', 'match_rate'\]$"),
         (('description = "shorter context"', "canary = 0.5"), r"config 'short'.canary: expected a table such as \{ match_rate = 0.5, logprob_drift = 0.2 \}, got 0.5$"),
+        (('model = "', 'model = "embedded:huge" #'), r"suite.model: expected a Hugging Face id, a folder or one of embedded:tiny, embedded:gpu, got 'embedded:huge'$"),
         ((LADDER, LADDER + "[canary]\nmatch_rate = -1\n"), r"canary.match_rate: expected a fraction between 0 and 1 \(the least share of prompts\), got -1$"),
     ],
 )
@@ -200,7 +201,7 @@ def test_bad_workload_names_file_key_and_expectation(tmp_path: Path, change: tup
     assert str(excinfo.value).startswith(str(path))
 
 
-@pytest.mark.parametrize("name", ["cpu", "b200", "h200"])
+@pytest.mark.parametrize("name", ["cpu", "b200", "h200", "hopper"])
 def test_shipped_suites_load(name: str) -> None:
     suite = load_suite(Path(__file__).parents[1] / "perf_tests" / "suites" / f"{name}.toml")
     assert suite.hardware == name and suite.workloads
@@ -271,3 +272,10 @@ def test_a_suite_that_is_not_utf8_names_the_byte_and_offset(tmp_path: Path) -> N
         load_suite(path)
     path.write_bytes(b"\xef\xbb\xbf" + LADDER.encode())  # a byte-order mark, as Windows editors write
     assert [c.id for c in load_suite(path).configs] == ["base", "short", "spec"]
+
+
+def test_the_one_gpu_suite_serves_the_generated_gpu_model_unpinned() -> None:
+    hopper = load_suite(Path(__file__).parents[1] / "perf_tests" / "suites" / "hopper.toml")
+    assert (hopper.gpus, hopper.model) == (1, "embedded:gpu")
+    assert {c.served_model_name for c in hopper.configs} == {"qwenperf-gpu"}
+    assert hopper.validity.clock_event_share == 0.10

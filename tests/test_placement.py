@@ -3,14 +3,15 @@
 from __future__ import annotations
 
 import dataclasses
+from pathlib import Path
 
 import pytest
 
 from pytest_qwenperf.serving import placement as placement_module
-from pytest_qwenperf.serving.hardware import Hardware
+from pytest_qwenperf.serving.hardware import Hardware, gpu_kind, satisfies
 from pytest_qwenperf.serving.placement import Placement, gpu_ids, missing_hardware, placement
 from pytest_qwenperf.serving.router import RouterUnavailable
-from pytest_qwenperf.suite.config import ServingConfig, tiny_cpu_config
+from pytest_qwenperf.suite.config import ServingConfig, load_suite, tiny_cpu_config
 from tests.test_baseline import suite
 
 FOUR_CPUS = Hardware(kind="cpu", cpu_model="Test CPU", cpu_ids=frozenset({0, 1, 2, 3}))
@@ -70,3 +71,17 @@ def test_a_config_routed_through_nginx_is_missing_it_when_nginx_cannot_run(monke
     monkeypatch.setattr(placement_module, "find_nginx", unavailable)
     assert missing_hardware(cpu, routed, FOUR_CPUS) == "config cpu/replicas-2 routes through nginx: nginx: not found on PATH"
     assert missing_hardware(cpu, cpu.config("replicas-2"), FOUR_CPUS) is None  # round-robin needs no nginx
+
+
+def test_a_family_of_gpus_runs_a_suite_that_names_the_family() -> None:
+    hopper = load_suite(Path(__file__).parents[1] / "perf_tests" / "suites" / "hopper.toml")
+    base = hopper.configs[0]
+    one_h200 = Hardware(kind="h200", gpu_name="NVIDIA H200", gpu_count=1, driver_version="580", cpu_ids=frozenset(range(16)))
+    assert missing_hardware(hopper, base, one_h200) is None
+    assert missing_hardware(hopper, base, dataclasses.replace(one_h200, kind="h100", gpu_name="NVIDIA H100 80GB HBM3")) is None
+    assert missing_hardware(hopper, base, EIGHT_B200) == (
+        "needs 1x HOPPER (H100, H200 or GH200) GPUs (suite hopper.toml); found 8x NVIDIA B200 (driver 580)"
+    )
+    assert missing_hardware(hopper, base, FOUR_CPUS) is not None
+    assert gpu_kind("NVIDIA GH200 480GB") == "gh200" and satisfies("gh200", "hopper") and not satisfies("h200", "b200")
+    assert placement(base, one_h200) == Placement(frozenset(), frozenset())  # a generated model on a GPU is not the CPU build

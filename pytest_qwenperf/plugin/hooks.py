@@ -49,6 +49,7 @@ MARKERS = {
     "b200": "sized for one node of 8x NVIDIA B200",
     "h200": "sized for one node of 8x NVIDIA H200",
     "h100": "sized for one node of 8x NVIDIA H100",
+    "hopper": "sized for one Hopper GPU (H100, H200 or GH200): the one-GPU ladder on the generated embedded:gpu model",
     "scaling": "multi-replica scaling-efficiency tests",
     "qwenperf_select(name)": "only (config, workload) pairs of this kind: ladder, slo, speculative, prefix-cache, utilization, "
     "scaling, canary, canary-floor",

@@ -11,10 +11,12 @@ import platform
 import re
 from dataclasses import dataclass, replace
 from functools import cache
+from types import MappingProxyType
 
 # NVML product names → suite hardware ids, most specific first.
 _GPU_KINDS = (
     (re.compile(r"\bGB200\b"), "gb200"),
+    (re.compile(r"\bGH200\b"), "gh200"),
     (re.compile(r"\bB200\b"), "b200"),
     (re.compile(r"\bH200\b"), "h200"),
     (re.compile(r"\bH100\b"), "h100"),
@@ -64,6 +66,22 @@ class Hardware:
             "cpu_model": self.cpu_model,
             "cpu_count": self.cpu_count,
         }
+
+
+GPU_FAMILIES = MappingProxyType({"hopper": ("h100", "h200", "gh200")})
+"""Suite hardware that names a family: any of its GPU kinds runs the suite (runs and baselines
+still carry the kind they ran on, and ``gpu_name`` tells an H100 run from an H200 one)."""
+
+
+def satisfies(kind: str, wanted: str) -> bool:
+    """Whether hardware of ``kind`` is what a suite asking for ``wanted`` (a kind or a family) needs."""
+    return kind == wanted or kind in GPU_FAMILIES.get(wanted, ())
+
+
+def hardware_name(wanted: str) -> str:
+    """``h200`` → ``H200``; ``hopper`` → ``HOPPER (H100, H200 or GH200)``."""
+    family = GPU_FAMILIES.get(wanted)
+    return f"{wanted.upper()} ({', '.join(k.upper() for k in family[:-1])} or {family[-1].upper()})" if family else wanted.upper()
 
 
 def gpu_kind(name: str) -> str:

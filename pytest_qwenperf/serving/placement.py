@@ -4,15 +4,16 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from pytest_qwenperf.serving.hardware import Hardware
+from pytest_qwenperf.serving.hardware import Hardware, hardware_name, satisfies
 from pytest_qwenperf.serving.router import RouterUnavailable, find_nginx
+from pytest_qwenperf.suite import embedded
 from pytest_qwenperf.suite.config import ServingConfig, Suite
 
 
 def missing_hardware(suite: Suite, cfg: ServingConfig, hw: Hardware) -> str | None:
     """Why ``cfg`` cannot run on ``hw`` (a skip reason naming need and finding), or None."""
-    if suite.gpus and (hw.kind != suite.hardware or hw.gpu_count < suite.gpus):
-        return f"needs {suite.gpus}x {suite.hardware.upper()} GPUs (suite {suite.path.name}); found {hw.describe()}"
+    if suite.gpus and (not satisfies(hw.kind, suite.hardware) or hw.gpu_count < suite.gpus):
+        return f"needs {suite.gpus}x {hardware_name(suite.hardware)} GPUs (suite {suite.path.name}); found {hw.describe()}"
     if cfg.cpu_flags_any and not set(cfg.cpu_flags_any) & hw.cpu_flags:
         return f"needs a CPU with one of {list(cfg.cpu_flags_any)} (config {cfg.key}); found {hw.cpu_model or 'a CPU'} without"
     if cfg.routing == "nginx":
@@ -45,7 +46,7 @@ def placement(
     if server_cpus is not None or client_cpus is not None:
         return Placement(server_cpus or frozenset(), client_cpus or frozenset())
     cpus = sorted(hw.cpu_ids)
-    if not cfg.model.startswith("embedded:") or len(cpus) < 2:
+    if not embedded.on_cpu_build(cfg.model) or len(cpus) < 2:
         return Placement(frozenset(), frozenset())
     if len(cpus) - 1 >= cfg.replicas:
         return Placement(frozenset(cpus[:-1]), frozenset(cpus[-1:]))

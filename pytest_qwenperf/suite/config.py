@@ -61,7 +61,7 @@ class ServingConfig:
     """One serving configuration (a rung), identified by ``id`` across runs and baselines."""
 
     id: str
-    model: str  # a HF id, a local folder, or ``embedded:tiny``
+    model: str  # a HF id, a local folder, or an embedded model (``embedded:tiny``, ``embedded:gpu``)
     vllm_args: tuple[str, ...] = ()
     env: tuple[tuple[str, str], ...] = ()
     served_model_name: str | None = None
@@ -217,9 +217,11 @@ def load_suite(path: Path | str) -> Suite:
         raise SuiteError(f"{path}: suite.must_match: {wrong}")
     if suite.max_repeats is not None and suite.max_repeats < suite.repeats:
         raise _fail(path, "suite.max_repeats", f"a whole number of load runs >= suite.repeats ({suite.repeats})", suite.max_repeats)
+    if suite.model.startswith("embedded:") and suite.model not in embedded.EMBEDDED:
+        raise _fail(path, "suite.model", f"a Hugging Face id, a folder or one of {', '.join(embedded.EMBEDDED)}", suite.model)
     served = suite.served_model_name
-    if served is None and suite.model == embedded.TINY_MODEL_REF:
-        served = embedded.TINY_MODEL_NAME
+    if served is None:
+        served = embedded.served_name(suite.model)
     base = _Rung(_flags(path, suite.vllm, "suite.vllm"), _env(path, suite.env, "suite.env"), 1, ROUTINGS[0])
     rungs: dict[str, _Rung] = {}
     configs = []
