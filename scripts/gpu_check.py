@@ -1,0 +1,360 @@
+"""The steps of ``scripts/gpu-check OUTDIR`` (run through that script, which finds the GPU and the wheels).
+
+Each step runs whole commands as a user would (``qwenperf doctor``, ``pytest perf_tests``,
+``qwenperf compare``) and then checks what they wrote. A check that does not hold is a line
+in ``summary.txt`` starting ``FAIL``; the exit status is 1 when there is any.
+
+1. ``qwenperf doctor --suite hopper``: no check of the GPU, the PID visibility, the load or the
+   CPU side fails (vLLM is not installed here, so the software checks may).
+2. The one-GPU suite's ``base`` and ``ctx-short`` rungs on the throughput workload, served by
+   the stand-in: one boot per config; NVML samples with utilization, power and energy; tokens
+   per joule; the sampled GPU is the one the suite asks for (``CUDA_VISIBLE_DEVICES=0``) and
+   the server's process held memory there and nowhere else; the utilization floor met.
+3. A process holding memory on GPU 0 before the session: the session fails before any boot,
+   naming that process.
+4. The same process starting once the server holds its GPU: the run is ``invalid: gpu-shared``
+   naming it, and ``qwenperf compare`` gives no verdict on it but ``invalid``.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import importlib.metadata
+import json
+import os
+import shlex
+import subprocess
+import sys
+import threading
+import time
+from collections.abc import Iterator
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import pynvml
+
+ROOT = Path(__file__).resolve().parents[1]
+SUITE = ROOT / "perf_tests" / "suites" / "hopper.toml"
+STANDIN = ROOT / "tests" / "standins" / "model_vllm.py"
+MAIN_SELECTION = "hopper-base/isl512 or hopper-ctx-short/isl512"
+SHARED_SELECTION = "hopper-base/isl512"
+HOLDER = """
+import sys, time, torch
+held = torch.empty(1 << 30, dtype=torch.uint8, device="cuda:0")
+torch.cuda.synchronize()
+print("HOLDING", flush=True)
+time.sleep(3600)
+"""
+
+
+@dataclass
+class Summary:
+    """What was checked, in order: (passed, line)."""
+
+    out: Path
+    lines: list[tuple[bool, str]] = field(default_factory=list)
+    figures: dict[str, object] = field(default_factory=dict)
+
+    def check(self, holds: bool, what: str) -> bool:
+        self.lines.append((holds, what))
+        print(("ok    " if holds else "FAIL  ") + what, flush=True)
+        return holds
+
+    def write(self) -> int:
+        failed = [line for holds, line in self.lines if not holds]
+        text = "\n".join(("ok    " if holds else "FAIL  ") + line for holds, line in self.lines)
+        verdict = f"gpu-check: {len(self.lines) - len(failed)} of {len(self.lines)} checks held"
+        (self.out / "summary.txt").write_text(f"{text}\n{verdict}\n")
+        document = {"checks": [{"ok": holds, "check": line} for holds, line in self.lines], "figures": self.figures}
+        (self.out / "summary.json").write_text(json.dumps(document, indent=2, default=str))
+        print(verdict)
+        return 1 if failed else 0
+
+
+def main() -> int:
+    out = Path(sys.argv[1])
+    summary = Summary(out)
+    summary.figures["gpu"] = _gpu_description()
+    started = time.monotonic()
+    try:
+        doctor(summary)
+        model(summary)
+        session(summary)
+        held_before_boot(summary)
+        held_during_run(summary)
+    finally:
+        summary.figures["wall_s"] = round(time.monotonic() - started, 1)
+    return summary.write()
+
+
+# --- the steps -------------------------------------------------------------------------
+
+
+def doctor(summary: Summary) -> None:
+    result = _run(
+        [*_qwenperf(), "doctor", "--suite", str(SUITE), "--json"], summary.out / "doctor.log", stdout=summary.out / "doctor.json"
+    )
+    try:
+        report = json.loads((summary.out / "doctor.json").read_text())
+    except ValueError as exc:
+        summary.check(False, f"doctor: its JSON did not parse ({exc}); exit {result}, see doctor.log")
+        return
+    _run([*_qwenperf(), "doctor", "--suite", str(SUITE), "--load-seconds", "0"], summary.out / "doctor.txt")
+    checks = report["checks"]
+    summary.figures["doctor"] = {f"{c['group']}/{c['name']}": f"{c['status']}: {c['figure']}" for c in checks}
+    failed = [f"{c['group']}/{c['name']}: {c['figure']}" for c in checks if c["status"] == "fail" and c["group"] != "software"]
+    summary.check(not failed, "doctor: no GPU, PID, load or CPU check fails" + (f" ({'; '.join(failed)})" if failed else ""))
+    groups = {c["group"] for c in checks}
+    summary.check({"gpu", "pid", "load", "cpu", "software"} <= groups, f"doctor: every group reported ({sorted(groups)})")
+
+
+def model(summary: Summary) -> None:
+    began = time.monotonic()
+    result = _run([*_qwenperf(), "tiny-model", "--model", "embedded:gpu"], summary.out / "model.log")
+    summary.figures["model_generation_s"] = round(time.monotonic() - began, 1)
+    summary.check(result == 0, f"the embedded:gpu model was generated (exit {result}, {summary.figures['model_generation_s']} s)")
+
+
+def session(summary: Summary) -> None:
+    with _gpu_processes() as seen:
+        result = _pytest(summary.out, "session", MAIN_SELECTION, repeats=2)
+    summary.check(
+        result == 0, f"perf session of the one-GPU suite against the stand-in passed (pytest exit {result}, session.log)"
+    )
+    report = _session_json(summary.out / "session.json")
+    if report is None:
+        summary.check(False, "session.json was written")
+        return
+    boots = report["boots"]
+    summary.check(boots == {"hopper/base": 1, "hopper/ctx-short": 1}, f"one boot per config: {boots}")
+    for run in report["runs"]:
+        _run_checks(summary, run)
+    on_gpus = {index: sorted(names) for index, names in seen.items()}
+    summary.figures["gpu_processes_during_session"] = on_gpus
+    standin_on = [index for index, names in seen.items() if any(STANDIN.name in n for n in names)]
+    summary.check(standin_on == [0], f"the stand-in held memory on GPU 0 and no other (seen on {standin_on})")
+
+
+def _run_checks(summary: Summary, run: dict) -> None:
+    key = f"{run['identity']['config']}/{run['identity']['workload']}"
+    gpu = (run.get("telemetry") or {}).get("gpu") or {}
+    devices = gpu.get("devices") or []
+    summary.check(
+        [d["index"] for d in devices] == [0],
+        f"{key}: the sampled GPUs are the config's CUDA_VISIBLE_DEVICES=0 ({[d['index'] for d in devices]})",
+    )
+    if not devices:
+        return
+    device = devices[0]
+    util, power = device.get("utilization") or {}, device.get("power_w") or {}
+    figures = {
+        "samples": device["samples"],
+        "utilization_mean": util.get("mean"),
+        "sm_activity_mean": (device.get("sm_activity") or {}).get("mean"),
+        "tensor_activity_mean": (device.get("tensor_activity") or {}).get("mean"),
+        "power_w_mean": power.get("mean"),
+        "power_limit_w": device.get("power_limit_w"),
+        "sm_clock_mhz_mean": (device.get("sm_clock_mhz") or {}).get("mean"),
+        "clock_events": device.get("clock_events"),
+        "energy_j": device.get("energy_j"),
+        "tokens_per_joule": gpu.get("tokens_per_joule"),
+        "output_throughput": run["metrics"].get("output_throughput"),
+        "field_errors": device.get("field_errors"),
+        "conditions": run.get("conditions"),
+    }
+    summary.figures[key] = figures
+    summary.check(
+        device["samples"] > 0
+        and (util.get("max") or 0) > 0
+        and (power.get("mean") or 0) > 0
+        and (device.get("energy_j") or 0) > 0,
+        f"{key}: NVML samples with non-zero utilization, power and energy ({device['samples']} samples, "
+        f"utilization {util.get('mean')}, {power.get('mean')} W, {device.get('energy_j')} J)",
+    )
+    summary.check((gpu.get("tokens_per_joule") or 0) > 0, f"{key}: tokens per joule {gpu.get('tokens_per_joule')}")
+    summary.check(not run.get("conditions"), f"{key}: valid (conditions {run.get('conditions')})")
+
+
+def held_before_boot(summary: Summary) -> None:
+    with _holder(summary.out / "holder-before.log") as pid:
+        result = _pytest(summary.out, "held-before-boot", SHARED_SELECTION, repeats=1)
+    log = (summary.out / "held-before-boot.log").read_text(errors="replace")
+    summary.check(
+        result not in (0, 1), f"a process holding GPU 0 before the session stops it as a usage error (pytest exit {result})"
+    )
+    summary.check(
+        f"pid {pid}" in log and "nothing was booted" in log, f"the session names the holder (pid {pid}) and booted nothing"
+    )
+    report = _session_json(summary.out / "held-before-boot.json")
+    summary.check(not (report or {}).get("runs") and not (report or {}).get("boots"), "no server booted, no run measured")
+
+
+def held_during_run(summary: Summary) -> None:
+    holder: dict[str, int] = {}
+    watcher = threading.Thread(target=_hold_once_the_server_holds, args=(summary.out / "holder-during.log", holder), daemon=True)
+    watcher.start()
+    result = _pytest(summary.out, "held-during-run", SHARED_SELECTION, repeats=1)
+    watcher.join(timeout=5)
+    pid = holder.get("pid")
+    summary.check(pid is not None, f"a holder started once the stand-in held GPU 0 (pid {pid})")
+    report = _session_json(summary.out / "held-during-run.json")
+    runs = report["runs"] if report else []
+    conditions = [c for run in runs for c in run.get("conditions") or []]
+    shared = [c["detail"] for c in conditions if c["reason"] == "gpu-shared"]
+    summary.figures["held_during_run"] = conditions
+    summary.check(result == 1 and bool(runs), f"the session measured and failed (pytest exit {result}, {len(runs)} run)")
+    summary.check(bool(shared) and f"pid {pid}" in shared[0], f"the run is invalid: gpu-shared naming pid {pid} ({shared})")
+    if not runs:
+        return
+    compare = summary.out / "compare-held-during-run.json"
+    argv = [*_qwenperf(), "compare", str(summary.out / "session.json"), str(summary.out / "held-during-run.json"), "--json"]
+    code = _run(argv, summary.out / "compare.log", stdout=compare)
+    document = _session_json(compare) or {}
+    verdicts = [
+        j["verdict"]
+        for group in document.get("groups", [])
+        if group.get("config") == "base"
+        for row in group["rows"]
+        for j in row["judgements"]
+        if j is not None
+    ]
+    summary.check(
+        code == 0 and bool(verdicts) and all(v.startswith("invalid") for v in verdicts),
+        f"qwenperf compare gives it no verdict but invalid (exit {code}, verdicts {sorted(set(verdicts))})",
+    )
+
+
+# --- helpers ---------------------------------------------------------------------------
+
+
+def _qwenperf() -> list[str]:
+    return [sys.executable, "-m", "pytest_qwenperf.cli.main"]
+
+
+def _pytest(out: Path, name: str, selection: str, repeats: int) -> int:
+    """A perf session of the one-GPU suite against the stand-in; its output in ``<name>.log``, its runs in ``<name>.json``."""
+    plugin = [] if _installed() else ["-p", "pytest_qwenperf.plugin.hooks"]
+    argv = [
+        sys.executable, "-m", "pytest", *plugin, "perf_tests/test_throughput.py", "perf_tests/test_utilization.py",
+        "-m", "hopper", "-k", selection, "-p", "no:cacheprovider", "-o", "addopts=", "-rA",
+        "--qwenperf-suite", str(SUITE),
+        "--qwenperf-launcher", shlex.join([sys.executable, str(STANDIN)]),
+        "--qwenperf-repeats", str(repeats),
+        "--qwenperf-baselines", str(out / "no-baselines"),
+        "--qwenperf-json", str(out / f"{name}.json"),
+        "--qwenperf-log-dir", str(out / "logs" / name),
+    ]  # fmt: skip
+    return _run(argv, out / f"{name}.log")
+
+
+def _installed() -> bool:
+    try:
+        importlib.metadata.distribution("pytest-qwenperf")
+    except importlib.metadata.PackageNotFoundError:
+        return False
+    return True
+
+
+def _run(argv: list[str], log: Path, stdout: Path | None = None) -> int:
+    with open(log, "a") as err, open(stdout or log, "a") as to:
+        err.write(f"$ {shlex.join(argv)}\n")
+        err.flush()
+        return subprocess.run(argv, stdout=to, stderr=err, cwd=ROOT, check=False).returncode
+
+
+def _session_json(path: Path) -> dict | None:
+    try:
+        return json.loads(path.read_text())
+    except (OSError, ValueError):
+        return None
+
+
+@contextlib.contextmanager
+def _holder(log: Path) -> Iterator[int]:
+    """A process holding 1 GiB on GPU 0 for as long as the block runs."""
+    with open(log, "w") as to:
+        process = subprocess.Popen([sys.executable, "-c", HOLDER], stdout=subprocess.PIPE, stderr=to, text=True)
+        try:
+            assert process.stdout is not None
+            if process.stdout.readline().strip() != "HOLDING":
+                raise RuntimeError(f"the GPU-memory holder did not start: {log}")
+            yield process.pid
+        finally:
+            process.kill()
+            process.wait()
+
+
+def _hold_once_the_server_holds(log: Path, holder: dict[str, int]) -> None:
+    """Wait until the stand-in holds memory on GPU 0, then hold some too until the session is over."""
+    deadline = time.monotonic() + 300
+    while time.monotonic() < deadline and not any(STANDIN.name in name for name in _names_on(0)):
+        time.sleep(0.2)
+    with _holder(log) as pid:
+        holder["pid"] = pid
+        while any(STANDIN.name in name for name in _names_on(0)) and time.monotonic() < deadline:
+            time.sleep(0.5)
+
+
+def _names_on(index: int) -> list[str]:
+    """Command lines of the processes holding memory on GPU ``index``."""
+    pynvml.nvmlInit()
+    try:
+        handle = pynvml.nvmlDeviceGetHandleByIndex(index)
+        return [_command(p.pid) for p in pynvml.nvmlDeviceGetComputeRunningProcesses(handle)]
+    finally:
+        pynvml.nvmlShutdown()
+
+
+def _command(pid: int) -> str:
+    try:
+        return Path(f"/proc/{pid}/cmdline").read_bytes().replace(b"\0", b" ").decode(errors="replace")
+    except OSError:
+        return f"pid {pid} (not readable here)"
+
+
+@contextlib.contextmanager
+def _gpu_processes() -> Iterator[dict[int, set[str]]]:
+    """Command lines seen holding memory on each GPU while the block runs (read each second)."""
+    seen: dict[int, set[str]] = {}
+    stop = threading.Event()
+
+    def watch() -> None:
+        pynvml.nvmlInit()
+        try:
+            count = pynvml.nvmlDeviceGetCount()
+            while not stop.wait(1.0):
+                for index in range(count):
+                    handle = pynvml.nvmlDeviceGetHandleByIndex(index)
+                    for process in pynvml.nvmlDeviceGetComputeRunningProcesses(handle):
+                        seen.setdefault(index, set()).add(_command(process.pid))
+        finally:
+            pynvml.nvmlShutdown()
+
+    thread = threading.Thread(target=watch, daemon=True)
+    thread.start()
+    try:
+        yield seen
+    finally:
+        stop.set()
+        thread.join()
+
+
+def _gpu_description() -> dict[str, object]:
+    pynvml.nvmlInit()
+    try:
+        handle = pynvml.nvmlDeviceGetHandleByIndex(0)
+        return {
+            "name": pynvml.nvmlDeviceGetName(handle),
+            "count": pynvml.nvmlDeviceGetCount(),
+            "driver": pynvml.nvmlSystemGetDriverVersion(),
+            "nvidia_ml_py": importlib.metadata.version("nvidia-ml-py"),
+            "date": time.strftime("%Y-%m-%d"),
+            "python": sys.version.split()[0],
+            "visible": os.environ.get("CUDA_VISIBLE_DEVICES"),
+        }
+    finally:
+        pynvml.nvmlShutdown()
+
+
+if __name__ == "__main__":
+    sys.exit(main())
