@@ -58,6 +58,17 @@ class FakeGpu:
     xid_errors: Sequence[tuple[int, int]] = ()  # (poll, XID code) in poll order: waiting in the event sets from that poll on
     ecc_uncorrected: int | Sequence[int] = 0  # volatile counters
     ecc_corrected: int | Sequence[int] = 0
+    # State at rest (``qwenperf doctor``); the defaults are a healthy H200 as read on one (driver 580.159.04)
+    persistence_mode: int = 1  # NVML_FEATURE_ENABLED
+    mig_mode: tuple[int, int] = (0, 0)  # (current, pending): NVML_DEVICE_MIG_DISABLE
+    ecc_mode: tuple[int, int] = (1, 1)  # (current, pending): NVML_FEATURE_ENABLED
+    remapped_rows: tuple[int, int, int, int] = (0, 0, 0, 0)  # (corrected, uncorrected, pending, failure)
+    retired_pages_pending: int | None = None  # None: NotSupported, as on Hopper (row remapping replaced it)
+    temperature_c: int = 32
+    slowdown_temperature_c: int = 87
+    max_sm_clock_mhz: int = 1980
+    pci_bus_id: str = "00000000:18:00.0"
+    numa_node: int | None = None  # None: NotSupported, as on the H200 VM
     calls: Counter[str] = field(default_factory=Counter)
     energy_read_at: list[float] = field(default_factory=list)  # perf_counter of each energy reading that succeeded
 
@@ -109,6 +120,10 @@ def module(gpus: Sequence[FakeGpu], *, event_reasons_api: bool = True) -> Module
     nv.NVML_MEMORY_ERROR_TYPE_UNCORRECTED = 1
     nv.NVML_VOLATILE_ECC = 0
     nv.NVML_AGGREGATE_ECC = 1
+    nv.NVML_FEATURE_DISABLED, nv.NVML_FEATURE_ENABLED = 0, 1
+    nv.NVML_DEVICE_MIG_DISABLE, nv.NVML_DEVICE_MIG_ENABLE = 0, 1
+    nv.NVML_TEMPERATURE_GPU = 0
+    nv.NVML_TEMPERATURE_THRESHOLD_SHUTDOWN, nv.NVML_TEMPERATURE_THRESHOLD_SLOWDOWN = 0, 1
     state = SimpleNamespace(
         initialized=0,
         inits=0,
@@ -207,6 +222,53 @@ def module(gpus: Sequence[FakeGpu], *, event_reasons_api: bool = True) -> Module
         assert counter_type == nv.NVML_VOLATILE_ECC, "only the volatile counters are scripted"
         counts = {nv.NVML_MEMORY_ERROR_TYPE_UNCORRECTED: gpu.ecc_uncorrected, nv.NVML_MEMORY_ERROR_TYPE_CORRECTED: gpu.ecc_corrected}
         return _at(counts[error_type], poll)
+
+    def nvmlDeviceGetPersistenceMode(gpu: FakeGpu) -> int:
+        checked(gpu, "nvmlDeviceGetPersistenceMode")
+        return gpu.persistence_mode
+
+    def nvmlDeviceGetMigMode(gpu: FakeGpu) -> list[int]:
+        checked(gpu, "nvmlDeviceGetMigMode")
+        return list(gpu.mig_mode)
+
+    def nvmlDeviceGetEccMode(gpu: FakeGpu) -> list[int]:
+        checked(gpu, "nvmlDeviceGetEccMode")
+        return list(gpu.ecc_mode)
+
+    def nvmlDeviceGetRemappedRows(gpu: FakeGpu) -> tuple[int, int, int, int]:
+        checked(gpu, "nvmlDeviceGetRemappedRows")
+        return gpu.remapped_rows
+
+    def nvmlDeviceGetRetiredPagesPendingStatus(gpu: FakeGpu) -> int:
+        checked(gpu, "nvmlDeviceGetRetiredPagesPendingStatus")
+        if gpu.retired_pages_pending is None:
+            raise nv.NVMLError_NotSupported()
+        return gpu.retired_pages_pending
+
+    def nvmlDeviceGetTemperature(gpu: FakeGpu, sensor: int) -> int:
+        checked(gpu, "nvmlDeviceGetTemperature")
+        assert sensor == nv.NVML_TEMPERATURE_GPU
+        return gpu.temperature_c
+
+    def nvmlDeviceGetTemperatureThreshold(gpu: FakeGpu, threshold: int) -> int:
+        checked(gpu, "nvmlDeviceGetTemperatureThreshold")
+        assert threshold == nv.NVML_TEMPERATURE_THRESHOLD_SLOWDOWN, "only the slowdown threshold is scripted"
+        return gpu.slowdown_temperature_c
+
+    def nvmlDeviceGetMaxClockInfo(gpu: FakeGpu, clock: int) -> int:
+        checked(gpu, "nvmlDeviceGetMaxClockInfo")
+        assert clock == nv.NVML_CLOCK_SM
+        return gpu.max_sm_clock_mhz
+
+    def nvmlDeviceGetPciInfo(gpu: FakeGpu) -> SimpleNamespace:
+        checked(gpu, "nvmlDeviceGetPciInfo")
+        return SimpleNamespace(busId=gpu.pci_bus_id)
+
+    def nvmlDeviceGetNumaNodeId(gpu: FakeGpu) -> int:
+        checked(gpu, "nvmlDeviceGetNumaNodeId")
+        if gpu.numa_node is None:
+            raise nv.NVMLError_NotSupported()
+        return gpu.numa_node
 
     def nvmlEventSetCreate() -> _EventSet:
         if not state.initialized:

@@ -24,6 +24,7 @@ COMMANDS = {
     "compare": "compare",
     "history": "history",
     "bisect": "bisect",
+    "doctor": "doctor",
 }
 """Subcommand → module of this package."""
 
