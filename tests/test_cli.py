@@ -101,3 +101,11 @@ def test_bench_with_a_history_store_that_cannot_be_opened_fails_before_it_measur
     done = run_cli("bench", "--endpoint", "http://127.0.0.1:9", "--progress", "off", "--history", str(store))
     assert done.returncode == 2
     assert f"qwenperf: {store}: cannot open the history store" in done.stderr
+
+
+def test_lint_checks_the_one_gpu_suite_without_generating_its_model(tmp_path: Path) -> None:
+    """Checking flags reads them; it does not write the 1.6 GB embedded:gpu model (nor any file)."""
+    done = run_cli("lint", str(SUITES / "hopper.toml"), env={"QWENPERF_CACHE": str(tmp_path / "cache")})
+    assert done.returncode == 0, done.stdout + done.stderr
+    assert done.stdout.count("ok   ") == 4
+    assert not (tmp_path / "cache").exists()

@@ -111,13 +111,11 @@ def _ask(python: str, argvs: dict[str, list[str]]) -> dict[str, Any]:
 
 
 def _server_args(cfg: ServingConfig) -> tuple[str, ...]:
-    """What follows the launcher on the command line (the port is a placeholder)."""
-    from pytest_qwenperf.suite import (
-        embedded,  # not at the top: this file also runs alone in the child Python
-    )
-
+    """What follows the launcher on the command line (the port is a placeholder). The model is named
+    as the suite names it: the parser reads ``--model`` as a string, and checking flags must not
+    generate an embedded model (``embedded:gpu`` is 1.6 GB)."""
     served = ("--served-model-name", cfg.served_model_name) if cfg.served_model_name else ()
-    return ("--model", embedded.resolve_model(cfg.model), "--host", "127.0.0.1", "--port", "8000", *served, *cfg.vllm_args)
+    return ("--model", cfg.model, "--host", "127.0.0.1", "--port", "8000", *served, *cfg.vllm_args)
 
 
 def explain(message: str) -> str:
