@@ -41,6 +41,9 @@ room to spare (a GPU server's API processes on a host of many cores) others slow
 class ValidityLimits(Shape, frozen=True, kw_only=True):
     """The most of a run's steady-state window each condition may cover before the run is invalid."""
 
-    clock_event_share: Share = 0.10  # samples of any GPU with a CLOCK_EVENTS reason active
+    # Samples of any GPU held back by a CLOCK_EVENTS reason (the power cap only below the default
+    # limit). A real H200 read 0 % under 15 s of full load and at idle (benchmarks/README.md, "GPU path,
+    # measured"); 10 % leaves room for brief slowdowns that reading did not show.
+    clock_event_share: Share = 0.10
     contended_share: Share = 0.10  # intervals in which other processes took CONTENDED_CORES of the server's full cores
     steal_share: Share = 0.10  # the server's cores' time the hypervisor gave to someone else
