@@ -5,13 +5,26 @@ from __future__ import annotations
 import subprocess
 import sys
 import time
-from collections.abc import Iterator
+from collections.abc import Iterator, Sequence
 from contextlib import contextmanager
 from pathlib import Path
 
 import psutil
 
 from pytest_qwenperf.serving import proctree
+
+_SIGINT_AT_DEFAULT = "import os, signal, sys; signal.signal(signal.SIGINT, signal.SIG_DFL); os.execvp(sys.argv[1], sys.argv[1:])"
+
+
+def interruptible(argv: Sequence[str]) -> list[str]:
+    """``argv`` as a terminal starts it: with SIGINT at its default disposition. Every child a test
+    sends SIGINT is started through this.
+
+    A shell script run in the background (no job control) starts its children with SIGINT
+    ignored, and Python then installs no Ctrl-C handler, so a test that interrupts a child would
+    depend on how its own runner was started. A small Python resets the disposition and execs
+    ``argv`` (not ``preexec_fn``, which is unsafe in a process that runs threads)."""
+    return [sys.executable, "-c", _SIGINT_AT_DEFAULT, *argv]
 
 
 def alive(proc: int | psutil.Process) -> bool:

@@ -21,6 +21,7 @@ from pathlib import Path
 import psutil
 import pytest
 
+from tests.processes import interruptible
 from tests.test_candidate import PACED, paced
 from tests.test_max_repeats import write_suite
 
@@ -88,7 +89,7 @@ def test_one_server_at_a_time_finds_it_too(tmp_path: Path) -> None:
 
 def test_an_interrupted_bisection_stops_every_server_and_resumes_from_its_state(tmp_path: Path) -> None:
     versions = releases(3, 5)
-    process = subprocess.Popen(command(tmp_path, versions), stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    process = subprocess.Popen(interruptible(command(tmp_path, versions)), stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
     deadline = time.monotonic() + 300
     while not (tmp_path / "state.json").exists() and process.poll() is None and time.monotonic() < deadline:
         time.sleep(0.2)

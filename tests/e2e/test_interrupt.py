@@ -10,7 +10,7 @@ from pathlib import Path
 import pytest
 
 from pytest_qwenperf.serving import proctree
-from tests.processes import alive, end_inner_session, wait_for_tree
+from tests.processes import alive, end_inner_session, interruptible, wait_for_tree
 
 pytestmark = pytest.mark.e2e
 
@@ -29,14 +29,7 @@ def test_hold(vllm_server):
 """
     )
     with open(tmp_path / "inner.out", "w") as out:
-        # SIGINT back to its default: a shell that starts CI in the background without job
-        # control passes SIGINT on ignored, and Python then installs no Ctrl-C handler at all.
-        inner = pytester.popen(
-            [sys.executable, "-m", "pytest", "-p", "no:cacheprovider"],
-            stdout=out,
-            stderr=out,
-            preexec_fn=lambda: signal.signal(signal.SIGINT, signal.SIG_DFL),
-        )
+        inner = pytester.popen(interruptible([sys.executable, "-m", "pytest", "-p", "no:cacheprovider"]), stdout=out, stderr=out)
     try:
         tree = wait_for_tree(inner, ready, timeout=600)
         assert any("EngineCore" in " ".join(p.cmdline()) or p.name().startswith("VLLM") for p in tree), [

@@ -25,7 +25,7 @@ from pathlib import Path
 import psutil
 import pytest
 
-from tests.processes import alive
+from tests.processes import alive, interruptible
 from tests.stream_source import _Format, _frame
 
 QWENPERF = str(Path(sys.executable).parent / "qwenperf")
@@ -124,18 +124,13 @@ def stand_in(plan: Callable[[int], Answer]) -> Iterator[StandIn]:
         server.server.server_close()
 
 
-# Execs its arguments with SIGINT at its default: a background CI shell passes SIGINT on ignored, and
-# Python then installs no Ctrl-C handler. (Not preexec_fn: this process runs the stand-in's threads.)
-SIGINT_AT_DEFAULT = "import os, signal, sys; signal.signal(signal.SIGINT, signal.SIG_DFL); os.execv(sys.argv[1], sys.argv[1:])"
-
-
 def start_bench(url: str, out: Path, *args: str, new_session: bool = False) -> subprocess.Popen[bytes]:
     """The command as a user starts it from a terminal, output to files nobody needs to drain; the
     processes it starts are found by :func:`processes_of` ``(bench)``."""
     argv = [QWENPERF, "bench", "--endpoint", url, "--dataset-name", "fixed", "--prompt", "hello there", "--output-len", "4"]
     with open(out / "stdout", "wb") as stdout, open(out / "stderr", "wb") as stderr:
         return subprocess.Popen(
-            [sys.executable, "-c", SIGINT_AT_DEFAULT, *argv, "--progress", "off", *args],
+            interruptible([*argv, "--progress", "off", *args]),
             stdout=stdout,
             stderr=stderr,
             env={**os.environ, MARK: str(out)},

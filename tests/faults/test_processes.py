@@ -23,7 +23,7 @@ import pytest
 
 from pytest_qwenperf.serving import gpu_memory, hardware, proctree
 from tests import fake_pynvml
-from tests.processes import alive, end_inner_session, wait_for_tree
+from tests.processes import alive, end_inner_session, interruptible, wait_for_tree
 
 GONE_WITHIN_S = 60.0  # generous: a loaded 2-core machine, and vLLM's engine core exiting
 SLEEPER = "import time; time.sleep(600)"
@@ -259,12 +259,7 @@ def _inner_session_with_vllm(pytester: pytest.Pytester, tmp_path: Path, name: st
     ready = tmp_path / "ready"
     pytester.makepyfile(test_hold=HOLD.format(name=name, ready=str(ready)))
     with open(tmp_path / "inner.out", "w") as out:
-        inner = pytester.popen(
-            [sys.executable, "-m", "pytest", "-p", "no:cacheprovider"],
-            stdout=out,
-            stderr=out,
-            preexec_fn=lambda: signal.signal(signal.SIGINT, signal.SIG_DFL),  # see tests/e2e/test_interrupt.py
-        )
+        inner = pytester.popen(interruptible([sys.executable, "-m", "pytest", "-p", "no:cacheprovider"]), stdout=out, stderr=out)
     tree = wait_for_tree(inner, ready, timeout=600)
     assert any("EngineCore" in " ".join(p.cmdline()) or p.name().startswith("VLLM") for p in tree), _describe(tree)
     return inner, tree
