@@ -349,3 +349,34 @@ def test_a_bad_canary_answer_names_the_file_and_the_field(tmp_path: Path, capsys
     empty = session_file(tmp_path / "empty.json", [])
     status, _, err = compare(capsys, good, empty)
     assert status == 2 and "runs: expected a non-empty list of runs (or canary answers), got []" in err
+
+
+CONTENDED = {"conditions": [{"reason": "cpu-contention", "detail": "server core 0 was shared with pid 7 (spin) for 80% of the steady state"}]}
+
+
+@pytest.mark.parametrize(
+    ("bad", "reason", "detail"),
+    [
+        (make_run(version="0.33.0", extra=CONTENDED), "cpu-contention", "shared with pid 7 (spin) for 80% of the steady state (in 1 of 2 runs pooled)"),
+        (make_run(version="0.33.0", failed=3), "failed requests", "3 request(s) of the run failed"),
+        (make_run(version="0.33.0", tokens_match=False), "token mismatch", "client and server token totals disagree"),
+        (make_run(version="0.33.0", bound="client busy 99% of the run"), "client-bound", "client could not keep up"),
+    ],
+    ids=["condition", "failed-requests", "token-mismatch", "client-bound"],
+)
+def test_a_folder_with_one_invalid_session_is_invalid_as_a_whole(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str], bad: dict[str, Any], reason: str, detail: str
+) -> None:
+    """Pooling the files of a folder keeps whatever makes any of them invalid: one invalid night among
+    valid ones never passes (it did for a condition: the pooled run dropped the second file's)."""
+    old = session_file(tmp_path / "old.json", [make_run()])
+    folder = tmp_path / "new"
+    folder.mkdir()
+    session_file(folder / "a.json", [make_run(version="0.33.0")])
+    session_file(folder / "b.json", [bad])
+    alone_status, alone, _ = compare(capsys, old, folder / "b.json", "--fail-on", "regression")
+    status, out, err = compare(capsys, old, folder, "--fail-on", "regression")
+    assert alone_status == status == 1
+    assert f"invalid: {reason}" in " ".join(_rows(alone)["total_token_throughput"])
+    assert f"invalid: {reason}" in " ".join(_rows(out)["total_token_throughput"])
+    assert detail in out and "failing on 4 invalid" in err

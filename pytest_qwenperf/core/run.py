@@ -229,6 +229,31 @@ class Run(msgspec.Struct, frozen=True, kw_only=True):
         return {name: found[name] for name in gate_order(found)}, {name: lost[name] for name in gate_order(lost)}
 
 
+def combined(parts: Sequence[Run], chosen: Run, samples: Mapping[str, tuple[float | None, ...]], unit: str) -> Run:
+    """``chosen`` standing for all ``parts`` with ``samples``: the one way runs are combined, the
+    repeats of a point as much as the files ``qwenperf compare`` pools. Whatever makes any part
+    invalid survives into the whole: each condition (once, with how many of the ``unit``s had it),
+    every part's failed requests, the first token mismatch and every client-bound reason."""
+    by_reason: dict[str, list[Loss]] = {}
+    for part in parts:
+        for loss in part.conditions:
+            by_reason.setdefault(loss.reason, []).append(loss)
+    many = len(parts) > 1
+    conditions = tuple(
+        Loss(reason=reason, detail=f"{found[0].detail} (in {len(found)} of {len(parts)} {unit})" if many else found[0].detail)
+        for reason, found in by_reason.items()
+    )
+    bound = "; ".join(dict.fromkeys(part.client.bound for part in parts if part.client.bound)) or None
+    tokens = next((part.token_check for part in parts if part.token_check.matches is False), chosen.token_check)
+    return msgspec.structs.replace(
+        chosen,
+        client=msgspec.structs.replace(chosen.client, bound=bound),
+        token_check=tokens,
+        conditions=conditions,
+        samples={**samples, "failed": tuple(float(part.failed_requests) for part in parts)},
+    )
+
+
 def context_of(
     vllm_version: str | None, hardware: RunHardware | None, date: str | None, environment: Environment | None = None
 ) -> Context:

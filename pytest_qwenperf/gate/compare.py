@@ -58,7 +58,7 @@ import msgspec
 from pytest_qwenperf.core.canary import Canary, CanaryJudgement, judge_canary
 from pytest_qwenperf.core.formats import json_safe
 from pytest_qwenperf.core.metrics import METRICS, gate_order, metric
-from pytest_qwenperf.core.run import Run
+from pytest_qwenperf.core.run import Run, combined
 from pytest_qwenperf.core.stats import centre
 from pytest_qwenperf.core.tables import format_table
 from pytest_qwenperf.core.verdict import Judgement, Verdict, format_mde, format_value
@@ -122,15 +122,7 @@ def _pooled(path: Path, key: RunKey, results: list[Result]) -> Run:
     samples: dict[str, tuple[float | None, ...]] = {
         name: tuple(s for found in gated for s in found.get(name, (None,))) for name in names
     }
-    bound = "; ".join(run.client_bound for run, _ in distinct if run.client_bound) or None
-    tokens = next((run.token_check for run, _ in distinct if run.token_check.matches is False), first.token_check)
-    return msgspec.structs.replace(
-        first,
-        metrics={**first.metrics, "failed": sum(run.failed_requests for run, _ in distinct)},
-        token_check=tokens,
-        samples=samples,
-        client=msgspec.structs.replace(first.client, bound=bound),
-    )
+    return combined([run for run, _ in distinct], first, samples, "runs pooled")
 
 
 def load_runs(path: Path) -> RunSet:

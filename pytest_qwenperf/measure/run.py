@@ -21,7 +21,7 @@ import msgspec
 from pytest_qwenperf.core.apikey import ApiKey, redact_argv
 from pytest_qwenperf.core.environment import Environment
 from pytest_qwenperf.core.http import http_post
-from pytest_qwenperf.core.run import ClientLoad, Loss, Run, RunContext, RunHardware, RunIdentity, ServerCounters, TokenCheck
+from pytest_qwenperf.core.run import ClientLoad, Run, RunContext, RunHardware, RunIdentity, ServerCounters, TokenCheck, combined
 from pytest_qwenperf.core.summary import (
     GoodputSLO,
     RunSummary,
@@ -375,31 +375,9 @@ def combine_repeats(
         scaling = ScalingSummary.of(throughput, chosen.requests_per_server)
         samples |= scaling.samples()
     every = [run for measured in runs.values() for run in measured]
-    bound = next((run.client.bound for run in every if run.client.bound), None)
-    tokens = next((run.token_check for run in every if run.token_check.matches is False), chosen.token_check)
+    whole = combined(every, chosen, samples, "load runs")
     return msgspec.structs.replace(
-        chosen,
-        client=msgspec.structs.replace(chosen.client, bound=bound),
-        token_check=tokens,
-        conditions=_conditions(every),
-        samples=samples,
-        tolerances=dict(tolerances),
-        must_match=tuple(must_match),
-        scaling=scaling.record() if scaling else None,
-    )
-
-
-def _conditions(runs: Sequence[Run]) -> tuple[Loss, ...]:
-    """Each wrong condition of any load run, once, with the first run's detail and how many had it."""
-    by_reason: dict[str, list[Loss]] = {}
-    for run in runs:
-        for loss in run.conditions:
-            by_reason.setdefault(loss.reason, []).append(loss)
-    if len(runs) == 1:
-        return tuple(found[0] for found in by_reason.values())
-    return tuple(
-        Loss(reason=reason, detail=f"{found[0].detail} (in {len(found)} of {len(runs)} load runs)")
-        for reason, found in by_reason.items()
+        whole, tolerances=dict(tolerances), must_match=tuple(must_match), scaling=scaling.record() if scaling else None
     )
 
 
