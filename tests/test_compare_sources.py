@@ -234,7 +234,7 @@ def test_same_setup_on_both_sides_is_judged(tmp_path: Path, capsys: pytest.Captu
         ({}, ("dataset_name",), "dataset: 'random, 32 prompts' vs unknown (vllm bench serve saves no dataset name"),
         ({"max_concurrency": 16}, (), "load: 'max_concurrency=8, request_rate=inf' vs 'max_concurrency=16, request_rate=inf'"),
         ({"request_rate": 4.0}, (), "load: 'max_concurrency=8, request_rate=inf' vs 'max_concurrency=8, request_rate=4, burstiness=1'"),
-        ({"total_output_tokens": 2048}, (), "output_len: '32.0' vs '64.0'"),
+        ({"total_output_tokens": 2048}, (), "output_len: 32.0 vs 64.0 tokens per request, 50.0% apart (repeats of one setup are within 1%)"),
         ({"model_id": "other"}, (), "model: 'qwenperf-tiny' vs 'other'"),
     ],
     ids=["no-temperature", "temperature", "no-dataset", "concurrency", "rate", "output-len", "model"],
@@ -361,3 +361,19 @@ def test_an_empty_directory_or_a_stray_json_is_named(tmp_path: Path) -> None:
     write(stray / "summary.json", {"verdicts": {}})
     with pytest.raises(SourceError, match=r"summary\.json: \(top level\): expected a qwenperf session JSON .* vllm bench serve"):
         read_results(stray)
+
+
+def test_repeats_with_other_seeds_are_one_setup_by_their_lengths_within_a_tolerance(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """Three ``vllm bench serve`` runs of one random workload with different ``--seed``s realise mean
+    lengths a fraction of a per cent apart: repeats of one setup, in a folder and as separate files."""
+    seeds = [serve(2200.0 + 10 * i, total_input_tokens=tokens) for i, tokens in enumerate((4118, 4121, 4116))]  # 128.7, 128.8, 128.6
+    repeats = column(tmp_path / "seeds", *seeds)
+    (run,) = load_runs(repeats).runs.values()
+    assert run.samples is not None and run.samples["total_token_throughput"] == (2200.0, 2210.0, 2220.0)
+    status, out, _ = compare_cli(capsys, write(tmp_path / "one.json", seeds[0]), write(tmp_path / "two.json", seeds[1]))
+    assert status == 0 and _rows(out)["total_token_throughput"][-1] == "pass"
+    longer = column(tmp_path / "longer", seeds[0], serve(total_input_tokens=4160))  # 130.0: 1.0 % longer
+    with pytest.raises(CompareError, match=r"input_len: 128\.7 vs 130\.0 tokens per request, 1\.0% apart \(repeats of one setup are within 1%\)"):
+        load_runs(longer)
