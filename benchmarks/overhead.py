@@ -26,7 +26,7 @@ from benchmarks.agreement import SERVER, WORKLOAD, tiny_server
 from pytest_qwenperf.loadgen.arrivals import ClosedLoop
 from pytest_qwenperf.loadgen.client import LoadOptions
 from pytest_qwenperf.loadgen.tokenizer import PromptTokenizer
-from pytest_qwenperf.measure.run import observe
+from pytest_qwenperf.measure.observe import ClientSetup, Load, Target, observe
 from pytest_qwenperf.suite.embedded import resolve_model
 from pytest_qwenperf.suite.workloads import RandomWorkload
 
@@ -56,14 +56,9 @@ def main() -> int:
         for n in range(args.rounds):
             for arm in ARMS if n % 2 == 0 else ARMS[::-1]:  # alternate which arm goes first
                 seen = observe(
-                    server.base_urls,
-                    server.model,
-                    requests,
-                    ClosedLoop(w["concurrency"]),
-                    LoadOptions(warmup=w["warmup"]),
-                    client_cpus=client_cpus,
-                    server_pids=server.pids,
-                    sample=arm == "sampling on",
+                    Target(tuple(server.base_urls), server.model, server_pids=tuple(server.pids)),
+                    Load(requests, ClosedLoop(w["concurrency"]), LoadOptions(warmup=w["warmup"])),
+                    ClientSetup(cpus=client_cpus, sample=arm == "sampling on"),
                 )
                 figures[arm].append(float(seen.summary.values()["output_throughput"]))
             print(f"round {n + 1}: " + ", ".join(f"{arm} {figures[arm][-1]:,.0f}" for arm in ARMS), file=sys.stderr)

@@ -28,6 +28,10 @@ from pytest_qwenperf.gate.baseline import (
     write_baseline,
 )
 from pytest_qwenperf.gate.judge import judge_run
+from pytest_qwenperf.loadgen.arrivals import ClosedLoop
+from pytest_qwenperf.loadgen.client import LoadOptions, LoadResult
+from pytest_qwenperf.measure.method import Method
+from pytest_qwenperf.measure.observe import Observation
 from pytest_qwenperf.measure.run import build_run
 from pytest_qwenperf.serving.hardware import Hardware
 from pytest_qwenperf.serving.server import ServerInfo
@@ -77,27 +81,42 @@ def make_run(
         }
     )
     deltas = {"prefix_cache_hits": hit_rate * 1000, "prefix_cache_queries": 1000.0} if hit_rate is not None else {}
+    seen = observation(summary, deltas=deltas, per_server={"http://127.0.0.1:8000": 288.0}, tokens_match=tokens_match, bound=bound)
     result = build_run(
-        suite=cpu.name,
-        config=cpu.config(config),
-        workload=next(w for w in cpu.workloads if w.id == workload),
-        servers=(ServerInfo("http://127.0.0.1:8000", "tiny", version, 2048),),
-        hardware=Hardware(kind="cpu", cpu_model="Test CPU", cpu_ids=frozenset({0, 1})),
-        summary=summary,
-        steady=None,
-        server_deltas=deltas,
-        requests_per_server={"http://127.0.0.1:8000": 288.0},
-        tokens=TokenCrossCheck(1, 1, 1.0, 1.0, 0, tokens_match),
-        client_bound=bound,
-        client_cpu_busy=0.4,
-        client_cpus=(1,),
-        started="2026-04-01T02:00:00+00:00",
-        telemetry=TelemetrySummary(window=None, gpu=None, cpu=None, server=None),
+        cpu.config(config),
+        next(w for w in cpu.workloads if w.id == workload),
+        seen,
+        Method(suite=cpu.name),
+        (ServerInfo("http://127.0.0.1:8000", "tiny", version, 2048),),
+        Hardware(kind="cpu", cpu_model="Test CPU", cpu_ids=frozenset({0, 1})),
     )
     run = json.loads(json.dumps(json_safe(msgspec.to_builtins(result))))
     if samples is not None:
         run["samples"] = {name: list(values) for name, values in samples.items()}
     return run | dict(extra or {})
+
+
+def observation(
+    summary: RunSummary,
+    *,
+    deltas: Mapping[str, float | None] | None = None,
+    per_server: Mapping[str, float | None] | None = None,
+    tokens_match: bool | None = True,
+    bound: str | None = None,
+) -> Observation:
+    """What a load run saw, made up: no records, these figures (as :func:`observe` returns them)."""
+    return Observation(
+        load=LoadResult((), 0.0, 10.0, ClosedLoop(1), LoadOptions(), ((1,),)),
+        summary=summary,
+        steady=None,
+        server_deltas=deltas or {},
+        requests_per_server=per_server or {},
+        tokens=TokenCrossCheck(1, 1, 1.0, 1.0, 0, tokens_match),
+        client_bound=bound,
+        client_cpu_busy=0.4,
+        started="2026-04-01T02:00:00+00:00",
+        telemetry=TelemetrySummary(window=None, gpu=None, cpu=None, server=None),
+    )
 
 
 def run_of(data: Mapping[str, Any] | None = None, **changes: Any) -> Run:

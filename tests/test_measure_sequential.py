@@ -18,6 +18,7 @@ from pytest_qwenperf.gate.baseline import Baseline, baseline_from_run
 from pytest_qwenperf.gate.judge import judge_run
 from pytest_qwenperf.measure import run as run_module
 from pytest_qwenperf.measure import sequential
+from pytest_qwenperf.measure.method import Method, repeats
 from pytest_qwenperf.measure.run import Repeat, combine_repeats, measure
 from pytest_qwenperf.measure.scaling import Route
 from pytest_qwenperf.measure.sequential import decide, measure_point
@@ -33,7 +34,7 @@ def repeat_at(factor: float, **changes: Any) -> Repeat:
 
 
 def combine(repeats: Sequence[Repeat]) -> Run:
-    return combine_repeats(repeats, 1)
+    return combine_repeats(repeats, 1, Method())
 
 
 BASELINE = baseline_from_run(combine([repeat_at(f) for f in (1.0, 1.01, 0.99)]), source="test")
@@ -197,7 +198,7 @@ def test_measure_is_its_repeats_combined(monkeypatch: pytest.MonkeyPatch) -> Non
     factors = (1.1, 0.9, 1.0)
     server = fake_server(monkeypatch, {1: [repeat_at(f)[1] for f in factors]}, [])
     cpu = suite("cpu")
-    run = measure(server, cpu.config("base"), cpu.workloads[0], repeats=3, tolerances={"output_throughput": 0.2})
+    run = measure(server, cpu.config("base"), cpu.workloads[0], Method(plan=repeats(3), tolerances={"output_throughput": 0.2}))
     assert run.metrics["output_throughput"] == 5_000.0  # the median repeat
     assert samples(run) == tuple(5_000 * f for f in factors)
     assert run.tolerances == {"output_throughput": 0.2} and run.extra_repeats == 0
@@ -210,9 +211,9 @@ def test_a_repeat_runs_every_route_fewest_replicas_first_and_the_run_carries_the
     two = [run_of(config="replicas-2", workload=workload.id, total=t) for t in (19_000.0, 19_800.0)]
     measured: list[int] = []
     server = fake_server(monkeypatch, {1: one, 2: two}, measured)
-    repeats = [run_module.measure_repeat(server, config, workload) for _ in range(2)]
+    measured_repeats = [run_module.measure_repeat(server, config, workload, Method()) for _ in range(2)]
     assert measured == [1, 2, 1, 2]
-    run = combine_repeats(repeats, config.replicas)
+    run = combine_repeats(measured_repeats, config.replicas, Method())
     assert run.metrics["total_token_throughput"] == 19_000.0  # the two replicas' run, its median repeat
     assert samples(run, "scaling_efficiency_n2") == pytest.approx((0.95, 19_800 / 20_400))
 
@@ -231,9 +232,8 @@ def test_measure_point_combines_with_the_configs_replicas_and_the_suites_toleran
         cast(Server, object()),
         cpu.config("base"),
         cpu.workloads[0],
-        PLAN,
+        Method(plan=PLAN, tolerances={"output_throughput": 0.05}),
         always(BASELINE),
-        tolerances={"output_throughput": 0.05},
     )
     assert script.calls == 5 and decided.run.extra_repeats == 2
     assert decided.run.tolerances == {"output_throughput": 0.05}

@@ -49,7 +49,7 @@ from pytest_qwenperf.loadgen.arrivals import Arrival, ClosedLoop, Distribution, 
 from pytest_qwenperf.loadgen.client import DEFAULT_TIMEOUT_S, LoadOptions, run_load_sync
 from pytest_qwenperf.loadgen.request import RequestSpec
 from pytest_qwenperf.loadgen.tokenizer import PromptTokenizer
-from pytest_qwenperf.measure.run import Observation, observe
+from pytest_qwenperf.measure.observe import ClientSetup, Load, Observation, Target, observe
 from pytest_qwenperf.measure.validity import conditions
 from pytest_qwenperf.serving.server import (
     ServerAuthError,
@@ -171,15 +171,10 @@ def run(args: argparse.Namespace) -> int:
     progress = _ProgressBar(len(plan.requests), sys.stderr if _show_progress(args.progress) else None)
     try:
         seen = observe(
-            [s.base_url for s in plan.servers],
-            plan.servers[0].model,
-            plan.requests,
-            plan.arrival,
-            plan.options,
-            slo=plan.slo,
-            client_cpus=plan.client_cpus,
-            workers=plan.workers,
-            progress=progress,
+            Target(tuple(s.base_url for s in plan.servers), plan.servers[0].model),
+            Load(plan.requests, plan.arrival, plan.options, plan.slo),
+            ClientSetup(cpus=plan.client_cpus, workers=plan.workers),
+            progress,
         )
     except KeyboardInterrupt:  # Ctrl-C, or SIGTERM (the command turns it into one): the CLI names which
         raise KeyboardInterrupt(f"after {progress.done} of {progress.total} requests; no result written") from None

@@ -40,6 +40,7 @@ from pytest_qwenperf.core.verdict import DEFAULT_CONFIDENCE, Judgement
 from pytest_qwenperf.gate.judge import judge_against_run
 from pytest_qwenperf.history import bisect_report, bisect_state
 from pytest_qwenperf.history.bisect import Bisection, Step, bisect
+from pytest_qwenperf.measure.method import Method
 from pytest_qwenperf.measure.sequential import measure_interleaved, measure_point
 from pytest_qwenperf.serving.hardware import detect
 from pytest_qwenperf.serving.placement import gpu_ids, placement
@@ -230,6 +231,7 @@ class Stepper:
         self.by_label = {v.label: (i, v) for i, v in enumerate(versions)}
         hardware = detect()
         self.placed = placement(rung.config, hardware)
+        self.method = Method.of(rung.suite, rung.plan, self.placed.client_cpus)
         self.gpus = gpu_ids(rung.config, hardware)  # what a config of several replicas shares out
         self.good: ServerPool | None = None  # booted at the first step, kept up for the next ones
 
@@ -248,9 +250,7 @@ class Stepper:
             pool = self._pool(version, index)
             if rung.side_by_side:
                 pair = measure_interleaved(
-                    self.good.get(rung.config, cpus, self.gpus), pool.get(rung.config, cpus, self.gpus), rung.config, rung.workload, rung.plan,
-                    suite=rung.config.suite, client_cpus=self.placed.client_cpus, tolerances=rung.suite.tolerances,
-                    validity=rung.suite.validity, must_match=rung.suite.must_match,
+                    self.good.get(rung.config, cpus, self.gpus), pool.get(rung.config, cpus, self.gpus), rung.config, rung.workload, self.method
                 )  # fmt: skip
                 run, judgements = pair.run, pair.judgements
             else:
@@ -269,11 +269,7 @@ class Stepper:
         rung = self.rung
         server = pool.get(rung.config, self.placed.server_cpus, self.gpus)
         try:
-            decided = measure_point(
-                server, rung.config, rung.workload, rung.plan, lambda run: None,
-                suite=rung.config.suite, client_cpus=self.placed.client_cpus, tolerances=rung.suite.tolerances,
-                validity=rung.suite.validity, must_match=rung.suite.must_match,
-            )  # fmt: skip
+            decided = measure_point(server, rung.config, rung.workload, self.method, lambda run: None)
         finally:
             pool.release(rung.config.key)
         return decided.run

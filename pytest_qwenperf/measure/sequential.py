@@ -19,22 +19,19 @@ one repeat per look.
 
 from __future__ import annotations
 
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
-from types import MappingProxyType
 from typing import TypeVar
 
 import msgspec
 
-from pytest_qwenperf.core.apikey import ApiKey
 from pytest_qwenperf.core.run import Run
 from pytest_qwenperf.core.sequential import SequentialPlan
-from pytest_qwenperf.core.validity import ValidityLimits
 from pytest_qwenperf.core.verdict import UNDECIDED, Judgement
 from pytest_qwenperf.gate.baseline import Baseline
 from pytest_qwenperf.gate.judge import judge_against_run, judge_run
+from pytest_qwenperf.measure.method import Method
 from pytest_qwenperf.measure.run import Repeat, combine_repeats, measure_repeat
-from pytest_qwenperf.measure.scaling import Route
 from pytest_qwenperf.serving.server import Server
 from pytest_qwenperf.suite.config import ServingConfig, SuiteWorkload
 
@@ -126,54 +123,29 @@ def measure_point(
     server: Server,
     config: ServingConfig,
     workload: SuiteWorkload,
-    plan: SequentialPlan,
+    method: Method,
     baseline_of: Callable[[Run], Baseline | None],
-    *,
-    suite: str = "",
-    client_cpus: frozenset[int] = frozenset(),
-    tolerances: Mapping[str, float] = MappingProxyType({}),
-    routes: Sequence[Route] | None = None,
-    workers: int = 1,
-    api_key: ApiKey | None = None,
-    validity: ValidityLimits = ValidityLimits(),
-    must_match: Sequence[str] = (),
 ) -> Decided:
-    """:func:`~pytest_qwenperf.measure.run.measure` with as many repeats as :func:`decide` takes."""
+    """:func:`~pytest_qwenperf.measure.run.measure` with as many repeats as :func:`decide` takes on the method's plan."""
 
     def repeat() -> Repeat:
-        return measure_repeat(
-            server, config, workload, suite=suite, client_cpus=client_cpus, routes=routes, workers=workers, api_key=api_key, validity=validity
-        )
+        return measure_repeat(server, config, workload, method)
 
     def combine(repeats: Sequence[Repeat]) -> Run:
-        return combine_repeats(repeats, config.replicas, tolerances=tolerances, must_match=must_match)
+        return combine_repeats(repeats, config.replicas, method)
 
-    return decide(plan, repeat, combine, baseline_of)
+    return decide(method.plan, repeat, combine, baseline_of)
 
 
 def measure_interleaved(
-    reference: Server,
-    candidate: Server,
-    config: ServingConfig,
-    workload: SuiteWorkload,
-    plan: SequentialPlan,
-    *,
-    suite: str = "",
-    client_cpus: frozenset[int] = frozenset(),
-    tolerances: Mapping[str, float] = MappingProxyType({}),
-    workers: int = 1,
-    api_key: ApiKey | None = None,
-    validity: ValidityLimits = ValidityLimits(),
-    must_match: Sequence[str] = (),
+    reference: Server, candidate: Server, config: ServingConfig, workload: SuiteWorkload, method: Method
 ) -> DecidedPair:
-    """The point on both servers, as many repeats each as :func:`decide_interleaved` takes."""
+    """The point on both servers, as many repeats each as :func:`decide_interleaved` takes on the method's plan."""
 
     def repeat_on(server: Server) -> Callable[[], Repeat]:
-        return lambda: measure_repeat(
-            server, config, workload, suite=suite, client_cpus=client_cpus, workers=workers, api_key=api_key, validity=validity
-        )
+        return lambda: measure_repeat(server, config, workload, method)
 
     def combine(repeats: Sequence[Repeat]) -> Run:
-        return combine_repeats(repeats, config.replicas, tolerances=tolerances, must_match=must_match)
+        return combine_repeats(repeats, config.replicas, method)
 
-    return decide_interleaved(plan, repeat_on(reference), repeat_on(candidate), combine)
+    return decide_interleaved(method.plan, repeat_on(reference), repeat_on(candidate), combine)

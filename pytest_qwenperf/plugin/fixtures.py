@@ -18,6 +18,7 @@ from pytest_qwenperf.gate.baseline import Baseline, BaselineError, find_baseline
 from pytest_qwenperf.gate.canary import canary_path, find_canary
 from pytest_qwenperf.gate.judge import losses
 from pytest_qwenperf.measure.canary import canary_of
+from pytest_qwenperf.measure.method import Method
 from pytest_qwenperf.measure.report import SessionReport
 from pytest_qwenperf.measure.scaling import endpoint_routes
 from pytest_qwenperf.measure.sequential import measure_interleaved, measure_point
@@ -151,23 +152,18 @@ def qwenperf_measure(
         gpus = gpu_ids(cfg, detect())
         server = qwenperf_pool.get(cfg, placed.server_cpus, gpus)
         suite = _suite_of(pytestconfig, cfg)
-        plan = repeat_plan(settings, suite)
+        sets = settings.endpoint_sets
+        method = Method.of(
+            suite,
+            repeat_plan(settings, suite),
+            placed.client_cpus,
+            workers=settings.client_workers,
+            api_key=settings.api_key,
+            routes=endpoint_routes(sets) if sets else None,
+        )
         if qwenperf_candidate_pool is not None and report.reference is not None:
             candidate = qwenperf_candidate_pool.get(cfg, placed.server_cpus, gpus)
-            pair = measure_interleaved(
-                server,
-                candidate,
-                cfg,
-                workload,
-                plan,
-                suite=cfg.suite,
-                client_cpus=placed.client_cpus,
-                tolerances=suite.tolerances,
-                workers=settings.client_workers,
-                api_key=settings.api_key,
-                validity=suite.validity,
-                must_match=suite.must_match,
-            )
+            pair = measure_interleaved(server, candidate, cfg, workload, method)
             report.reference.add(pair.reference)
             report.add(pair.run, pair.judgements)
             return pair.run
@@ -180,22 +176,7 @@ def qwenperf_measure(
                 unreadable.append(str(exc))
                 return None
 
-        sets = settings.endpoint_sets
-        decided = measure_point(
-            server,
-            cfg,
-            workload,
-            plan,
-            baseline_of,
-            suite=cfg.suite,
-            client_cpus=placed.client_cpus,
-            tolerances=suite.tolerances,
-            routes=endpoint_routes(sets) if sets else None,
-            workers=settings.client_workers,
-            api_key=settings.api_key,
-            validity=suite.validity,
-            must_match=suite.must_match,
-        )
+        decided = measure_point(server, cfg, workload, method, baseline_of)
         report.add(decided.run, decided.judgements, unreadable=unreadable[0] if unreadable else None)
         return decided.run
 

@@ -17,6 +17,7 @@ import pytest
 from pytest_qwenperf.gate.baseline import load_baseline, write_baseline
 from pytest_qwenperf.gate.judge import judge_run
 from pytest_qwenperf.loadgen.arrivals import ClosedLoop
+from pytest_qwenperf.measure.method import Method, repeats
 from pytest_qwenperf.measure.run import measure
 from pytest_qwenperf.serving import proctree
 from pytest_qwenperf.serving.pool import server_spec
@@ -51,7 +52,7 @@ def test_two_replicas_share_the_load_and_their_scaling_is_reported_and_gated(tmp
         assert len(set(replicas.pids)) == 2 and len(set(replicas.base_urls)) == 2
         assert [r.spec.cpus for r in replicas.replicas] == [frozenset({c}) for c in sorted(os.sched_getaffinity(0))[:2]]
         assert sorted(p.name for p in tmp_path.glob("*.log")) == ["e2e-pair-r0.log", "e2e-pair-r1.log"]
-        result = measure(replicas, PAIR, WORKLOAD, suite="e2e", repeats=2)
+        result = measure(replicas, PAIR, WORKLOAD, Method(suite="e2e", plan=repeats(2)))
 
     assert result.metrics["completed"] == 80 and result.metrics["failed"] == 0  # two replicas' load, warm-up excluded
     assert result.token_check.matches, result.token_check.detail
@@ -89,7 +90,7 @@ def test_a_replica_killed_mid_run_fails_the_run_naming_it(tmp_path: Path, no_lef
         killer.start()
         try:
             with pytest.raises(ServerError) as failure:
-                measure(replicas, PAIR, longer, suite="e2e")
+                measure(replicas, PAIR, longer, Method(suite="e2e"))
         finally:
             killer.cancel()
     message = str(failure.value)
@@ -102,7 +103,7 @@ def test_the_nginx_route_spreads_the_load_end_to_end(tmp_path: Path, nginx: str,
     with pair(behind_nginx, tmp_path) as replicas:
         assert replicas.router is not None
         assert replicas.load_urls == (replicas.router.base_url,) and replicas.router.base_url not in replicas.base_urls
-        result = measure(replicas, behind_nginx, WORKLOAD, suite="e2e")
+        result = measure(replicas, behind_nginx, WORKLOAD, Method(suite="e2e"))
         served = result.requests_per_server
         # What nginx says it sent each replica is what each replica says it finished (plus readiness probes).
         # nginx logs a request when it is done with the connection, which can be a moment after the client is.

@@ -8,6 +8,7 @@ from importlib.metadata import version
 import pytest
 
 from pytest_qwenperf.loadgen.arrivals import ClosedLoop
+from pytest_qwenperf.measure.method import Method
 from pytest_qwenperf.measure.run import measure
 from pytest_qwenperf.serving.pool import ServerPool
 from pytest_qwenperf.serving.server import ManagedServer
@@ -47,7 +48,7 @@ def test_config_booted_once_for_this_session(vllm_server: ManagedServer, qwenper
 def test_run_token_totals_equal_usage_and_server_counters(vllm_server: ManagedServer) -> None:
     """Exact prompt lengths (token ids) and ignore_eos: every total is known in advance."""
     workload = SuiteWorkload(RandomWorkload(input_len=64, output_len=32, num_prompts=40, seed=3), ClosedLoop(8), warmup=4)
-    result = measure(vllm_server, TINY, workload)
+    result = measure(vllm_server, TINY, workload, Method())
     assert result.context.environment == vllm_server.info[0].environment  # the run records what ran it
     assert result.token_check.matches is True, result.token_check.detail
     assert result.token_check.detail == (

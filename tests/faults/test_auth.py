@@ -36,12 +36,13 @@ from pytest_qwenperf.core.apikey import (
 from pytest_qwenperf.core.formats import json_safe
 from pytest_qwenperf.core.http import http_get
 from pytest_qwenperf.core.run import Run, decode_run
-from pytest_qwenperf.core.summary import RunSummary, TokenCrossCheck
+from pytest_qwenperf.core.summary import RunSummary
 from pytest_qwenperf.gate.baseline import write_baseline
 from pytest_qwenperf.loadgen.arrivals import ClosedLoop
 from pytest_qwenperf.loadgen.client import LoadOptions, run_load_sync
 from pytest_qwenperf.loadgen.request import RequestSpec
 from pytest_qwenperf.loadgen.workers import run_load_in_workers
+from pytest_qwenperf.measure.method import Method
 from pytest_qwenperf.measure.run import build_run
 from pytest_qwenperf.serving.hardware import Hardware
 from pytest_qwenperf.serving.process import PortInUseError, free_port
@@ -54,7 +55,7 @@ from pytest_qwenperf.serving.server import (
     probe_ready,
 )
 from pytest_qwenperf.suite.config import SuiteError, load_suite
-from pytest_qwenperf.telemetry import TelemetrySummary
+from tests.test_baseline import observation
 from tests.test_k8s import assert_valid
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -382,21 +383,12 @@ def _run_with_argv(argv: tuple[str, ...]) -> Run:
     values = {"duration": 10.0, "completed": 256, "failed": 0, "total_input_tokens": 32768, "total_output_tokens": 32768}
     values |= {"request_throughput": 39.0, "output_throughput": 5000.0, "total_token_throughput": 10000.0}
     result = build_run(
-        suite=cpu.name,
-        config=dataclasses.replace(cpu.config("base"), vllm_args=argv),
-        workload=cpu.workloads[0],
-        servers=(ServerInfo("http://127.0.0.1:8000", "tiny", "0.32.0", 2048),),
-        hardware=Hardware(kind="cpu", cpu_model="Test CPU", cpu_ids=frozenset({0, 1})),
-        summary=RunSummary.from_values(values),
-        steady=None,
-        server_deltas={},
-        requests_per_server={},
-        tokens=TokenCrossCheck(1, 1, 1.0, 1.0, 0, True),
-        client_bound=None,
-        client_cpu_busy=0.4,
-        client_cpus=(1,),
-        started="2026-04-01T02:00:00+00:00",
-        telemetry=TelemetrySummary(window=None, gpu=None, cpu=None, server=None),
+        dataclasses.replace(cpu.config("base"), vllm_args=argv),
+        cpu.workloads[0],
+        observation(RunSummary.from_values(values)),
+        Method(suite=cpu.name),
+        (ServerInfo("http://127.0.0.1:8000", "tiny", "0.32.0", 2048),),
+        Hardware(kind="cpu", cpu_model="Test CPU", cpu_ids=frozenset({0, 1})),
     )
     return decode_run(json.loads(json.dumps(json_safe(msgspec.to_builtins(result)))))
 

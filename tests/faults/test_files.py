@@ -199,7 +199,11 @@ from pathlib import Path
 from pytest_qwenperf.suite.config import load_suite
 from pytest_qwenperf.serving.hardware import Hardware
 from pytest_qwenperf.core.summary import RunSummary, TokenCrossCheck
+from pytest_qwenperf.loadgen.arrivals import ClosedLoop
+from pytest_qwenperf.loadgen.client import LoadOptions, LoadResult
 from pytest_qwenperf.plugin.settings import REPORT_KEY
+from pytest_qwenperf.measure.method import Method, repeats
+from pytest_qwenperf.measure.observe import Observation
 from pytest_qwenperf.measure.run import build_run
 from pytest_qwenperf.serving.server import ServerInfo
 from pytest_qwenperf.telemetry import TelemetrySummary
@@ -221,11 +225,13 @@ def measured(pytestconfig, suite_name, config_id, workload_id, hardware, total):
     )
     pytestconfig.stash[REPORT_KEY].add(
         build_run(
-            suite=suite.name, config=suite.config(config_id), workload=next(w for w in suite.workloads if w.id == workload_id),
-            servers=(ServerInfo("http://127.0.0.1:8000", "m", "0.32.0", 2048),), hardware=hardware, summary=summary,
-            steady=None, server_deltas={{}}, requests_per_server={{}}, tokens=TokenCrossCheck(1, 1, 1.0, 1.0, 0, True),
-            client_bound=None, client_cpu_busy=0.4, client_cpus=(1,), started="2026-04-01T02:00:00+00:00",
-            telemetry=TelemetrySummary(window=None, gpu=None, cpu=None, server=None), tolerances=suite.tolerances,
+            suite.config(config_id), next(w for w in suite.workloads if w.id == workload_id), Observation(
+                load=LoadResult((), 0.0, 10.0, ClosedLoop(1), LoadOptions(), ((1,),)), summary=summary, steady=None,
+                server_deltas={{}}, requests_per_server={{}}, tokens=TokenCrossCheck(1, 1, 1.0, 1.0, 0, True),
+                client_bound=None, client_cpu_busy=0.4, started="2026-04-01T02:00:00+00:00",
+                telemetry=TelemetrySummary(window=None, gpu=None, cpu=None, server=None),
+            ),
+            Method.of(suite, repeats(1), frozenset()), (ServerInfo("http://127.0.0.1:8000", "m", "0.32.0", 2048),), hardware,
         )
     )
 """
