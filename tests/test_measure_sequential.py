@@ -2,8 +2,9 @@
 
 from __future__ import annotations
 
+import contextlib
 import json
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from types import SimpleNamespace
 from typing import Any, cast
 
@@ -237,3 +238,32 @@ def test_measure_point_combines_with_the_configs_replicas_and_the_suites_toleran
     )
     assert script.calls == 5 and decided.run.extra_repeats == 2
     assert decided.run.tolerances == {"output_throughput": 0.05}
+
+
+def test_a_pair_one_at_a_time_stops_the_reference_before_the_candidate_boots(monkeypatch: pytest.MonkeyPatch) -> None:
+    """As on one GPU node (qwenperf bisect of a GPU config): the reference's block ends, its server
+    stopped, before the candidate's begins; the candidate is judged against the reference's run."""
+    events: list[str] = []
+    runs = {"reference": [repeat_at(1.0), repeat_at(1.01), repeat_at(0.99)], "candidate": [repeat_at(0.5)] * 3}
+
+    def server(name: str) -> Callable[[], contextlib.AbstractContextManager[Server]]:
+        @contextlib.contextmanager
+        def running() -> Iterator[Server]:
+            events.append(f"{name} up")
+            yield cast(Server, name)
+            events.append(f"{name} down")
+
+        return running
+
+    def repeat(server: object, *args: object) -> Repeat:
+        events.append(f"{server} repeat")
+        return runs[str(server)].pop()
+
+    monkeypatch.setattr(sequential, "measure_repeat", repeat)
+    cpu = suite("cpu")
+    pair = sequential.measure_pair(
+        server("reference"), server("candidate"), cpu.config("base"), cpu.workloads[0], Method(plan=PLAN), side_by_side=False
+    )
+    assert events == ["reference up", *["reference repeat"] * 3, "reference down", "candidate up", *["candidate repeat"] * 3, "candidate down"]
+    verdicts = {j.metric: j.verdict for j in pair.judgements}
+    assert verdicts["output_throughput"] == "regression" and pair.reference.metrics["output_throughput"] == 5_000.0

@@ -12,6 +12,8 @@ machine's drift between steps never decides.
 - One at a time (GPU configs, which have no room for two servers, or ``--sequential``): the good
   release's server, then the version's, the suite's first repeats each.
 
+Both are :func:`~pytest_qwenperf.measure.sequential.measure_pair`, as the plugin's ``--qwenperf-candidate``.
+
 The search itself is :func:`~pytest_qwenperf.history.bisect.bisect`. Each step is written to the
 state file as it ends; a rerun of the same bisection resumes from it. Interrupting stops every
 server. Exit status: 0 when the bisection answered (a first bad release, or none), 1 when a step
@@ -22,11 +24,12 @@ that lost data), 2 for bad input.
 from __future__ import annotations
 
 import argparse
+import contextlib
 import hashlib
 import importlib.metadata
 import re
 import sys
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -37,16 +40,15 @@ from pytest_qwenperf.core.run import Run
 from pytest_qwenperf.core.sequential import SequentialPlan
 from pytest_qwenperf.core.tables import format_table
 from pytest_qwenperf.core.verdict import DEFAULT_CONFIDENCE, Judgement
-from pytest_qwenperf.gate.judge import judge_against_run
 from pytest_qwenperf.history import bisect_report, bisect_state
 from pytest_qwenperf.history.bisect import Bisection, Step, bisect
 from pytest_qwenperf.measure.method import Method
-from pytest_qwenperf.measure.sequential import measure_interleaved, measure_point
+from pytest_qwenperf.measure.sequential import ServerOf, measure_pair
 from pytest_qwenperf.serving.hardware import detect
 from pytest_qwenperf.serving.placement import gpu_ids, placement
 from pytest_qwenperf.serving.pool import PoolSettings, ServerPool
 from pytest_qwenperf.serving.releases import CPU_BUILD_CONFLICTS, Candidate, Environments, ReleaseError, between, candidate
-from pytest_qwenperf.serving.server import DEFAULT_BOOT_TIMEOUT_S, ServerError
+from pytest_qwenperf.serving.server import DEFAULT_BOOT_TIMEOUT_S, Server, ServerError
 from pytest_qwenperf.suite.config import ServingConfig, Suite, SuiteError, SuiteWorkload, load_suite
 
 HELP = "find the first release (or wheel, or launcher) between a good and a bad one that made a rung slower"
@@ -242,21 +244,21 @@ class Stepper:
 
     def __call__(self, label: str) -> Step:
         index, version = self.by_label[label]
-        rung, cpus = self.rung, self.placed.server_cpus
+        rung = self.rung
         pool: ServerPool | None = None
         try:
             if self.good is None:
                 self.good = self._pool(self.versions[0], 0)
             pool = self._pool(version, index)
-            if rung.side_by_side:
-                pair = measure_interleaved(
-                    self.good.get(rung.config, cpus, self.gpus), pool.get(rung.config, cpus, self.gpus), rung.config, rung.workload, self.method
-                )  # fmt: skip
-                run, judgements = pair.run, pair.judgements
-            else:
-                reference = self._alone(self.good)
-                run = self._alone(pool)
-                judgements = judge_against_run(reference, run, confidence=rung.plan.confidence_at(rung.plan.first))
+            pair = measure_pair(
+                self._server(self.good, stop=not rung.side_by_side),  # side by side, the good release's stays up
+                self._server(pool, stop=True),
+                rung.config,
+                rung.workload,
+                self.method,
+                side_by_side=rung.side_by_side,
+            )
+            run, judgements = pair.run, pair.judgements
         except (ServerError, ReleaseError) as exc:
             raise StepFailed(f"{label}: {exc}") from None
         finally:
@@ -264,15 +266,18 @@ class Stepper:
                 pool.close()
         return _step(label, run, judgements, self.args.metric)
 
-    def _alone(self, pool: ServerPool) -> Run:
-        """The rung measured on ``pool``'s server alone, which is stopped after."""
-        rung = self.rung
-        server = pool.get(rung.config, self.placed.server_cpus, self.gpus)
-        try:
-            decided = measure_point(server, rung.config, rung.workload, self.method, lambda run: None)
-        finally:
-            pool.release(rung.config.key)
-        return decided.run
+    def _server(self, pool: ServerPool, *, stop: bool) -> ServerOf:
+        """The rung's server from ``pool``, stopped after the block when ``stop``."""
+
+        @contextlib.contextmanager
+        def running() -> Iterator[Server]:
+            try:
+                yield pool.get(self.rung.config, self.placed.server_cpus, self.gpus)
+            finally:
+                if stop:
+                    pool.release(self.rung.config.key)
+
+        return running
 
     def close(self) -> None:
         if self.good is not None:

@@ -20,6 +20,7 @@ one repeat per look.
 from __future__ import annotations
 
 from collections.abc import Callable, Sequence
+from contextlib import AbstractContextManager
 from dataclasses import dataclass
 from typing import TypeVar
 
@@ -149,3 +150,29 @@ def measure_interleaved(
         return combine_repeats(repeats, config.replicas, method)
 
     return decide_interleaved(method.plan, repeat_on(reference), repeat_on(candidate), combine)
+
+
+ServerOf = Callable[[], AbstractContextManager[Server]]
+"""A running server for as long as the block runs (the caller decides whether it stops after)."""
+
+
+def measure_pair(
+    reference: ServerOf, candidate: ServerOf, config: ServingConfig, workload: SuiteWorkload, method: Method, *, side_by_side: bool
+) -> DecidedPair:
+    """The point on a reference's server and a candidate's, the candidate judged against the
+    reference's run: the one way the plugin (``--qwenperf-candidate``) and ``qwenperf bisect``
+    pit two vLLMs against each other.
+
+    Side by side (both servers up at once: the CPU build), repeats interleaved as
+    :func:`measure_interleaved` does. Otherwise (a GPU node holds one server at a time) each is
+    measured alone with the plan's first repeats, the reference first, inside its own block so
+    that its server can stop before the candidate's boots; the verdicts are at the confidence of
+    the plan's first look."""
+    if side_by_side:
+        with reference() as ref, candidate() as cand:
+            return measure_interleaved(ref, cand, config, workload, method)
+    with reference() as server:
+        base = measure_point(server, config, workload, method, lambda run: None).run
+    with candidate() as server:
+        run = measure_point(server, config, workload, method, lambda run: None).run
+    return DecidedPair(run, base, judge_against_run(base, run, confidence=method.plan.confidence_at(method.plan.first)))

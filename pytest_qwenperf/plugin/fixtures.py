@@ -7,6 +7,7 @@ from __future__ import annotations
 
 from collections import Counter
 from collections.abc import Callable, Iterator
+from contextlib import nullcontext
 from pathlib import Path
 
 import pytest
@@ -21,7 +22,7 @@ from pytest_qwenperf.measure.canary import canary_of
 from pytest_qwenperf.measure.method import Method
 from pytest_qwenperf.measure.report import SessionReport
 from pytest_qwenperf.measure.scaling import endpoint_routes
-from pytest_qwenperf.measure.sequential import measure_interleaved, measure_point
+from pytest_qwenperf.measure.sequential import measure_pair, measure_point
 from pytest_qwenperf.plugin.settings import REPORT_KEY, SETTINGS_KEY, SUITES_KEY, USES_KEY, QwenperfSettings, repeat_plan
 from pytest_qwenperf.serving.endpoints import set_urls
 from pytest_qwenperf.serving.hardware import detect
@@ -163,7 +164,8 @@ def qwenperf_measure(
         )
         if qwenperf_candidate_pool is not None and report.reference is not None:
             candidate = qwenperf_candidate_pool.get(cfg, placed.server_cpus, gpus)
-            pair = measure_interleaved(server, candidate, cfg, workload, method)
+            # Both servers stay up for the config's other tests; vllm_server stops them after the last.
+            pair = measure_pair(lambda: nullcontext(server), lambda: nullcontext(candidate), cfg, workload, method, side_by_side=True)
             report.reference.add(pair.reference)
             report.add(pair.run, pair.judgements)
             return pair.run
