@@ -184,11 +184,11 @@ def test_a_failure_in_one_pooled_repeat_makes_the_pool_invalid(tmp_path: Path, c
     del without["metrics"]["p99_ttft_ms"]
     new = benchmark_file(tmp_path / "new.json", repeats)
     status, out, _ = compare(capsys, old, new, "--fail-on", "regression")
-    assert status == 1 and _rows(out)["total_token_throughput"][-4:] == ["+0.3%", "invalid:", "failed", "requests"]
+    assert status == 1 and _rows(out)["total_token_throughput"][-3:] == ["+0.3%", "invalid:", "failed-requests"]
     assert "2 request(s) of the run failed" in out
     gap = benchmark_file(tmp_path / "gap.json", [repeats[0], without])
     status, out, _ = compare(capsys, old, gap, "--fail-on", "regression")
-    assert status == 1 and _rows(out)["p99_ttft_ms"][-4:] == ["—", "invalid:", "no", "value"]
+    assert status == 1 and _rows(out)["p99_ttft_ms"][-3:] == ["—", "invalid:", "no-value"]
     assert "the run has no value for it (samples.p99_ttft_ms[1] is null)" in out
 
 
@@ -205,7 +205,7 @@ def test_json_holds_every_group_row_value_and_judgement(tmp_path: Path, capsys: 
     row = base["rows"][0]
     assert (row["metric"], row["unit"], row["values"]) == ("total_token_throughput", "tok/s", [10_000.0, 10_000.0])
     (judged,) = row["judgements"]
-    assert judged["file"] == "0.33.0" and judged["verdict"] == "invalid" and judged["reason"] == "failed requests"
+    assert judged["file"] == "0.33.0" and judged["verdict"] == "invalid" and judged["reason"] == "failed-requests"
     assert judged["detail"] == "1 request(s) of the run failed" and judged["ratio"] == 1.0 and judged["tolerance"] == 0.05
     assert lacking["rows"][0]["values"] == [10_000.0, None] and lacking["rows"][0]["judgements"][0]["verdict"] == "missing"
     assert document["verdicts"] == {"invalid": 4, "missing": 4}
@@ -358,8 +358,8 @@ CONTENDED = {"conditions": [{"reason": "cpu-contention", "detail": "server core 
     ("bad", "reason", "detail"),
     [
         (make_run(version="0.33.0", extra=CONTENDED), "cpu-contention", "shared with pid 7 (spin) for 80% of the steady state (in 1 of 2 runs pooled)"),
-        (make_run(version="0.33.0", failed=3), "failed requests", "3 request(s) of the run failed"),
-        (make_run(version="0.33.0", tokens_match=False), "token mismatch", "client and server token totals disagree"),
+        (make_run(version="0.33.0", failed=3), "failed-requests", "3 request(s) of the run failed"),
+        (make_run(version="0.33.0", tokens_match=False), "token-mismatch", "client and server token totals disagree"),
         (make_run(version="0.33.0", bound="client busy 99% of the run"), "client-bound", "client could not keep up"),
     ],
     ids=["condition", "failed-requests", "token-mismatch", "client-bound"],

@@ -181,7 +181,7 @@ def test_analysis_takes_the_first_k_rounds_and_skips_short_blocks() -> None:
 
 def test_analysis_leaves_invalid_repeats_out() -> None:
     results = _results([_block(), _block()])
-    results["blocks"][0]["rounds"][0]["repeats"]["B10"] = _repeat("B10", 1.0, invalid=("failed requests",))
+    results["blocks"][0]["rounds"][0]["repeats"]["B10"] = _repeat("B10", 1.0, invalid=("failed-requests",))
     analysis = analyse(results, tolerance=0.05)
     assert analysis["invalid_repeats_left_out"] == 1
     assert analysis["metrics"]["output_throughput"]["arms"]["B10"]["pooled_ratio"] == pytest.approx(0.9, rel=1e-3)

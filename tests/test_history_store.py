@@ -197,7 +197,7 @@ def test_a_run_that_lost_data_is_kept_with_its_reason(where: str) -> None:
     data["context"]["started"] = "2026-11-05T02:00:00+00:00"
     with HistoryStore.open(where) as store:
         store.append([night(4, 5_000.0), run_of(data)], source="test")
-        assert [p.invalid for p in store.series(output_key())] == ["", "failed requests"]
+        assert [p.invalid for p in store.series(output_key())] == ["", "failed-requests"]
 
 
 def test_the_series_shown_leave_invalid_runs_out(tmp_path: Path) -> None:

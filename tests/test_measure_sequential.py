@@ -130,7 +130,7 @@ def test_each_look_is_judged_at_the_plans_confidence_for_it(monkeypatch: pytest.
         (BASELINE, (0.7, repeat_at(1.3, failed=2), 1.0), {"invalid"}),
         (BASELINE, (0.7, repeat_at(1.3, bound="client busy 99% of the run (limit 95%)"), 1.0), {"invalid"}),
     ],
-    ids=["no baseline", "not comparable", "failed requests", "client-bound"],
+    ids=["no baseline", "not comparable", "failed-requests", "client-bound"],
 )
 def test_no_extra_repeat_without_a_comparable_baseline_or_for_a_run_that_lost_data(
     baseline: Baseline | None, repeats: tuple[float | Repeat, ...], expected: set[str]

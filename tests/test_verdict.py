@@ -244,11 +244,11 @@ def test_judge_run_without_a_baseline_or_with_a_client_bound_run() -> None:
 @pytest.mark.parametrize(
     ("lossy", "label", "detail"),
     [
-        (make_run(failed=3), "invalid: failed requests", "3 request(s) of the run failed"),
-        (make_run(tokens_match=False), "invalid: token mismatch", "the run's client and server token totals disagree"),
+        (make_run(failed=3), "invalid: failed-requests", "3 request(s) of the run failed"),
+        (make_run(tokens_match=False), "invalid: token-mismatch", "the run's client and server token totals disagree"),
         (
             make_run(failed=1, bound="client busy 99% of the run (limit 95%)"),
-            "invalid: failed requests, client-bound",
+            "invalid: failed-requests, client-bound",
             "1 request(s) of the run failed; the run's client could not keep up",
         ),
     ],
@@ -267,22 +267,22 @@ def test_a_metric_without_a_value_where_the_baseline_has_one_is_invalid(value: f
     run = make_run(extra={"samples": {"total_token_throughput": [9_900.0, value, 10_100.0]}})  # a lost value, as JSON has it
     judgements = {j.metric: j for j in judge_run(baseline, run_of(run))}
     lost = judgements["total_token_throughput"]
-    assert (lost.label, lost.now, lost.ratio) == ("invalid: no value", None, None)
+    assert (lost.label, lost.now, lost.ratio) == ("invalid: no-value", None, None)
     assert f"samples.total_token_throughput[1] is {'null' if value is None else 'NaN'}" in lost.detail
     assert judgements["output_throughput"].verdict == "pass"
     absent = make_run()
     del absent["metrics"]["p99_ttft_ms"]
-    assert {j.metric: j.label for j in judge_run(baseline, run_of(absent))}["p99_ttft_ms"] == "invalid: no value"
+    assert {j.metric: j.label for j in judge_run(baseline, run_of(absent))}["p99_ttft_ms"] == "invalid: no-value"
 
 
 def test_a_reference_run_that_lost_data_makes_the_comparison_invalid_naming_it() -> None:
     reference = make_run(bound="client busy 99% of the run (limit 95%)")
     judgements = judge_against_run(run_of(reference), run_of(failed=2))
-    assert {j.label for j in judgements} == {"invalid: failed requests, client-bound (reference)"}
+    assert {j.label for j in judgements} == {"invalid: failed-requests, client-bound (reference)"}
     assert all("the reference's client could not keep up" in j.detail for j in judgements)
     lost = make_run(samples={"p99_ttft_ms": [float("nan")]})
     by_metric = {j.metric: j for j in judge_against_run(run_of(lost), run_of())}
-    assert by_metric["p99_ttft_ms"].label == "invalid: no value (reference)"
+    assert by_metric["p99_ttft_ms"].label == "invalid: no-value (reference)"
     assert "the reference has no value for it (samples.p99_ttft_ms[0] is NaN)" in by_metric["p99_ttft_ms"].detail
     assert by_metric["total_token_throughput"].verdict == "pass"
     assert {j.verdict for j in judge_against_run(run_of(), run_of())} == {"pass"}
@@ -294,7 +294,7 @@ def test_a_metric_the_baseline_lacks_has_no_baseline_and_one_only_the_baseline_h
     assert judgements["prefix_cache_hit_rate"] == "no-baseline"
     assert "scaling_efficiency_n2" not in judgements  # a published multi-node figure: the run did not measure it
     lost = judge_run(baseline, run_of(extra={"samples": {"scaling_efficiency_n2": [None]}}))
-    assert {j.metric: j.label for j in lost}["scaling_efficiency_n2"] == "invalid: no value"
+    assert {j.metric: j.label for j in lost}["scaling_efficiency_n2"] == "invalid: no-value"
 
 
 def test_the_table_shows_each_judgement_and_the_detail_of_what_did_not_pass() -> None:

@@ -116,6 +116,14 @@ class TokenCheck(msgspec.Struct, frozen=True, kw_only=True):
     detail: str = ""
 
 
+# Why a run's numbers are no verdict on vLLM, as reason codes (lower case, words joined by "-"):
+# data the run lost here, the device's conditions in ``core.validity`` (``cpu-contention``, ``gpu-shared``, ...).
+FAILED_REQUESTS = "failed-requests"
+TOKEN_MISMATCH = "token-mismatch"
+CLIENT_BOUND = "client-bound"
+NO_VALUE = "no-value"
+
+
 class Loss(msgspec.Struct, frozen=True, kw_only=True):
     """Why a run's numbers are no verdict on vLLM: a short reason for a table cell, and the detail."""
 

@@ -103,7 +103,7 @@ class Judgement:
     tolerance: float
     verdict: Verdict
     detail: str
-    reason: str = ""  # an invalid verdict's short why ("failed requests", "client-bound (reference)")
+    reason: str = ""  # an invalid verdict's short why ("failed-requests", "client-bound (reference)")
     mde: float | None = None  # minimum detectable effect, a fraction of the baseline; None: no spread to know it
     confidence: float = DEFAULT_CONFIDENCE  # of the interval the verdict was decided on
     environment: tuple[str, ...] = ()  # how the run's environment differs from the baseline's where the suite allows it: shown, not judged

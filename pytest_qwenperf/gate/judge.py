@@ -7,7 +7,7 @@ from collections.abc import Sequence
 
 from pytest_qwenperf.core.environment import Environment, must_match_violations
 from pytest_qwenperf.core.metrics import SCALING, gate_order, metric
-from pytest_qwenperf.core.run import Loss, Run
+from pytest_qwenperf.core.run import CLIENT_BOUND, FAILED_REQUESTS, NO_VALUE, TOKEN_MISMATCH, Loss, Run
 from pytest_qwenperf.core.stats import centre
 from pytest_qwenperf.core.tables import format_table
 from pytest_qwenperf.core.verdict import DEFAULT_CONFIDENCE, Judgement, Verdict, judge
@@ -22,13 +22,13 @@ def losses(run: Run, side: str = "run") -> tuple[Loss, ...]:
     found = []
     failed = run.failed_requests
     if failed > 0:
-        found.append(Loss(reason=f"failed requests{suffix}", detail=f"{failed} request(s) of the {side} failed"))
+        found.append(Loss(reason=f"{FAILED_REQUESTS}{suffix}", detail=f"{failed} request(s) of the {side} failed"))
     if run.token_check.matches is False:
         detail = f"the {side}'s client and server token totals disagree ({run.token_check.detail})"
-        found.append(Loss(reason=f"token mismatch{suffix}", detail=detail))
+        found.append(Loss(reason=f"{TOKEN_MISMATCH}{suffix}", detail=detail))
     if run.client_bound is not None:
         detail = f"the {side}'s client could not keep up, so its numbers measure the client, not vLLM ({run.client_bound})"
-        found.append(Loss(reason=f"client-bound{suffix}", detail=detail))
+        found.append(Loss(reason=f"{CLIENT_BOUND}{suffix}", detail=detail))
     found += [Loss(reason=f"{loss.reason}{suffix}", detail=f"the {side}'s {loss.detail}") for loss in run.conditions]
     return tuple(found)
 
@@ -93,7 +93,7 @@ def judge_run(baseline: Baseline | None, run: Run, *, confidence: float = DEFAUL
             judgements.append(_unjudged(name, None, samples, "no-baseline", "the baseline has no value for it", ratio=False))
         elif not samples:
             where = lost.get(name, "not in its JSON")
-            loss = Loss(reason="no value", detail=f"the run has no value for it ({where}); the baseline has one")
+            loss = Loss(reason=NO_VALUE, detail=f"the run has no value for it ({where}); the baseline has one")
             judgements.append(_invalid(_unjudged(name, stored, samples, "invalid", "", ratio=True), (loss,)))
         else:
             judgements.append(
@@ -139,7 +139,7 @@ def judge_against_run(reference: Run, run: Run, *, confidence: float = DEFAULT_C
     for j in judgements:
         own = [Loss(reason=j.reason, detail=j.detail)] if j.verdict == "invalid" else []
         if j.verdict == "no-baseline" and j.metric in reference_lost and comparable:
-            lost = Loss(reason="no value (reference)", detail=f"the reference has no value for it ({reference_lost[j.metric]}); the run has one")
+            lost = Loss(reason=f"{NO_VALUE} (reference)", detail=f"the reference has no value for it ({reference_lost[j.metric]}); the run has one")
             judged.append(_invalid(j, [*found, lost]))
         elif found and j.verdict != "no-baseline":
             judged.append(_invalid(j, [*own, *found]))

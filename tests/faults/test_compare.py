@@ -67,10 +67,10 @@ def _client_bound(session: dict[str, Any]) -> None:
 CASES: dict[str, tuple[Callable[[dict[str, Any]], None], tuple[str, str, str], str, str]] = {
     # damage, the group it shows in, verdict, reason ("": none), a part of the detail
     "dropped-run": (_drop_a_run, CTX_SHORT, "missing", "", "candidate.json has no run of cpu/ctx-short on isl128-osl128"),
-    "failed-requests": (_failed_in_one_repeat, BASE, "invalid", "failed requests", "3 request(s) of the run failed"),
-    "token-mismatch": (_token_mismatch, BASE, "invalid", "token mismatch", "server 36864 prompt / 30210 generation"),
-    "null-throughput": (_null_throughput, BASE, "invalid", "no value", "(samples.total_token_throughput[1] is null)"),
-    "nan-throughput": (_nan_throughput, BASE, "invalid", "no value", "(samples.total_token_throughput[0] is NaN)"),
+    "failed-requests": (_failed_in_one_repeat, BASE, "invalid", "failed-requests", "3 request(s) of the run failed"),
+    "token-mismatch": (_token_mismatch, BASE, "invalid", "token-mismatch", "server 36864 prompt / 30210 generation"),
+    "null-throughput": (_null_throughput, BASE, "invalid", "no-value", "(samples.total_token_throughput[1] is null)"),
+    "nan-throughput": (_nan_throughput, BASE, "invalid", "no-value", "(samples.total_token_throughput[0] is NaN)"),
     "client-bound": (_client_bound, BASE, "invalid", "client-bound", "could not keep up, so its numbers measure the client"),
 }
 
