@@ -13,7 +13,8 @@ import psutil
 import pytest
 
 from pytest_qwenperf.telemetry import Telemetry
-from pytest_qwenperf.telemetry.nvml import NvmlSampler, select_devices
+from pytest_qwenperf.telemetry.gpu_select import select_devices
+from pytest_qwenperf.telemetry.nvml import NvmlSampler
 from tests import fake_pynvml
 from tests.fake_pynvml import FakeGpu
 

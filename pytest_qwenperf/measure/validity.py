@@ -12,7 +12,7 @@ from pytest_qwenperf.core.run import Loss
 from pytest_qwenperf.core.validity import CONTENDED_CORES, ValidityLimits
 from pytest_qwenperf.telemetry import TelemetrySummary
 from pytest_qwenperf.telemetry.cpu import ServerCoresSummary
-from pytest_qwenperf.telemetry.nvml import GpuSummary
+from pytest_qwenperf.telemetry.gpu_records import GpuSummary
 
 
 def conditions(telemetry: TelemetrySummary, limits: ValidityLimits) -> tuple[Loss, ...]:

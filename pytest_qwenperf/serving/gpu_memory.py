@@ -17,7 +17,7 @@ from typing import Any
 import psutil
 
 from pytest_qwenperf.core.apikey import shown_command
-from pytest_qwenperf.telemetry.nvml import select_devices
+from pytest_qwenperf.telemetry.gpu_select import select_devices
 
 DRAIN_TIMEOUT_S = 30.0
 """How long memory freed by a process that just exited may take to show as free."""

@@ -24,8 +24,9 @@ from pytest_qwenperf.telemetry.cpu import DEFAULT_INTERVAL_S as CPU_INTERVAL_S
 from pytest_qwenperf.telemetry.cpu import CpuSampler, CpuSummary, process_trees
 from pytest_qwenperf.telemetry.gauges import DEFAULT_INTERVAL_S as METRICS_INTERVAL_S
 from pytest_qwenperf.telemetry.gauges import GaugeSummary, MetricsPoller
+from pytest_qwenperf.telemetry.gpu_records import GpuSummary
 from pytest_qwenperf.telemetry.nvml import DEFAULT_INTERVAL_S as NVML_INTERVAL_S
-from pytest_qwenperf.telemetry.nvml import GpuSummary, NvmlSampler
+from pytest_qwenperf.telemetry.nvml import NvmlSampler
 from pytest_qwenperf.telemetry.sampling import Window
 
 

@@ -19,7 +19,7 @@ from pytest_qwenperf.serving.gpu_memory import GpuHolder, holders
 from pytest_qwenperf.serving.hardware import Hardware, hardware_name
 from pytest_qwenperf.serving.placement import missing_hardware
 from pytest_qwenperf.suite.config import Suite
-from pytest_qwenperf.telemetry.nvml import CLOCK_EVENT_REASONS
+from pytest_qwenperf.telemetry.gpu_records import CLOCK_EVENT_REASONS
 
 GROUP = "gpu"
 SYS = Path("/sys")

@@ -37,7 +37,8 @@ from pytest_qwenperf.serving.doctor.checks import Check
 from pytest_qwenperf.serving.doctor.gpus import GpuScan
 from pytest_qwenperf.serving.doctor.options import DoctorOptions
 from pytest_qwenperf.serving.proctree import new_tag, spawn_tree, stop_tree, tree_of
-from pytest_qwenperf.telemetry.nvml import GpuDeviceSummary, NvmlSampler
+from pytest_qwenperf.telemetry.gpu_records import GpuDeviceSummary
+from pytest_qwenperf.telemetry.nvml import NvmlSampler
 from pytest_qwenperf.telemetry.sampling import CLOCK, Stats
 
 GROUP = "load"
