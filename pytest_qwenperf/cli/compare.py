@@ -10,7 +10,7 @@ import json
 import sys
 from pathlib import Path
 
-from pytest_qwenperf.gate import compare
+from pytest_qwenperf.gate import compare, compare_output
 
 HELP = "compare runs across vLLM versions (or config changes), with verdicts against the first file"
 DESCRIPTION = (
@@ -48,7 +48,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     )
     output = parser.add_mutually_exclusive_group()
     output.add_argument("--markdown", action="store_true", help="GitHub-flavoured markdown (for $GITHUB_STEP_SUMMARY)")
-    output.add_argument("--json", action="store_true", help=f"machine-readable output (schema {compare.SCHEMA})")
+    output.add_argument("--json", action="store_true", help=f"machine-readable output (schema {compare_output.SCHEMA})")
     parser.add_argument("--plot", type=Path, metavar="PNG", help="also write total tok/s per rung and file as a PNG")
     parser.add_argument("--metric", action="append", metavar="NAME", help="only these metrics (repeatable)")
 
@@ -63,14 +63,14 @@ def run(args: argparse.Namespace) -> int:
     try:
         comparison = compare.compare([compare.load_runs(p) for p in (args.reference, *args.files)], args.metric or ())
         if args.plot:
-            compare.plot_throughput(comparison, args.plot)
+            compare_output.plot_throughput(comparison, args.plot)
     except compare.CompareError as exc:
         print(f"qwenperf: {exc}", file=sys.stderr)
         return 2
     if args.json:
-        print(json.dumps(compare.as_json(comparison), indent=2))
+        print(json.dumps(compare_output.as_json(comparison), indent=2))
     else:
-        print(compare.render(comparison, markdown=args.markdown))
+        print(compare_output.render(comparison, markdown=args.markdown))
     failing_on = named | (set(compare.LOST_DATA) - allowed) if named else set()
     failing = {verdict: n for verdict, n in sorted(comparison.verdicts().items()) if verdict in failing_on}
     if failing:

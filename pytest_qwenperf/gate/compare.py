@@ -40,33 +40,28 @@ session that ran no correctness test) is not judged on them; one that has answer
 config the reference answered is ``missing`` there. Where a column holds differing answers of
 one config, the one that agrees least with the reference is shown.
 
-:func:`as_json` is the machine-readable form (``schema`` :data:`SCHEMA`).
+:mod:`pytest_qwenperf.gate.compare_output` shows a comparison: a table, markdown, JSON or a plot.
 """
 
 from __future__ import annotations
 
 import dataclasses
-import math
 from collections import Counter
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
-from typing import cast, get_args
+from typing import get_args
 
 import msgspec
 
 from pytest_qwenperf.core.canary import Canary, CanaryJudgement, judge_canary
-from pytest_qwenperf.core.formats import json_safe
 from pytest_qwenperf.core.metrics import METRICS, gate_order, metric
 from pytest_qwenperf.core.run import Run, combined
 from pytest_qwenperf.core.stats import centre
-from pytest_qwenperf.core.tables import format_table
-from pytest_qwenperf.core.verdict import Judgement, Verdict, format_mde, format_value
+from pytest_qwenperf.core.verdict import Judgement, Verdict
 from pytest_qwenperf.gate import sources
-from pytest_qwenperf.gate.judge import environment_notes, judge_against_run, judge_run
+from pytest_qwenperf.gate.judge import judge_against_run, judge_run
 from pytest_qwenperf.gate.sources import BENCH_KEY, Result, RunKey, Setup
-
-SCHEMA = "qwenperf-compare/1"
 
 _FIRST = tuple(name for name, info in METRICS.items() if info.row == "first")
 _NOT_JUDGED = tuple(info for info in METRICS.values() if info.row != "none" and not info.gated)
@@ -75,8 +70,6 @@ FAILABLE: tuple[Verdict, ...] = tuple(v for v in get_args(Verdict) if v != "pass
 LOST_DATA: tuple[Verdict, ...] = ("missing", "invalid")
 """Verdicts ``--fail-on`` fails on whatever it names (unless ``--allow``-ed): a run that lost data never passes."""
 
-_ON_THE_NUMBERS: tuple[Verdict, ...] = ("pass", "regression", "improvement", "noisy", "underpowered")
-"""Verdicts decided on the numbers: theirs is the MDE a cell shows (an invalid run's spread is no power)."""
 _APART = "(another setup)"
 """The workload fingerprint of a run judged as not comparable with its reference (no digest looks like it)."""
 
@@ -346,191 +339,3 @@ def _order(names: Sequence[str]) -> list[str]:
 def _unique_labels(sets: Sequence[RunSet]) -> tuple[str, ...]:
     counts = Counter(s.label for s in sets)
     return tuple(s.label if counts[s.label] == 1 else f"{s.label} ({s.path.name})" for s in sets)
-
-
-# ------------------------------------------------------------------ rendering
-
-
-def _delta(row: Row, index: int) -> str:
-    judgement = row.judgements[index - 1]
-    if judgement is not None:
-        return "—" if judgement.ratio is None else f"{judgement.ratio - 1:+.1%}"
-    first, now = row.values[0], row.values[index]
-    return f"{now / first - 1:+.1%}" if first and now is not None else ""
-
-
-def _verdict_cell(judgement: Judgement | None, markdown: bool) -> str:
-    """The verdict, with its MDE where the spread gives one: ``pass (MDE 3.2%)``."""
-    if judgement is None:
-        return ""
-    label = f"**{judgement.label}**" if markdown and judgement.verdict not in ("pass", "improvement") else judgement.label
-    mde = _mde(judgement)
-    return label if mde is None else f"{label} (MDE {format_mde(mde)})"
-
-
-def _mde(judgement: Judgement) -> float | None:
-    return judgement.mde if judgement.verdict in _ON_THE_NUMBERS else None
-
-
-def render(comparison: Comparison, *, markdown: bool = False) -> str:
-    """The tables, each followed by the detail of every verdict that is not a pass (metrics with the
-    same verdict and detail on one line), then a line counting every verdict."""
-    labels = comparison.labels
-    header = ["metric", labels[0]]
-    for label in labels[1:]:
-        header += [label, "Δ", "verdict"]
-    lines: list[str] = []
-    for group in comparison.groups:
-        lines += [f"### {group.title}", ""] if markdown else [group.title]
-        rows = []
-        for row in group.rows:
-            cells = [f"{row.metric} ({row.unit})" if row.unit else row.metric, format_value(row.values[0])]
-            for i in range(1, len(labels)):
-                cells += [format_value(row.values[i]), _delta(row, i), _verdict_cell(row.judgements[i - 1], markdown)]
-            rows.append(cells)
-        lines += format_table(header, rows, markdown=markdown)
-        same: dict[tuple[str, str, str], list[str]] = {}
-        for row in group.rows:
-            for label, j in zip(labels[1:], row.judgements, strict=True):
-                if j is not None and j.verdict != "pass":
-                    same.setdefault((label, j.label, j.detail), []).append(row.metric)
-        notes = [f"{label}: {', '.join(names)}: {verdict}: {detail}" for (label, verdict, detail), names in same.items()]
-        for i, label in enumerate(labels[1:]):
-            judged = [j for row in group.rows if (j := row.judgements[i]) is not None]
-            notes += [f"{label}: environment differs (allowed): {d}" for d in environment_notes(judged)]
-        if notes:
-            lines += [""] + ([f"- {note}" for note in notes] if markdown else notes)
-        lines.append("")
-    lines += _render_canaries(comparison, markdown)
-    counts = comparison.verdicts()
-    summary = ", ".join(f"{n} {verdict}" for verdict, n in sorted(counts.items())) or "nothing judged"
-    lines.append(f"verdicts against {labels[0]}: {summary}")
-    return "\n".join(lines)
-
-
-def _render_canaries(comparison: Comparison, markdown: bool) -> list[str]:
-    """The canary answers' table (config; per later file: match rate, drift, verdict), then every
-    verdict that is not a pass with its detail."""
-    if not comparison.canaries:
-        return []
-    labels = comparison.labels
-    title = f"canary answers (greedy, 8 prompts) against {labels[0]}"
-    lines = [f"### {title}", ""] if markdown else [title]
-    header = ["config"]
-    for label in labels[1:]:
-        header += [f"match rate ({label})", f"drift ({label})", f"verdict ({label})"]
-    rows = []
-    notes = []
-    for row in comparison.canaries:
-        cells = [row.config]
-        for label, j in zip(labels[1:], row.judgements, strict=True):
-            if j is None:
-                cells += ["", "", ""]
-                continue
-            _, rate, drift, verdict = j.row()
-            cells += [rate, drift, f"**{verdict}**" if markdown and verdict != "pass" else verdict]
-            if j.verdict != "pass":
-                notes.append(f"{label}: {row.config}: {j.verdict}: {j.detail}")
-        rows.append(cells)
-    lines += format_table(header, rows, markdown=markdown)
-    if notes:
-        lines += [""] + ([f"- {note}" for note in notes] if markdown else notes)
-    return [*lines, ""]
-
-
-def as_json(comparison: Comparison) -> dict[str, object]:
-    """Every group, row, value and judgement: ``files`` in column order (the first is the
-    reference), per row ``values`` one per file and ``judgements`` one per later file (null
-    where a row is shown, not judged; ``mde`` a fraction of the baseline, null where unknown or the
-    verdict is not decided on the numbers), and
-    ``verdicts`` counted as the summary line does. ``canaries``: per config, one judgement of its
-    canary answer per later file (null where the file has no answers), with the match rate, the
-    drift and the floor. A group of bench results has no suite, config,
-    workload or hardware (nulls) but ``setups``, one per file (null where a file has none).
-    JSON-safe (:func:`~pytest_qwenperf.core.formats.json_safe`), as every file this package writes."""
-    labels = comparison.labels
-
-    def judgement(label: str, j: Judgement | None) -> dict[str, object] | None:
-        if j is None:
-            return None
-        numbers = {key: getattr(j, key) for key in ("baseline", "now", "ratio", "tolerance", "direction")} | {"mde": _mde(j)}
-        return {"file": label, "verdict": j.verdict, "reason": j.reason or None, "detail": j.detail} | numbers
-
-    document = {
-        "schema": SCHEMA,
-        "files": [{"label": label, "path": str(path)} for label, path in zip(labels, comparison.paths, strict=True)],
-        "groups": [
-            _where(group)
-            | {
-                "rows": [
-                    {
-                        "metric": row.metric,
-                        "unit": row.unit,
-                        "values": list(row.values),
-                        "judgements": [judgement(label, j) for label, j in zip(labels[1:], row.judgements, strict=True)],
-                    }
-                    for row in group.rows
-                ],
-            }
-            for group in comparison.groups
-        ],
-        "canaries": [
-            {"config": row.config, "judgements": [_canary_json(label, j) for label, j in zip(labels[1:], row.judgements, strict=True)]}
-            for row in comparison.canaries
-        ],
-        "verdicts": dict(sorted(comparison.verdicts().items())),
-    }
-    return cast(dict[str, object], json_safe(document))
-
-
-def _canary_json(label: str, j: CanaryJudgement | None) -> dict[str, object] | None:
-    if j is None:
-        return None
-    found = j.found
-    figures = {
-        "match_rate": None if found is None else found.match_rate,
-        "logprob_drift": None if found is None else found.logprob_drift,
-        "first_mismatch": None if found is None else found.first_mismatch,
-    }
-    return {"file": label, "verdict": j.verdict, "detail": j.detail} | figures | {"floor": msgspec.to_builtins(j.floor)}
-
-
-def _where(group: Group) -> dict[str, object]:
-    """A group's suite, config, workload and hardware; the setups, where it has bench results."""
-    bench = group.key == BENCH_KEY
-    where: dict[str, object] = dict(zip(("suite", "config", "workload"), (None,) * 3 if bench else group.key, strict=True))
-    where["hardware"] = None if bench else group.hardware
-    if group.setups:
-        where["setups"] = [None if setup is None else setup.as_json() for setup in group.setups]
-    return where
-
-
-def plot_throughput(comparison: Comparison, path: Path) -> None:
-    """A PNG of total tok/s per rung, one bar per file, one panel per workload."""
-    try:
-        from matplotlib.backends.backend_agg import FigureCanvasAgg
-        from matplotlib.figure import Figure
-    except ImportError:
-        raise CompareError("--plot needs matplotlib: pip install 'pytest-qwenperf[plot]'") from None
-    by_workload: dict[str, list[Group]] = {}
-    for group in comparison.groups:
-        by_workload.setdefault("bench results" if group.key == BENCH_KEY else group.key[2], []).append(group)
-    labels = comparison.labels
-    figure = Figure(figsize=(max(6.0, 1.2 * max(len(g) for g in by_workload.values()) * len(labels)), 3.5 * len(by_workload)))
-    FigureCanvasAgg(figure)
-    axes = figure.subplots(len(by_workload), 1, squeeze=False)[:, 0]
-    width = 0.8 / len(labels)
-    for ax, (workload, groups) in zip(axes, by_workload.items(), strict=True):
-        for j, label in enumerate(labels):
-            heights = [math.nan if g.throughput[j] is None else g.throughput[j] for g in groups]
-            ax.bar([x - 0.4 + (j + 0.5) * width for x in range(len(groups))], heights, width, label=label)
-        ticks = ["bench" if g.key == BENCH_KEY else f"{g.key[0]}/{g.key[1]}" for g in groups]
-        ax.set_xticks(range(len(groups)), ticks, rotation=15, ha="right")
-        ax.set_ylabel("total tok/s")
-        ax.set_title(workload)
-        ax.legend(title="vLLM", fontsize="small", loc="upper left", bbox_to_anchor=(1.01, 1.0))
-    figure.tight_layout()
-    try:
-        figure.savefig(path, format="png", dpi=110)
-    except OSError as exc:
-        raise CompareError(f"{path}: cannot write the plot: {exc.strerror}") from None
