@@ -23,15 +23,10 @@ from hypothesis import strategies as st
 from benchmarks.fidelity import STREAMS, TOKENS, streams_run
 from pytest_qwenperf.core.records import RequestRecord
 from pytest_qwenperf.loadgen.arrivals import Arrival, ClosedLoop, OpenLoop
-from pytest_qwenperf.loadgen.client import (
-    ROUTINGS,
-    LoadOptions,
-    Progress,
-    StreamParser,
-    _Connection,
-    run_load_sync,
-)
+from pytest_qwenperf.loadgen.client import ROUTINGS, LoadOptions, Progress, run_load_sync
+from pytest_qwenperf.loadgen.http import Connection
 from pytest_qwenperf.loadgen.request import Api, RequestSpec
+from pytest_qwenperf.loadgen.sse import StreamParser
 from pytest_qwenperf.loadgen.stamped_socket import StampedConnection
 from pytest_qwenperf.loadgen.workers import run_load_in_workers
 from tests.stream_source import MODEL, StreamSource, _Format, stream_source
@@ -286,7 +281,7 @@ def _wire(sizes: list[int], framing: str, events: int = 20) -> bytes:
 
 async def _receive(wire: bytes, cuts: list[int], events: int = 20) -> None:
     """Feed ``wire`` to a connection in reads cut at ``cuts``; the events must come out whole."""
-    conn, parser = _Connection(), StreamParser()
+    conn, parser = Connection(), StreamParser()
     conn.transport = _Transport()
     done = conn.request(b"", parser)
     for start, end in zip([0, *sorted(cuts)], [*sorted(cuts), len(wire)], strict=True):
