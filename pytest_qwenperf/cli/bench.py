@@ -27,11 +27,18 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import TextIO
 
-import msgspec
-
 from pytest_qwenperf.core.apikey import ApiKey, ApiKeyError, resolve_api_key
+from pytest_qwenperf.core.bench import (
+    BenchContext,
+    BenchFailures,
+    BenchIdentity,
+    BenchRequest,
+    BenchResult,
+    BenchServer,
+    FailureReason,
+)
 from pytest_qwenperf.core.files import unwritable, write_atomically
-from pytest_qwenperf.core.formats import BENCH_SCHEMA, json_safe
+from pytest_qwenperf.core.formats import json_safe
 from pytest_qwenperf.core.options import (
     cpu_list,
     endpoint_url,
@@ -41,6 +48,7 @@ from pytest_qwenperf.core.options import (
     whole_number,
 )
 from pytest_qwenperf.core.records import RequestRecord
+from pytest_qwenperf.core.run import ClientLoad, TokenCheck
 from pytest_qwenperf.core.summary import GoodputSLO, inter_token_latencies
 from pytest_qwenperf.core.validity import ValidityLimits
 from pytest_qwenperf.gate.history import HistoryError, HistoryStore
@@ -59,7 +67,6 @@ from pytest_qwenperf.serving.server import (
 )
 from pytest_qwenperf.suite.workloads import KINDS, Workload, workload_from_dict
 
-SCHEMA = BENCH_SCHEMA
 _AT_LEAST_0, _AT_LEAST_1 = whole_number(0), whole_number(1)
 _SHOWN_REASONS = 10  # failure reasons printed; the JSON has them all
 _MESSAGE_CHARS = 160
@@ -72,15 +79,6 @@ class BenchError(Exception):
 HELP = "drive a workload against running servers and report vllm-bench-serve-style metrics"
 DESCRIPTION = "Load-test already-running OpenAI-compatible vLLM servers with the suite's load generator."
 ERRORS: tuple[type[Exception], ...] = (BenchError, HistoryError)
-
-
-@dataclass(frozen=True)
-class FailureReason:
-    """Measured requests that failed the same way."""
-
-    kind: str  # "HTTP 500", or the exception's type when no response came ("ConnectionRefusedError")
-    message: str  # the server's own message, or the exception's, on one line and trimmed
-    count: int
 
 
 @dataclass(frozen=True)
@@ -180,9 +178,9 @@ def run(args: argparse.Namespace) -> int:
         raise KeyboardInterrupt(f"after {progress.done} of {progress.total} requests; no result written") from None
     finally:
         progress.close()
-    result = result_json(plan, seen, detailed=args.detailed, max_failed_fraction=args.max_failed_fraction)
+    result = bench_result(plan, seen, detailed=args.detailed, max_failed_fraction=args.max_failed_fraction)
     print_summary(result, sys.stdout)
-    text = json.dumps(json_safe(result), indent=2)
+    text = json.dumps(json_safe(result.as_json()), indent=2)
     if args.json is not None:
         args.json.parent.mkdir(parents=True, exist_ok=True)
         write_atomically(args.json, text)
@@ -343,7 +341,7 @@ def _check_first_request(plan: BenchPlan) -> None:
 def failure_reasons(records: Iterable[RequestRecord]) -> tuple[FailureReason, ...]:
     """The measured requests that failed, grouped by how (status or exception, and message), most frequent first."""
     counts = Counter(_failure(record) for record in records if not record.warmup and not record.ok)
-    return tuple(FailureReason(kind, message, count) for (kind, message), count in counts.most_common())
+    return tuple(FailureReason(kind=kind, message=message, count=count) for (kind, message), count in counts.most_common())
 
 
 def _failure(record: RequestRecord) -> tuple[str, str]:
@@ -359,75 +357,66 @@ def _failure(record: RequestRecord) -> tuple[str, str]:
     return kind, message if len(message) <= _MESSAGE_CHARS else message[: _MESSAGE_CHARS - 3] + "..."
 
 
-def result_json(plan: BenchPlan, seen: Observation, *, detailed: bool, max_failed_fraction: float = 0.0) -> dict[str, object]:
+def bench_result(plan: BenchPlan, seen: Observation, *, detailed: bool, max_failed_fraction: float = 0.0) -> BenchResult:
     """Identity (what was measured), context (where, which versions), then the metrics under vLLM's key names."""
-    result: dict[str, object] = {
-        "schema": SCHEMA,
-        "identity": {
-            "model": plan.servers[0].model,
-            "workload": plan.workload.id,
-            "workload_fingerprint": plan.workload.fingerprint(),
-            "arrival": repr(plan.arrival),
-            "warmup": plan.options.warmup,
-            "endpoints": [s.base_url for s in plan.servers],
-        },
-        "context": {
-            "vllm_version": plan.servers[0].version,
-            "qwenperf_version": importlib.metadata.version("pytest-qwenperf"),
-            "servers": [s.as_dict() for s in plan.servers],
-            "client_cpus": [list(cpus) for cpus in seen.load.client_cpus],
-            "workers": plan.workers,
-            "started": seen.started,
-            "host": os.uname().nodename,
-            "environment": msgspec.to_builtins(plan.servers[0].environment) if plan.servers[0].environment else None,
-        },
-        "metrics": seen.summary.values(),
-        "steady_state": seen.steady.values() if seen.steady else None,
-        "server": {"deltas": dict(seen.server_deltas)},
-        "token_check": {"matches": seen.tokens.matches, "detail": seen.tokens.describe()},
-        "failures": _failures_json(seen, max_failed_fraction),
-        "client": {"bound": seen.client_bound, "cpu_busy": seen.client_cpu_busy},
-        "telemetry": seen.telemetry.as_json(),
-        "conditions": [msgspec.to_builtins(loss) for loss in conditions(seen.telemetry, ValidityLimits())],
-    }
-    if detailed:
-        result["requests"] = [_request_json(r, seen.load.started_at) for r in seen.load.records if not r.warmup]
-    return result
-
-
-def _failures_json(seen: Observation, max_failed_fraction: float) -> dict[str, object]:
     values = seen.summary.values()
     measured = int(values["completed"]) + int(values["failed"])
-    return {
-        "fraction": int(values["failed"]) / measured if measured else None,
-        "max_fraction": max_failed_fraction,
-        "reasons": [{"kind": r.kind, "message": r.message, "count": r.count} for r in failure_reasons(seen.load.records)],
-    }
+    origin = seen.load.started_at
+    return BenchResult(
+        identity=BenchIdentity(
+            model=plan.servers[0].model,
+            workload=plan.workload.id,
+            workload_fingerprint=plan.workload.fingerprint(),
+            arrival=repr(plan.arrival),
+            warmup=plan.options.warmup,
+            endpoints=tuple(s.base_url for s in plan.servers),
+        ),
+        context=BenchContext(
+            vllm_version=plan.servers[0].version,
+            qwenperf_version=importlib.metadata.version("pytest-qwenperf"),
+            servers=tuple(s.as_dict() for s in plan.servers),
+            client_cpus=seen.load.client_cpus,
+            workers=plan.workers,
+            started=seen.started,
+            host=os.uname().nodename,
+            environment=plan.servers[0].environment,
+        ),
+        metrics=dict(values),
+        steady_state=dict(seen.steady.values()) if seen.steady else None,
+        server=BenchServer(deltas=dict(seen.server_deltas)),
+        token_check=TokenCheck(matches=seen.tokens.matches, detail=seen.tokens.describe()),
+        failures=BenchFailures(
+            fraction=int(values["failed"]) / measured if measured else None,
+            max_fraction=max_failed_fraction,
+            reasons=failure_reasons(seen.load.records),
+        ),
+        client=ClientLoad(bound=seen.client_bound, cpu_busy=seen.client_cpu_busy),
+        telemetry=seen.telemetry.as_json(),
+        conditions=conditions(seen.telemetry, ValidityLimits()),
+        requests=tuple(_request(r, origin) for r in seen.load.records if not r.warmup) if detailed else None,
+    )
 
 
-def _request_json(record: RequestRecord, origin: float) -> dict[str, object]:
+def _request(record: RequestRecord, origin: float) -> BenchRequest:
     first = record.first_token_at
-    return {
-        "index": record.index,
-        "endpoint": record.endpoint,
-        "start": record.sent_at - origin,
-        "end": record.ended_at - origin,
-        "ttft_ms": (first - record.sent_at) * 1000 if first is not None else None,
-        "itl_ms": [gap * 1000 for gap in inter_token_latencies(record)],
-        "input_tokens": record.prompt_tokens,
-        "output_tokens": record.completion_tokens,
-        "status": record.status,
-        "error": record.error,
-        "ok": record.ok,
-    }
+    return BenchRequest(
+        index=record.index,
+        endpoint=record.endpoint,
+        start=record.sent_at - origin,
+        end=record.ended_at - origin,
+        ttft_ms=(first - record.sent_at) * 1000 if first is not None else None,
+        itl_ms=tuple(gap * 1000 for gap in inter_token_latencies(record)),
+        input_tokens=record.prompt_tokens,
+        output_tokens=record.completion_tokens,
+        status=record.status,
+        error=record.error,
+        ok=record.ok,
+    )
 
 
-def print_summary(result: dict[str, object], out: TextIO) -> None:
-    metrics = result["metrics"]
-    assert isinstance(metrics, dict)
-    identity = result["identity"]
-    assert isinstance(identity, dict)
-    print(f"{'=' * 20} qwenperf bench: {identity['workload']} on {identity['model']} {'=' * 20}", file=out)
+def print_summary(result: BenchResult, out: TextIO) -> None:
+    metrics, identity = result.metrics, result.identity
+    print(f"{'=' * 20} qwenperf bench: {identity.workload} on {identity.model} {'=' * 20}", file=out)
     rows = [
         ("Successful requests", "completed", "{:d}"),
         ("Failed requests", "failed", "{:d}"),
@@ -444,32 +433,22 @@ def print_summary(result: dict[str, object], out: TextIO) -> None:
     for label, key, fmt in rows:
         if key in metrics and metrics[key] is not None:
             print(f"{label:<40}{fmt.format(metrics[key]):>14}", file=out)
-    checks = result["token_check"]
-    client = result["client"]
-    assert isinstance(checks, dict) and isinstance(client, dict)
-    print(f"{'Token totals vs /metrics':<40}{checks['detail']}", file=out)
-    context = result["context"]
-    assert isinstance(context, dict)
-    for server in context["servers"]:
+    print(f"{'Token totals vs /metrics':<40}{result.token_check.detail}", file=out)
+    for server in result.context.servers:
         for name, why in server["unreadable"].items():
             print(f"UNREADABLE {name} of {server['base_url']}: {why}", file=out)
-    if client["bound"]:
-        print(f"CLIENT-BOUND (not a server figure): {client['bound']}", file=out)
-    wrong = result["conditions"]
-    assert isinstance(wrong, list)
-    for loss in wrong:
-        print(f"INVALID {loss['reason']} (not a server figure): {loss['detail']}", file=out)
-    failures = result["failures"]
-    assert isinstance(failures, dict)
-    reasons = failures["reasons"]
-    assert isinstance(reasons, list)
+    if result.client.bound:
+        print(f"CLIENT-BOUND (not a server figure): {result.client.bound}", file=out)
+    for loss in result.conditions:
+        print(f"INVALID {loss.reason} (not a server figure): {loss.detail}", file=out)
+    reasons = result.failures.reasons
     if reasons:
         print("Failed requests by reason:", file=out)
         for reason in reasons[:_SHOWN_REASONS]:
-            print(f"{reason['count']:>8}  {reason['kind']:<22}  {reason['message']}", file=out)
+            print(f"{reason.count:>8}  {reason.kind:<22}  {reason.message}", file=out)
         if len(reasons) > _SHOWN_REASONS:
             rest = reasons[_SHOWN_REASONS:]
-            print(f"{sum(r['count'] for r in rest):>8}  ({len(rest)} more reasons, all in --json)", file=out)
+            print(f"{sum(r.count for r in rest):>8}  ({len(rest)} more reasons, all in --json)", file=out)
 
 
 class _ProgressBar:

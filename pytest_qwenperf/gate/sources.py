@@ -52,15 +52,14 @@ from typing import Annotated, Any, Literal, TypeVar
 import msgspec
 
 from pytest_qwenperf.core import schema
+from pytest_qwenperf.core.bench import BenchResult
 from pytest_qwenperf.core.canary import Canary
-from pytest_qwenperf.core.environment import Environment
 from pytest_qwenperf.core.formats import BENCH_SCHEMA, SESSION_SCHEMA, show
 from pytest_qwenperf.core.identity import Count, Text
 from pytest_qwenperf.core.metrics import find
 from pytest_qwenperf.core.run import (
     MISSING,
     ClientLoad,
-    Loss,
     Number,
     Run,
     RunContext,
@@ -322,41 +321,9 @@ def _bench_run(path: Path, setup: Setup, metrics: dict[str, Number], **blocks: A
 # ------------------------------------------------------------------ qwenperf bench --json
 
 
-class _BenchIdentity(msgspec.Struct, frozen=True, kw_only=True):
-    model: Text
-    workload: Text
-    workload_fingerprint: Text
-    arrival: Text
-
-
-class _BenchContext(msgspec.Struct, frozen=True, kw_only=True):
-    vllm_version: str | None = None
-    servers: tuple[dict[str, Any], ...] = ()
-    started: str | None = None
-    environment: Environment | None = None
-
-
-class _BenchServer(msgspec.Struct, frozen=True, kw_only=True):
-    deltas: dict[str, float | None] = msgspec.field(default_factory=dict)
-
-
-class _QwenperfBench(msgspec.Struct, frozen=True, kw_only=True):
-    """The blocks of a ``qwenperf bench --json`` file a run has (see ``cli/bench.py``); it has more."""
-
-    identity: _BenchIdentity
-    context: _BenchContext
-    metrics: dict[str, Number]
-    steady_state: dict[str, Number] | None = None
-    server: _BenchServer = msgspec.field(default_factory=_BenchServer)
-    token_check: TokenCheck
-    client: ClientLoad
-    telemetry: dict[str, Any] | None = None
-    conditions: tuple[Loss, ...] = ()
-
-
 def _qwenperf_bench(path: Path, data: object) -> Result:
     """Greedy (the load generator sends temperature 0); the load is the arrival as the file names it."""
-    bench = _convert(path, data, _QwenperfBench)
+    bench = _convert(path, data, BenchResult)
     failed = bench.metrics.get("failed")
     if failed is None or not math.isfinite(failed) or failed < 0:
         got = show(failed) if "failed" in bench.metrics else MISSING
