@@ -15,7 +15,7 @@ from pytest_qwenperf.core.formats import json_safe
 from pytest_qwenperf.core.run import Run, RunJsonError, decode_run
 from pytest_qwenperf.core.sequential import SequentialPlan
 from pytest_qwenperf.core.verdict import Judgement
-from pytest_qwenperf.gate.baseline import Baseline, baseline_from_run
+from pytest_qwenperf.gate.baseline import Baseline, BaselineError, baseline_from_run
 from pytest_qwenperf.gate.judge import judge_run
 from pytest_qwenperf.measure import run as run_module
 from pytest_qwenperf.measure import sequential
@@ -267,3 +267,14 @@ def test_a_pair_one_at_a_time_stops_the_reference_before_the_candidate_boots(mon
     assert events == ["reference up", *["reference repeat"] * 3, "reference down", "candidate up", *["candidate repeat"] * 3, "candidate down"]
     verdicts = {j.metric: j.verdict for j in pair.judgements}
     assert verdicts["output_throughput"] == "regression" and pair.reference.metrics["output_throughput"] == 5_000.0
+
+
+def test_a_baseline_that_cannot_be_read_is_no_baseline_and_the_decision_says_why() -> None:
+    def unreadable(run: Run) -> Baseline | None:
+        raise BaselineError("baselines/x.json: metrics.output_throughput.value: expected a number, got 'fast'")
+
+    script = Script(1.0, 1.1, 0.9)
+    decided = decide(PLAN, script, combine, unreadable)
+    assert script.calls == 3 and decided.run.extra_repeats == 0  # measured, and no extra repeat without a baseline
+    assert decided.unreadable == "baselines/x.json: metrics.output_throughput.value: expected a number, got 'fast'"
+    assert {j.verdict for j in decided.judgements} == {"no-baseline"}

@@ -1,4 +1,5 @@
-"""The session's runs: kept for the tests that compare rungs, printed as a table, written as JSON.
+"""The session's runs: kept for the tests that compare rungs, written as JSON (the terminal's
+table of them is :mod:`~pytest_qwenperf.measure.session_table`).
 
 Each run is kept with the verdicts decided as it was measured (against its baseline, or
 against the reference's run when a candidate is measured, at the confidence of its last
@@ -6,14 +7,17 @@ look: :mod:`pytest_qwenperf.measure.sequential`) and why its baseline could not 
 if it could not; the JSON holds the runs and each config's answer to the correctness canary
 (:attr:`SessionReport.canaries`), not the verdicts. A session that measures a
 candidate keeps the reference's runs in a report of their own (:attr:`SessionReport.reference`),
-written to a file of their own.
+written to a file of their own. The report is only added to, and holds immutable records (each
+run, its verdicts, each canary answer); how often each server booted is the pool's count, given
+when the JSON is written.
 """
 
 from __future__ import annotations
 
 import json
-from collections import Counter
+from collections.abc import Mapping
 from pathlib import Path
+from types import MappingProxyType
 
 import msgspec
 
@@ -21,23 +25,29 @@ from pytest_qwenperf.core.canary import Canary
 from pytest_qwenperf.core.files import folder_lock, keep_aside, write_atomically
 from pytest_qwenperf.core.formats import SESSION_SCHEMA, json_safe
 from pytest_qwenperf.core.run import Run
-from pytest_qwenperf.core.verdict import Judgement, format_mde
-from pytest_qwenperf.gate.judge import losses
+from pytest_qwenperf.core.verdict import Judgement
 from pytest_qwenperf.serving.hardware import detect
 
 SCHEMA = SESSION_SCHEMA
 
 
 class SessionReport:
-    """Runs by (config key, workload id) with their verdicts, and how often each config booted."""
+    """Runs by (config key, workload id) with their verdicts, and each config's canary answer."""
 
     def __init__(self) -> None:
         self._runs: dict[tuple[str, str], Run] = {}
         self._judgements: dict[tuple[str, str], tuple[Judgement, ...]] = {}
         self._unreadable: dict[tuple[str, str], str] = {}
-        self.boots: Counter[str] = Counter()
         self.reference: SessionReport | None = None  # the reference's runs, when these are a candidate's
-        self.canaries: dict[str, Canary] = {}  # by config key: what each config answered to the correctness canary
+        self._canaries: dict[str, Canary] = {}
+
+    @property
+    def canaries(self) -> Mapping[str, Canary]:
+        """By config key: what each config answered to the correctness canary."""
+        return MappingProxyType(self._canaries)
+
+    def add_canary(self, config_key: str, canary: Canary) -> None:
+        self._canaries[config_key] = canary
 
     @property
     def runs(self) -> list[Run]:
@@ -62,41 +72,17 @@ class SessionReport:
         """Why the baseline of ``run`` could not be read (None: it could, or there is none)."""
         return self._unreadable.get((run.config_key, run.identity.workload))
 
-    def table(self) -> list[str]:
-        """One line per run: its figures, the repeats it added and the MDE of its output throughput
-        verdict (``—`` where not judged); then how many points took extra repeats."""
-        header = (
-            f"{'config / workload':<48} {'out tok/s':>10} {'total tok/s':>11} {'TTFT p99':>9} {'TPOT p99':>9} {'ok':>5} "
-            f"{'failed, all repeats':>19} {'extra':>5} {'out MDE':>7}"
-        )
-        lines = [header, "-" * len(header)]
-        for run in self.runs:
-            v = run.metrics
-            name = f"{run.config_key} / {run.identity.workload}"
-            mde = next((j.mde for j in self.judgements(run) if j.metric == "output_throughput"), None)
-            lines.append(
-                f"{name:<48} {v['output_throughput']:>10.1f} {v['total_token_throughput']:>11.1f} "
-                f"{v['p99_ttft_ms']:>7.1f}ms {v['p99_tpot_ms']:>7.2f}ms {v['completed']:>5} {run.failed_requests:>19} "
-                f"{run.extra_repeats:>5} {format_mde(mde):>7}"
-                + _invalid(run)
-            )
-        extended = [run.extra_repeats for run in self.runs if run.extra_repeats]
-        lines.append(
-            f"extra repeats, taken while a verdict was noisy or underpowered: {len(extended)} of {len(self.runs)} point(s), "
-            f"{sum(extended)} repeat(s) in all"
-        )
-        return lines
-
-    def as_json(self) -> dict[str, object]:
+    def as_json(self, boots: Mapping[str, int] = MappingProxyType({})) -> dict[str, object]:
+        """The session's JSON; ``boots``: how often each config's server booted (the pool counts them)."""
         return {
             "schema": SCHEMA,
             "hardware": detect().as_dict(),
-            "boots": dict(self.boots),
+            "boots": dict(boots),
             "runs": [msgspec.to_builtins(run) for run in self.runs],
             "canaries": [msgspec.to_builtins(canary) for canary in self.canaries.values()],
         }
 
-    def write_json(self, path: Path) -> Path | None:
+    def write_json(self, path: Path, boots: Mapping[str, int] = MappingProxyType({})) -> Path | None:
         """Write atomically; an existing file is kept under a name of its own (see
         :func:`~pytest_qwenperf.core.files.keep_aside`), which is returned.
 
@@ -104,15 +90,9 @@ class SessionReport:
         finish at the same moment all keep their results: the last as the file, the others
         as kept copies.
         """
-        text = json.dumps(json_safe(self.as_json()), indent=2, sort_keys=True)
+        text = json.dumps(json_safe(self.as_json(boots)), indent=2, sort_keys=True)
         path.parent.mkdir(parents=True, exist_ok=True)
         with folder_lock(path.parent):
             kept = keep_aside(path) if path.exists() else None
             write_atomically(path, text)
         return kept
-
-
-def _invalid(run: Run) -> str:
-    """A run's reasons to be invalid, as the end of its line (the detail is with its verdicts)."""
-    found = losses(run)
-    return "  INVALID: " + ", ".join(loss.reason for loss in found) if found else ""

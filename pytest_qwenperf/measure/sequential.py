@@ -29,7 +29,7 @@ import msgspec
 from pytest_qwenperf.core.run import Run
 from pytest_qwenperf.core.sequential import SequentialPlan
 from pytest_qwenperf.core.verdict import UNDECIDED, Judgement
-from pytest_qwenperf.gate.baseline import Baseline
+from pytest_qwenperf.gate.baseline import Baseline, BaselineError
 from pytest_qwenperf.gate.judge import judge_against_run, judge_run
 from pytest_qwenperf.measure.method import Method
 from pytest_qwenperf.measure.run import Repeat, combine_repeats, measure_repeat
@@ -46,6 +46,7 @@ class Decided:
 
     run: Run
     judgements: tuple[Judgement, ...]
+    unreadable: str | None = None  # why the run's baseline could not be read (then judged without one)
 
 
 def undecided(judgements: Sequence[Judgement]) -> bool:
@@ -64,16 +65,22 @@ def decide(
 
     ``repeat`` measures one repeat, ``combine`` makes the run of the repeats so far, and
     ``baseline_of`` finds the run's baseline (asked once: every repeat has the run's identity).
+    A baseline that cannot be read (:class:`BaselineError`) is no baseline for the verdicts, and
+    the result says why, for the test that needs it to fail with.
     """
     repeats = [repeat() for _ in range(plan.first)]
     run = combine(repeats)
-    baseline = baseline_of(run)
+    unreadable = None
+    try:
+        baseline = baseline_of(run)
+    except BaselineError as exc:
+        baseline, unreadable = None, str(exc)
     judgements = judge_run(baseline, run, confidence=plan.confidence_at(len(repeats)))
     while undecided(judgements) and len(repeats) < plan.most:
         repeats.append(repeat())
         run = combine(repeats)
         judgements = judge_run(baseline, run, confidence=plan.confidence_at(len(repeats)))
-    return Decided(msgspec.structs.replace(run, extra_repeats=len(repeats) - plan.first), judgements)
+    return Decided(msgspec.structs.replace(run, extra_repeats=len(repeats) - plan.first), judgements, unreadable)
 
 
 @dataclass(frozen=True)

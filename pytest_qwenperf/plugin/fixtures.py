@@ -8,6 +8,7 @@ from __future__ import annotations
 from collections import Counter
 from collections.abc import Callable, Iterator
 from contextlib import nullcontext
+from functools import partial
 from pathlib import Path
 
 import pytest
@@ -23,7 +24,15 @@ from pytest_qwenperf.measure.method import Method
 from pytest_qwenperf.measure.report import SessionReport
 from pytest_qwenperf.measure.scaling import endpoint_routes
 from pytest_qwenperf.measure.sequential import measure_pair, measure_point
-from pytest_qwenperf.plugin.settings import REPORT_KEY, SETTINGS_KEY, SUITES_KEY, USES_KEY, QwenperfSettings, repeat_plan
+from pytest_qwenperf.plugin.settings import (
+    POOLS_KEY,
+    REPORT_KEY,
+    SETTINGS_KEY,
+    SUITES_KEY,
+    USES_KEY,
+    QwenperfSettings,
+    repeat_plan,
+)
 from pytest_qwenperf.serving.endpoints import set_urls
 from pytest_qwenperf.serving.hardware import detect
 from pytest_qwenperf.serving.placement import Placement, gpu_ids, placement
@@ -62,8 +71,7 @@ def qwenperf_pool(
 ) -> Iterator[ServerPool]:
     """All servers of the session; each config boots once and everything stops at the end."""
     pool = _pool(qwenperf_settings, _log_dir(qwenperf_settings, tmp_path_factory), qwenperf_settings.launcher)
-    report = pytestconfig.stash[REPORT_KEY]
-    (report.reference if report.reference is not None else report).boots = pool.boots
+    pytestconfig.stash[POOLS_KEY]["launcher"] = pool
     try:
         yield pool
     finally:
@@ -79,7 +87,7 @@ def qwenperf_candidate_pool(
         yield None
         return
     pool = _pool(qwenperf_settings, _log_dir(qwenperf_settings, tmp_path_factory, "candidate"), qwenperf_settings.candidate)
-    pytestconfig.stash[REPORT_KEY].boots = pool.boots
+    pytestconfig.stash[POOLS_KEY]["candidate"] = pool
     try:
         yield pool
     finally:
@@ -169,20 +177,16 @@ def qwenperf_measure(
             report.reference.add(pair.reference)
             report.add(pair.run, pair.judgements)
             return pair.run
-        unreadable: list[str] = []
-
-        def baseline_of(run: Run) -> Baseline | None:
-            try:
-                return find_baseline(settings.baselines, run.identity.baseline())
-            except BaselineError as exc:  # the verdicts' fixture fails with it; the run is still measured
-                unreadable.append(str(exc))
-                return None
-
-        decided = measure_point(server, cfg, workload, method, baseline_of)
-        report.add(decided.run, decided.judgements, unreadable=unreadable[0] if unreadable else None)
+        decided = measure_point(server, cfg, workload, method, partial(_baseline, settings.baselines))
+        report.add(decided.run, decided.judgements, unreadable=decided.unreadable)
         return decided.run
 
     return _measure
+
+
+def _baseline(folder: Path, run: Run) -> Baseline | None:
+    """The stored baseline of ``run``; one that cannot be read raises, and the verdicts' fixture fails with it."""
+    return find_baseline(folder, run.identity.baseline())
 
 
 CanaryFn = Callable[[ServingConfig], Canary]
@@ -207,7 +211,8 @@ def qwenperf_canary(
         if found is None:
             server = pool.get(cfg, _placement(cfg, settings).server_cpus, gpu_ids(cfg, detect()))
             floor = _suite_of(pytestconfig, cfg).canary_floor
-            found = into.canaries[cfg.key] = canary_of(server, cfg, suite=cfg.suite, floor=floor, api_key=settings.api_key)
+            found = canary_of(server, cfg, suite=cfg.suite, floor=floor, api_key=settings.api_key)
+            into.add_canary(cfg.key, found)
         return found
 
     def _canary(cfg: ServingConfig) -> Canary:

@@ -21,7 +21,9 @@ from pytest_qwenperf.core.options import cpu_list, endpoint_url, launcher_argv, 
 from pytest_qwenperf.gate.history import HistoryError, HistoryStore
 from pytest_qwenperf.gate.update import update_baselines
 from pytest_qwenperf.measure.report import SessionReport
+from pytest_qwenperf.measure.session_table import session_table
 from pytest_qwenperf.plugin.settings import (
+    POOLS_KEY,
     REPORT_KEY,
     SETTINGS_KEY,
     SUITES_KEY,
@@ -34,6 +36,7 @@ from pytest_qwenperf.serving import gpu_memory, proctree
 from pytest_qwenperf.serving.endpoints import endpoints_file
 from pytest_qwenperf.serving.hardware import detect
 from pytest_qwenperf.serving.placement import missing_hardware
+from pytest_qwenperf.serving.pool import ServerPool
 from pytest_qwenperf.serving.server import DEFAULT_BOOT_TIMEOUT_S
 from pytest_qwenperf.suite.config import ServingConfig, SuiteError, load_suite
 from pytest_qwenperf.suite.selectors import selected_pairs
@@ -162,6 +165,7 @@ def pytest_configure(config: pytest.Config) -> None:
         config.addinivalue_line("markers", f"{name}: {description}")
     config.stash[SETTINGS_KEY] = settings = resolve_settings(config)
     config.stash[REPORT_KEY] = report = SessionReport()
+    config.stash[POOLS_KEY] = {}
     if settings.candidate is not None:
         report.reference = SessionReport()
     try:
@@ -300,11 +304,11 @@ def pytest_terminal_summary(terminalreporter: pytest.TerminalReporter, config: p
     if report is None or not report.runs:
         return
     terminalreporter.section("qwenperf results" if report.reference is None else "qwenperf results: the candidate")
-    for line in report.table():
+    for line in session_table(report):
         terminalreporter.write_line(line)
     if report.reference is not None and report.reference.runs:
         terminalreporter.section("qwenperf results: the reference (--qwenperf-launcher), repeats interleaved with the candidate's")
-        for line in report.reference.table():
+        for line in session_table(report.reference):
             terminalreporter.write_line(line)
 
 
@@ -315,10 +319,12 @@ def pytest_sessionfinish(session: pytest.Session) -> None:
     settings = config.stash.get(SETTINGS_KEY, None)
     report = config.stash.get(REPORT_KEY, None)
     if settings is not None and settings.json_path is not None and report is not None:
-        _write_results(config, report, settings.json_path)
+        pools = config.stash.get(POOLS_KEY, {})
+        launcher, candidate = pools.get("launcher"), pools.get("candidate")
+        _write_results(config, report, settings.json_path, (candidate if report.reference is not None else launcher))
         reference = reference_path(settings)
         if report.reference is not None and reference is not None:
-            _write_results(config, report.reference, reference)
+            _write_results(config, report.reference, reference, launcher)
     if settings is not None and settings.history is not None and report is not None and report.runs:
         _record_history(session, settings.history, report)
     if settings is not None and settings.update_baselines and report is not None:
@@ -360,8 +366,9 @@ def _record_history(session: pytest.Session, where: str, report: SessionReport) 
     _say(session.config, f"qwenperf: {added} run(s) recorded in the history store {store.where}")
 
 
-def _write_results(config: pytest.Config, report: SessionReport, path: Path) -> None:
-    kept = report.write_json(path)
+def _write_results(config: pytest.Config, report: SessionReport, path: Path, pool: ServerPool | None) -> None:
+    """``pool``: the servers the report's runs were measured on (how often each booted)."""
+    kept = report.write_json(path, pool.boots if pool is not None else {})
     reporter = config.pluginmanager.get_plugin("terminalreporter")
     if reporter is not None:
         note = f" (previous file kept as {kept})" if kept else ""

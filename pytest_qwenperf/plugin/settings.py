@@ -30,6 +30,7 @@ from pytest_qwenperf.core.verdict import DEFAULT_CONFIDENCE
 from pytest_qwenperf.gate.history import HistoryError, HistoryStore, is_url
 from pytest_qwenperf.measure.report import SessionReport
 from pytest_qwenperf.serving.endpoints import EndpointSets
+from pytest_qwenperf.serving.pool import ServerPool
 from pytest_qwenperf.serving.server import DEFAULT_BOOT_TIMEOUT_S, DEFAULT_LAUNCHER
 from pytest_qwenperf.suite.config import Suite
 
@@ -63,6 +64,8 @@ SETTINGS_KEY = pytest.StashKey[QwenperfSettings]()
 SUITES_KEY = pytest.StashKey[tuple[Suite, ...]]()
 REPORT_KEY = pytest.StashKey[SessionReport]()
 """The session's runs: every measured (config, workload), written at the end of the session."""
+POOLS_KEY = pytest.StashKey[dict[str, ServerPool]]()
+"""The session's server pools by role ("launcher", "candidate"): their boot counts go into the JSON."""
 USES_KEY = pytest.StashKey[Counter[str]]()
 """Config key → collected tests still to use its server (it stops after the last)."""
 _T = TypeVar("_T")

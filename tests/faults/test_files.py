@@ -149,9 +149,7 @@ def test_session_json_versions_written_in_the_same_second_all_survive(pytester: 
 
 def _write_versions(path: Path, count: int) -> None:
     for n in range(count):
-        report = SessionReport()
-        report.boots[f"v{n}"] = 1
-        report.write_json(path)
+        SessionReport().write_json(path, {f"v{n}": 1})
         os.utime(path, (1_780_000_000.0, 1_780_000_000.0))
 
 
@@ -174,9 +172,7 @@ from pytest_qwenperf.measure.report import SessionReport
 go, n = Path(sys.argv[1]), sys.argv[2]
 while not go.exists():
     time.sleep(0.001)
-report = SessionReport()
-report.boots["writer-" + n] = 1
-report.write_json(Path(sys.argv[3]))
+SessionReport().write_json(Path(sys.argv[3]), {"writer-" + n: 1})
 """
 
 

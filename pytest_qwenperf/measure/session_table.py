@@ -1,0 +1,40 @@
+"""The session's table on the terminal: one line per run of the report, then the extra repeats taken."""
+
+from __future__ import annotations
+
+from pytest_qwenperf.core.run import Run
+from pytest_qwenperf.core.verdict import format_mde
+from pytest_qwenperf.gate.judge import losses
+from pytest_qwenperf.measure.report import SessionReport
+
+
+def session_table(report: SessionReport) -> list[str]:
+    """One line per run: its figures, the repeats it added and the MDE of its output throughput
+    verdict (``—`` where not judged); then how many points took extra repeats."""
+    header = (
+        f"{'config / workload':<48} {'out tok/s':>10} {'total tok/s':>11} {'TTFT p99':>9} {'TPOT p99':>9} {'ok':>5} "
+        f"{'failed, all repeats':>19} {'extra':>5} {'out MDE':>7}"
+    )
+    lines = [header, "-" * len(header)]
+    for run in report.runs:
+        v = run.metrics
+        name = f"{run.config_key} / {run.identity.workload}"
+        mde = next((j.mde for j in report.judgements(run) if j.metric == "output_throughput"), None)
+        lines.append(
+            f"{name:<48} {v['output_throughput']:>10.1f} {v['total_token_throughput']:>11.1f} "
+            f"{v['p99_ttft_ms']:>7.1f}ms {v['p99_tpot_ms']:>7.2f}ms {v['completed']:>5} {run.failed_requests:>19} "
+            f"{run.extra_repeats:>5} {format_mde(mde):>7}"
+            + _invalid(run)
+        )
+    extended = [run.extra_repeats for run in report.runs if run.extra_repeats]
+    lines.append(
+        f"extra repeats, taken while a verdict was noisy or underpowered: {len(extended)} of {len(report.runs)} point(s), "
+        f"{sum(extended)} repeat(s) in all"
+    )
+    return lines
+
+
+def _invalid(run: Run) -> str:
+    """A run's reasons to be invalid, as the end of its line (the detail is with its verdicts)."""
+    found = losses(run)
+    return "  INVALID: " + ", ".join(loss.reason for loss in found) if found else ""
