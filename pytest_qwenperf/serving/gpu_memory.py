@@ -18,6 +18,7 @@ import psutil
 
 from pytest_qwenperf.core.apikey import shown_command
 from pytest_qwenperf.telemetry.gpu_select import select_devices
+from pytest_qwenperf.telemetry.nvml import nvml_text
 
 DRAIN_TIMEOUT_S = 30.0
 """How long memory freed by a process that just exited may take to show as free."""
@@ -51,7 +52,7 @@ def holders(visible: Sequence[str | None]) -> tuple[GpuHolder, ...]:
         return ()
     try:
         handles = [pynvml.nvmlDeviceGetHandleByIndex(i) for i in range(pynvml.nvmlDeviceGetCount())]
-        uuids = [_text(pynvml.nvmlDeviceGetUUID(h)) for h in handles]
+        uuids = [nvml_text(pynvml.nvmlDeviceGetUUID(h)) for h in handles]
         indices, _ = select_devices(visible, uuids)
         return tuple(holder for i in indices for holder in _on(pynvml, i, handles[i]))
     finally:
@@ -88,7 +89,3 @@ def wait_until_free(visible: Sequence[str | None], timeout_s: float | None = Non
         if not found or time.monotonic() >= deadline:
             return found
         time.sleep(poll_s)
-
-
-def _text(value: str | bytes) -> str:
-    return value.decode() if isinstance(value, bytes) else value

@@ -13,6 +13,8 @@ from dataclasses import dataclass, replace
 from functools import cache
 from types import MappingProxyType
 
+from pytest_qwenperf.telemetry.nvml import nvml_text
+
 # NVML product names → suite hardware ids, most specific first.
 _GPU_KINDS = (
     (re.compile(r"\bGB200\b"), "gb200"),
@@ -124,15 +126,12 @@ def _nvml_gpus() -> tuple[list[str], str, str] | None:
         count = pynvml.nvmlDeviceGetCount()
         if count == 0:
             return None
-        names = [_text(pynvml.nvmlDeviceGetName(pynvml.nvmlDeviceGetHandleByIndex(i))) for i in range(count)]
+        names = [nvml_text(pynvml.nvmlDeviceGetName(pynvml.nvmlDeviceGetHandleByIndex(i))) for i in range(count)]
         cuda = pynvml.nvmlSystemGetCudaDriverVersion_v2()
-        return names, _text(pynvml.nvmlSystemGetDriverVersion()), f"{cuda // 1000}.{cuda % 1000 // 10}"
+        return names, nvml_text(pynvml.nvmlSystemGetDriverVersion()), f"{cuda // 1000}.{cuda % 1000 // 10}"
     finally:
         pynvml.nvmlShutdown()
 
-
-def _text(value: str | bytes) -> str:
-    return value.decode() if isinstance(value, bytes) else value
 
 
 def _cpu_info() -> tuple[str, frozenset[str]]:

@@ -184,7 +184,7 @@ class NvmlSampler(PeriodicSampler):
         for index in range(nv.nvmlDeviceGetCount()):
             try:
                 handle = nv.nvmlDeviceGetHandleByIndex(index)
-                uuid, name = _text(nv.nvmlDeviceGetUUID(handle)), _text(nv.nvmlDeviceGetName(handle))
+                uuid, name = nvml_text(nv.nvmlDeviceGetUUID(handle)), nvml_text(nv.nvmlDeviceGetName(handle))
                 found.append((GpuDevice(index, uuid, name), handle))
             except nv.NVMLError:
                 found.append(None)
@@ -207,7 +207,7 @@ class NvmlSampler(PeriodicSampler):
                 request.metrics[slot].metricId = metric_id
             device.gpm_request = request
         except (AttributeError, nv.NVMLError) as exc:  # a pynvml before GPM, or the driver refused
-            _unavailable(device, ("gpm", *GPM_FIELDS), _describe(exc))
+            _unavailable(device, ("gpm", *GPM_FIELDS), describe_error(exc))
 
     def _open_events(self, device: _DeviceState) -> None:
         """Register for the GPU's XID errors, or mark them unavailable (a driver or GPU without events)."""
@@ -216,7 +216,7 @@ class NvmlSampler(PeriodicSampler):
             device.event_set = nv.nvmlEventSetCreate()
             nv.nvmlDeviceRegisterEvents(device.handle, nv.nvmlEventTypeXidCriticalError, device.event_set)
         except (AttributeError, nv.NVMLError) as exc:
-            _unavailable(device, ("xid_errors",), _describe(exc))
+            _unavailable(device, ("xid_errors",), describe_error(exc))
             self._free_events(device)
 
     def _free_events(self, device: _DeviceState) -> None:
@@ -360,7 +360,7 @@ class NvmlSampler(PeriodicSampler):
         state = device.fields[name]
         state.errors += 1
         state.consecutive += 1
-        state.last_error = _describe(exc)
+        state.last_error = describe_error(exc)
         if isinstance(exc, nv.NVMLError_GpuIsLost):
             raise _DeviceLost from exc
         permanent = isinstance(exc, (nv.NVMLError_NotSupported, nv.NVMLError_FunctionNotFound, AttributeError))
@@ -492,9 +492,11 @@ def _clock_event_reasons(nv: Any, handle: Any) -> int:
         return int(nv.nvmlDeviceGetCurrentClocksThrottleReasons(handle))
 
 
-def _describe(exc: BaseException) -> str:
+def describe_error(exc: BaseException) -> str:
+    """An NVML error (or another) as one message: its text, else its type's name."""
     return str(exc) or type(exc).__name__
 
 
-def _text(value: str | bytes) -> str:
+def nvml_text(value: str | bytes) -> str:
+    """A string NVML returned: ``bytes`` from older nvidia-ml-py releases, ``str`` from newer ones."""
     return value.decode() if isinstance(value, bytes) else value

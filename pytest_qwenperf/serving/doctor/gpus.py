@@ -20,6 +20,7 @@ from pytest_qwenperf.serving.hardware import Hardware, hardware_name
 from pytest_qwenperf.serving.placement import missing_hardware
 from pytest_qwenperf.suite.config import Suite
 from pytest_qwenperf.telemetry.gpu_records import CLOCK_EVENT_REASONS
+from pytest_qwenperf.telemetry.nvml import describe_error, nvml_text
 
 GROUP = "gpu"
 SYS = Path("/sys")
@@ -59,7 +60,7 @@ def scan_gpus(suite: Suite | None, hw: Hardware) -> GpuScan:
         if not count:
             return _no_gpu(suite, "NVML lists no GPU")
         handles = [pynvml.nvmlDeviceGetHandleByIndex(i) for i in range(count)]
-        checks = [_driver(pynvml, count), _model(suite, hw)]
+        checks = [_driver(hw), _model(suite, hw)]
         for name, read in _READINGS:
             checks += per_gpu(GROUP, name, ((i, _reading(pynvml, read, h)) for i, h in enumerate(handles)))
         gpus = tuple(Gpu(i, _max_sm_clock(pynvml, h)) for i, h in enumerate(handles))
@@ -76,12 +77,10 @@ def _no_gpu(suite: Suite | None, why: str) -> GpuScan:
     return GpuScan((), (), (Check(GROUP, "no NVIDIA GPU found", "ok", f"{why}: CPU checks only"),))
 
 
-def _driver(nv: Any, count: int) -> Check:
-    try:
-        cuda = nv.nvmlSystemGetCudaDriverVersion_v2()
-        figure = f"{count} GPU{'s' if count > 1 else ''}, driver {_text(nv.nvmlSystemGetDriverVersion())}, CUDA {cuda // 1000}.{cuda % 1000 // 10}"
-    except (nv.NVMLError, AttributeError) as exc:
-        return Check(GROUP, "NVML", "warn", f"{count} GPUs; driver version not readable: {_describe(exc)}")
+def _driver(hw: Hardware) -> Check:
+    """The GPUs, driver and CUDA versions as hardware detection read them through NVML."""
+    count = hw.gpu_count
+    figure = f"{count} GPU{'s' if count > 1 else ''}, driver {hw.driver_version}, CUDA {hw.cuda_version}"
     return Check(GROUP, "NVML", "ok", figure)
 
 
@@ -106,7 +105,7 @@ def _reading(nv: Any, read: Callable[[Any, Any], Reading], handle: Any) -> Readi
     try:
         return read(nv, handle)
     except (nv.NVMLError, AttributeError) as exc:
-        return Reading("warn", f"not readable: {_describe(exc)}")
+        return Reading("warn", f"not readable: {describe_error(exc)}")
 
 
 def _persistence(nv: Any, h: Any) -> Reading:
@@ -245,7 +244,7 @@ def _numa_node(nv: Any, h: Any) -> Reading:
     try:
         node = int(nv.nvmlDeviceGetNumaNodeId(h))
     except (nv.NVMLError, AttributeError):
-        node = _sysfs_numa_node(_text(nv.nvmlDeviceGetPciInfo(h).busId))
+        node = _sysfs_numa_node(nvml_text(nv.nvmlDeviceGetPciInfo(h).busId))
     return Reading("ok", f"node {node}" if node >= 0 else "unknown (single node or not exposed)")
 
 
@@ -290,11 +289,3 @@ def _holders(found: tuple[GpuHolder, ...]) -> Check:
         "stop them: a session refuses to boot on a GPU another process holds memory on",
         gpus=tuple(sorted({holder.gpu for holder in found})),
     )
-
-
-def _describe(exc: BaseException) -> str:
-    return str(exc) or type(exc).__name__
-
-
-def _text(value: str | bytes) -> str:
-    return value.decode() if isinstance(value, bytes) else value
