@@ -53,9 +53,9 @@ def _gpus(gpu: GpuSummary, limits: ValidityLimits) -> list[Loss]:
     if share is not None and share > limits.clock_event_share:
         active = sorted({r for d in gpu.devices for r, s in d.clock_events.items() if r in d.held_back_reasons() and s > 0})
         capped = [
-            f"GPU {d.device.label} power limit {d.power_limit_w:.0f} W of its default {d.default_power_limit_w:.0f} W"
+            f"GPU {d.device.label} power limit {limit[0]:.0f} W of its default {limit[1]:.0f} W"
             for d in gpu.devices
-            if d.power_capped and d.power_limit_w is not None and d.default_power_limit_w is not None
+            if (limit := d.lowered_power_limit) is not None
         ]
         detail = (
             f"GPUs were held below their clocks ({', '.join(active)}) for {share:.0%} of the steady state "

@@ -116,7 +116,13 @@ class GpuDeviceSummary:
         """
         if self.power_limit_w is None or self.default_power_limit_w is None:
             return True
-        return self.power_limit_w < self.default_power_limit_w
+        return self.lowered_power_limit is not None
+
+    @property
+    def lowered_power_limit(self) -> tuple[float, float] | None:
+        """``(enforced, default)`` watts where both were read and the limit is below the default; else None."""
+        enforced, default = self.power_limit_w, self.default_power_limit_w
+        return (enforced, default) if enforced is not None and default is not None and enforced < default else None
 
     def held_back_reasons(self) -> frozenset[str]:
         """The clock-event reasons that make this GPU's samples held back: :data:`CLOCK_EVENTS`, the power

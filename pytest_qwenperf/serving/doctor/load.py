@@ -37,7 +37,7 @@ from pytest_qwenperf.serving.doctor.checks import Check
 from pytest_qwenperf.serving.doctor.gpus import GpuScan
 from pytest_qwenperf.serving.doctor.options import DoctorOptions
 from pytest_qwenperf.serving.proctree import new_tag, spawn_tree, stop_tree, tree_of
-from pytest_qwenperf.telemetry.gpu_records import GpuDeviceSummary
+from pytest_qwenperf.telemetry.gpu_records import GpuDeviceSummary, others_held
 from pytest_qwenperf.telemetry.nvml import NvmlSampler
 from pytest_qwenperf.telemetry.sampling import CLOCK, Stats
 
@@ -145,13 +145,13 @@ def _wait_for(child: Popen[bytes], log: Path, word: str, timeout_s: float) -> fl
 
 def _listed(sampler: NvmlSampler, since: float) -> dict[int, int | None]:
     """Every pid NVML listed on a sampled GPU from ``since`` on, with the most memory it was seen holding."""
-    listed: dict[int, int | None] = {}
-    for device in sampler.devices:
-        for sample in sampler.samples(device.uuid):
-            if sample.at >= since and sample.processes:
-                for pid, used in sample.processes.items():
-                    listed[pid] = max((b for b in (listed.get(pid), used) if b is not None), default=None)
-    return listed
+    readings = [
+        sample.processes
+        for device in sampler.devices
+        for sample in sampler.samples(device.uuid)
+        if sample.at >= since and sample.processes
+    ]
+    return others_held(readings, own=())
 
 
 def _visibility(listed: Mapping[int, int | None], own: set[int], before: set[int]) -> Check:
@@ -223,8 +223,8 @@ def _under_load(d: GpuDeviceSummary, max_clock_mhz: int | None, limits: Validity
         faults.append(
             f"held below its clocks by {reasons} beyond the suite's limit: every run here would be invalid (gpu-clock-events)"
         )
-        if d.power_capped and d.power_limit_w is not None and d.default_power_limit_w is not None:
-            faults.append(f"raise the power limit: nvidia-smi -pl {d.default_power_limit_w:.0f}")
+        if (limit := d.lowered_power_limit) is not None:
+            faults.append(f"raise the power limit: nvidia-smi -pl {limit[1]:.0f}")
     if faults:
         return Check(GROUP, "under load", "fail", figure, "; ".join(faults), gpus=(d.device.index,), values=values)
     if utilization is None or held_back is None:
