@@ -31,7 +31,8 @@ from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
 
-import pynvml
+from pytest_qwenperf.serving.gpu_memory import holders
+from pytest_qwenperf.serving.hardware import detect
 
 ROOT = Path(__file__).resolve().parents[1]
 SUITE = ROOT / "perf_tests" / "suites" / "hopper.toml"
@@ -306,7 +307,7 @@ def _hold_while_the_server_holds(log: Path, holder: dict[str, int], over: thread
     """Once the stand-in holds memory on GPU 0, hold some too, until it no longer does or the session is over."""
 
     def standin_holds() -> bool:
-        return any(STANDIN.name in name for name in _names_on(0))
+        return any(STANDIN.name in holder.command for holder in holders(["0"]))
 
     def server_booted() -> bool:
         while not over.is_set():
@@ -322,23 +323,6 @@ def _hold_while_the_server_holds(log: Path, holder: dict[str, int], over: thread
                 pass
 
 
-def _names_on(index: int) -> list[str]:
-    """Command lines of the processes holding memory on GPU ``index``."""
-    pynvml.nvmlInit()
-    try:
-        handle = pynvml.nvmlDeviceGetHandleByIndex(index)
-        return [_command(p.pid) for p in pynvml.nvmlDeviceGetComputeRunningProcesses(handle)]
-    finally:
-        pynvml.nvmlShutdown()
-
-
-def _command(pid: int) -> str:
-    try:
-        return Path(f"/proc/{pid}/cmdline").read_bytes().replace(b"\0", b" ").decode(errors="replace")
-    except OSError:
-        return f"pid {pid} (not readable here)"
-
-
 @contextlib.contextmanager
 def _gpu_processes() -> Iterator[dict[int, set[str]]]:
     """Command lines seen holding memory on each GPU while the block runs (read each second)."""
@@ -346,16 +330,9 @@ def _gpu_processes() -> Iterator[dict[int, set[str]]]:
     stop = threading.Event()
 
     def watch() -> None:
-        pynvml.nvmlInit()
-        try:
-            count = pynvml.nvmlDeviceGetCount()
-            while not stop.wait(1.0):
-                for index in range(count):
-                    handle = pynvml.nvmlDeviceGetHandleByIndex(index)
-                    for process in pynvml.nvmlDeviceGetComputeRunningProcesses(handle):
-                        seen.setdefault(index, set()).add(_command(process.pid))
-        finally:
-            pynvml.nvmlShutdown()
+        while not stop.wait(1.0):
+            for holder in holders([None]):
+                seen.setdefault(holder.gpu, set()).add(holder.command)
 
     thread = threading.Thread(target=watch, daemon=True)
     thread.start()
@@ -367,20 +344,16 @@ def _gpu_processes() -> Iterator[dict[int, set[str]]]:
 
 
 def _gpu_description() -> dict[str, object]:
-    pynvml.nvmlInit()
-    try:
-        handle = pynvml.nvmlDeviceGetHandleByIndex(0)
-        return {
-            "name": pynvml.nvmlDeviceGetName(handle),
-            "count": pynvml.nvmlDeviceGetCount(),
-            "driver": pynvml.nvmlSystemGetDriverVersion(),
-            "nvidia_ml_py": importlib.metadata.version("nvidia-ml-py"),
-            "date": time.strftime("%Y-%m-%d"),
-            "python": sys.version.split()[0],
-            "visible": os.environ.get("CUDA_VISIBLE_DEVICES"),
-        }
-    finally:
-        pynvml.nvmlShutdown()
+    hardware = detect()
+    return {
+        "name": hardware.gpu_name,
+        "count": hardware.gpu_count,
+        "driver": hardware.driver_version,
+        "nvidia_ml_py": importlib.metadata.version("nvidia-ml-py"),
+        "date": time.strftime("%Y-%m-%d"),
+        "python": sys.version.split()[0],
+        "visible": os.environ.get("CUDA_VISIBLE_DEVICES"),
+    }
 
 
 if __name__ == "__main__":
