@@ -42,6 +42,7 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import itertools
 import json
 import math
 import os
@@ -435,7 +436,7 @@ class StandIn:
         logprobs = None
         if job.logprobs:
             pieces = [self.tokenizer.decode([token], skip_special_tokens=False) for token in ids]
-            offsets = [sum(len(p) for p in pieces[:k]) for k in range(len(pieces))]
+            offsets = list(itertools.accumulate((len(p) for p in pieces), initial=0))[:-1]
             values = [logprob for _, logprob, _, _ in steps]
             top = [{piece: value} for piece, value in zip(pieces, values, strict=True)]
             logprobs = {"text_offset": offsets, "token_logprobs": values, "tokens": pieces, "top_logprobs": top}
