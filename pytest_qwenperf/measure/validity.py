@@ -76,7 +76,7 @@ def _gpus(gpu: GpuSummary, limits: ValidityLimits) -> list[Loss]:
             f"GPU {label}: " + ", ".join(f"pid {pid} ({_mib(used)})" for pid, used in held.items())
             for label, held in foreign.items()
         )
-        found.append(Loss(reason="gpu-shared", detail=f"GPUs the config uses held memory of other processes ({shown})"))
+        found.append(Loss(reason="gpu-shared", detail=f"GPUs held memory of other processes ({shown})"))
     return found
 
 
