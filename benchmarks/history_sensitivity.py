@@ -25,7 +25,7 @@ import statistics
 import sys
 
 from pytest_qwenperf.core.metrics import metric
-from pytest_qwenperf.gate.history import HistoryStore, Point
+from pytest_qwenperf.gate.history_store import HistoryStore, Point
 from pytest_qwenperf.history.changes import change_points, failing, levels
 
 
@@ -48,7 +48,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--steps", default="0,0.05,0.08,0.10,0.15,0.20", help="step sizes, fractions of the level")
     parser.add_argument("--seed", type=int, default=0)
     args = parser.parse_args(argv)
-    with HistoryStore.open(args.store) as store:
+    with HistoryStore.open(args.store, create=False) as store:
         (key,) = [k for k in store.keys(config=None, workload=None) if k.metric == args.metric]
         flat = levels([p for p in store.series(key) if p.values and not p.invalid])
     higher = metric(args.metric).direction == "higher"

@@ -28,7 +28,7 @@ from pytest_qwenperf.loadgen.http import Connection
 from pytest_qwenperf.loadgen.request import Api, RequestSpec
 from pytest_qwenperf.loadgen.sse import StreamParser
 from pytest_qwenperf.loadgen.stamped_socket import StampedConnection
-from pytest_qwenperf.loadgen.workers import run_load_in_workers
+from pytest_qwenperf.loadgen.workers import pin_current_process, run_load_in_workers
 from tests.stream_source import MODEL, StreamSource, _Format, stream_source
 
 _CPUS = sorted(os.sched_getaffinity(0))
@@ -435,9 +435,11 @@ def test_workers_merge_like_one_process(source: StreamSource) -> None:
     single = run_load_sync(source.urls, MODEL, specs, ClosedLoop(4))
     cpus = CLIENT_CPUS or os.sched_getaffinity(0)
     seen: list[int] = []
-    merged = run_load_in_workers(
-        2, source.urls, MODEL, specs, ClosedLoop(4), cpus=cpus, progress=lambda record: seen.append(record.index)
-    )
+    previous = pin_current_process(cpus)  # the workers run where their parent was pinned
+    try:
+        merged = run_load_in_workers(2, source.urls, MODEL, specs, ClosedLoop(4), progress=lambda record: seen.append(record.index))
+    finally:
+        pin_current_process(previous)
     for load in (single, merged):
         assert len(load.records) == 24 and all(r.ok for r in load.records)
         assert sum(r.completion_tokens for r in load.records) == sum(sum(r.chunk_tokens) for r in load.records) == 72

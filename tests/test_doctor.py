@@ -14,6 +14,7 @@ from collections import namedtuple
 from collections.abc import Iterable, Iterator, Sequence
 from pathlib import Path
 
+import psutil
 import pytest
 
 from pytest_qwenperf.cli.main import main
@@ -27,6 +28,7 @@ from pytest_qwenperf.serving.doctor.software import software_checks
 from pytest_qwenperf.serving.hardware import Hardware
 from pytest_qwenperf.suite.config import ServingConfig, Suite, load_suite
 from pytest_qwenperf.suite.vllm_args import ArgCheck, ParserUnavailable
+from pytest_qwenperf.telemetry.cores import CoreTimes
 from tests import fake_pynvml
 from tests.fake_pynvml import FakeGpu
 
@@ -255,10 +257,13 @@ def test_governor_and_smt(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> No
 
 
 def test_steal_time_against_the_suites_limit(monkeypatch: pytest.MonkeyPatch, tmp_path: Path, no_vllm_parser: None) -> None:
-    monkeypatch.setattr(host, "PROC", tmp_path)
-    # user nice system idle iowait irq softirq steal: 1000 ticks, 200 of them stolen since the start
-    (tmp_path / "stat").write_text("cpu  500 0 100 200 0 0 0 200 0 0\ncpu0 ...\n")
-    start = CpuTimes(steal=0, total=0, at=0.0)
+    monkeypatch.setattr(psutil, "PROCFS_PATH", str(tmp_path))
+    # user nice system idle iowait irq softirq steal guest guest_nice: 1000 ticks, 200 of them
+    # stolen since the start (over two CPUs); guest time is inside user and not counted twice
+    (tmp_path / "stat").write_text(
+        "cpu  500 0 100 200 0 0 0 200 40 0\ncpu0 300 0 50 100 0 0 0 50 40 0\ncpu1 200 0 50 100 0 0 0 150 0 0\n"
+    )
+    start = CpuTimes(CoreTimes(busy_s=0.0, steal_s=0.0, total_s=0.0), at=0.0)
     cpu = Hardware(kind="cpu", cpu_ids=frozenset({0, 1}))
     stolen = row(host_checks(None, cpu, start, ValidityLimits()), "steal time")
     assert stolen.status == "warn" and stolen.figure.startswith("20.0% of the CPU time") and "limit 10%" in stolen.figure

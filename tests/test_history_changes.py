@@ -8,7 +8,7 @@ import random
 
 import pytest
 
-from pytest_qwenperf.gate.history import Point
+from pytest_qwenperf.gate.history_store import Point
 from pytest_qwenperf.history.changes import Change, change_points, failing
 
 

@@ -6,12 +6,13 @@ from __future__ import annotations
 import dataclasses
 import json
 import shutil
+import sqlite3
 import subprocess
 from pathlib import Path
 
 import pytest
 
-from pytest_qwenperf.gate.history import HistoryStore, Point, SeriesKey
+from pytest_qwenperf.gate.history_store import HistoryStore, Point, SeriesKey
 from pytest_qwenperf.history.report import Series, render
 from pytest_qwenperf.measure.report import SessionReport
 from tests.stream_source import stream_source
@@ -79,13 +80,46 @@ def test_a_flat_history_passes_fail_on_change(tmp_path: Path) -> None:
         (("history", "import", "{tmp}/h.sqlite"), "history import: expected at least one FILE or folder after STORE"),
         (("history", "import", "{tmp}/h.sqlite", "{tmp}/absent.json"), "absent.json: no such file or folder"),
         (("history", "{tmp}/h.sqlite", "stray.json"), "unexpected arguments ['stray.json'] (did you mean 'history import'?)"),
-        (("history", "{tmp}/no/such/folder/h.sqlite"), "no/such/folder/h.sqlite: cannot open the history store"),
+        (("history", "{tmp}/no/such/folder/h.sqlite"), "no/such/folder/h.sqlite: no history store there"),
     ],
 )
 def test_bad_command_lines_exit_2_with_one_line(tmp_path: Path, args: tuple[str, ...], message: str) -> None:
     done = qwenperf(*(a.format(tmp=tmp_path) for a in args))
     assert done.returncode == 2, done.stdout + done.stderr
     assert message in done.stderr and "Traceback" not in done.stderr
+
+
+def test_reading_a_store_never_creates_one(tmp_path: Path) -> None:
+    """A typo in the store's name was a new empty store and exit 0 under --fail-on change: a silent pass."""
+    typo = tmp_path / "histroy.sqlite"
+    done = qwenperf("history", typo, "--fail-on", "change")
+    assert done.returncode == 2 and done.stderr.strip().endswith("no history store there (a command that reads a store never creates one)")
+    assert len(done.stderr.strip().splitlines()) == 1 and not typo.exists()
+
+
+def test_a_store_or_filter_with_no_series_is_no_pass(tmp_path: Path) -> None:
+    store = tmp_path / "history.sqlite"
+    HistoryStore.open(store).close()  # a store, empty
+    done = qwenperf("history", store, "--fail-on", "change")
+    assert done.returncode == 2 and done.stderr.strip().endswith("history.sqlite: it holds no runs"), done.stderr
+    sessions(tmp_path / "nights", [5_000.0] * 3)
+    assert qwenperf("history", "import", store, tmp_path / "nights").returncode == 0
+    done = qwenperf("history", store, "--config", "bsae", "--metric", "output_throughput", "--fail-on", "change")
+    assert done.returncode == 2 and done.stderr.strip().endswith("match --config bsae, --metric output_throughput"), done.stderr
+
+
+def test_a_file_that_is_not_a_store_gets_one_line_and_is_left_as_it_was(tmp_path: Path) -> None:
+    text = tmp_path / "notes.sqlite"
+    text.write_text("not a database, " * 100)
+    other = tmp_path / "other.sqlite"
+    with sqlite3.connect(other) as db:
+        db.execute("CREATE TABLE mine (x INTEGER)")
+    before = {path: path.read_bytes() for path in (text, other)}
+    for path, message in ((text, "cannot open the history store: file is not a database"), (other, "not a history store (no qwenperf_schema table)")):
+        done = qwenperf("history", path, "--fail-on", "change")
+        assert done.returncode == 2 and message in done.stderr, done.stderr
+        assert len(done.stderr.strip().splitlines()) == 1 and "Traceback" not in done.stderr
+    assert {path: path.read_bytes() for path in (text, other)} == before
 
 
 def test_a_session_records_its_runs_in_the_store_named_by_the_ini_key(pytester: pytest.Pytester) -> None:
@@ -104,6 +138,32 @@ def test_a_session_records_its_runs_in_the_store_named_by_the_ini_key(pytester: 
         assert store.count() == 2
         (key,) = store.keys(config="standin/base", metric="output_throughput")
         assert [len(p.values) for p in store.series(key)] == [2, 2]
+
+
+def test_a_session_records_in_the_default_store_unless_told_not_to(pytester: pytest.Pytester) -> None:
+    """No option, no ini key: the runs go to .qwenperf/history.sqlite under the rootdir, in a folder
+    git ignores; a session that measures nothing, or one with --qwenperf-no-history, makes no file."""
+    write_suite(pytester.path)
+    pytester.makepyfile(
+        test_run="def test_run(qwenperf_run):\n    assert qwenperf_run.metrics['completed'] == 8\n",
+        test_nothing="def test_nothing():\n    pass\n",
+    )
+    default = pytester.path / ".qwenperf" / "history.sqlite"
+    with stream_source(model="qwenperf-tiny", default_schedule={"ttft_ms": 20, "itl_ms": 10}) as source:
+        args = ("-p", "no:cacheprovider", "--qwenperf-suite=suite.toml", f"--qwenperf-endpoint={source.urls[0]}")
+        nothing = pytester.runpytest_subprocess(*args, "test_nothing.py")
+        assert nothing.ret == pytest.ExitCode.OK and not default.parent.exists()
+        off = pytester.runpytest_subprocess(*args, "--qwenperf-no-history", "test_run.py")
+        assert off.ret == pytest.ExitCode.OK and not default.parent.exists(), off.stdout.str()
+        recorded = pytester.runpytest_subprocess(*args, "test_run.py")
+    assert recorded.ret == pytest.ExitCode.OK, recorded.stdout.str() + recorded.stderr.str()
+    recorded.stdout.fnmatch_lines([f"*1 run(s) recorded in the history store {default}*"])
+    assert (default.parent / ".gitignore").read_text().splitlines()[-1] == "*"
+    with HistoryStore.open(default, create=False) as store:
+        assert store.count() == 1
+    both = pytester.runpytest_subprocess(*args, "--qwenperf-no-history", "--qwenperf-history=h.sqlite", "test_run.py")
+    assert both.ret == pytest.ExitCode.USAGE_ERROR
+    both.stderr.fnmatch_lines(["*--qwenperf-history and --qwenperf-no-history: choose one*"])
 
 
 def test_a_store_that_cannot_be_opened_fails_the_session_before_it_measures(pytester: pytest.Pytester) -> None:

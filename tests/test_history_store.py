@@ -16,8 +16,8 @@ from typing import Any
 import pytest
 
 from pytest_qwenperf.core.run import Run
-from pytest_qwenperf.gate import history
-from pytest_qwenperf.gate.history import HistoryError, HistoryStore, SeriesKey
+from pytest_qwenperf.gate import history_store
+from pytest_qwenperf.gate.history_store import HistoryError, HistoryStore, SeriesKey
 from tests.test_baseline import make_run, run_of
 
 
@@ -45,7 +45,7 @@ def output_key(config: str = "base") -> SeriesKey:
 
 def test_appended_runs_come_back_as_series_in_the_order_they_started(where: str) -> None:
     with HistoryStore.open(where) as store:
-        assert store.version == history.VERSION and store.count() == 0
+        assert store.version == history_store.VERSION and store.count() == 0
         assert store.append([night(3, 5_000.0), night(1, 5_200.0, version="0.31.0")], source="test") == 2
         assert store.append([night(2, 5_100.0, version="0.31.0")], source="test") == 1
         points = store.series(output_key())
@@ -76,15 +76,15 @@ def test_a_store_reopened_keeps_its_runs_and_is_not_migrated_again(where: str) -
     with HistoryStore.open(where) as store:
         store.append([night(1, 5_000.0)], source="test")
     with HistoryStore.open(where) as store:
-        assert store.count() == 1 and store.version == history.VERSION
+        assert store.count() == 1 and store.version == history_store.VERSION
 
 
 def test_an_older_store_is_migrated_in_place_and_keeps_its_runs(where: str, monkeypatch: pytest.MonkeyPatch) -> None:
     with HistoryStore.open(where) as store:
         store.append([night(1, 5_000.0)], source="test")
-    later = (*history.MIGRATIONS, ("ALTER TABLE runs ADD COLUMN vllm_commit TEXT",))
-    monkeypatch.setattr(history, "MIGRATIONS", later)
-    monkeypatch.setattr(history, "VERSION", len(later))
+    later = (*history_store.MIGRATIONS, ("ALTER TABLE runs ADD COLUMN vllm_commit TEXT",))
+    monkeypatch.setattr(history_store, "MIGRATIONS", later)
+    monkeypatch.setattr(history_store, "VERSION", len(later))
     with HistoryStore.open(where) as store:
         assert store.version == len(later) and store.count() == 1
         store.append([night(2, 5_000.0)], source="test")
@@ -94,8 +94,8 @@ def test_an_older_store_is_migrated_in_place_and_keeps_its_runs(where: str, monk
 def test_a_store_of_a_newer_schema_is_refused_and_left_alone(where: str, monkeypatch: pytest.MonkeyPatch) -> None:
     with HistoryStore.open(where) as store:
         store.append([night(1, 5_000.0)], source="test")
-    monkeypatch.setattr(history, "VERSION", history.VERSION - 1)  # this code knows an older schema
-    with pytest.raises(HistoryError, match=rf"schema version {history.VERSION + 1} is newer than this pytest-qwenperf knows \({history.VERSION}\); upgrade it"):
+    monkeypatch.setattr(history_store, "VERSION", history_store.VERSION - 1)  # this code knows an older schema
+    with pytest.raises(HistoryError, match=rf"schema version {history_store.VERSION + 1} is newer than this pytest-qwenperf knows \({history_store.VERSION}\); upgrade it"):
         HistoryStore.open(where)
     monkeypatch.undo()
     with HistoryStore.open(where) as store:
@@ -105,7 +105,7 @@ def test_a_store_of_a_newer_schema_is_refused_and_left_alone(where: str, monkeyp
 CRASHER = """
 import sys, time
 from pathlib import Path
-from pytest_qwenperf.gate.history import HistoryStore
+from pytest_qwenperf.gate.history_store import HistoryStore
 from tests.test_history_store import night
 
 def runs():

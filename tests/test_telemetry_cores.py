@@ -61,8 +61,8 @@ def test_a_busy_process_on_the_servers_core_is_seen_and_named(spawn: Spawn) -> N
     # The competitor spins alone on the server's core (the server sleeps): whatever else runs
     # there only adds to what is not the server's.
     assert cores.contended_share is not None and cores.contended_share > 0.5
-    assert cores.others_busy is not None and cores.others_busy.median >= CONTENDED_CORES
-    named = {other.pid for other in cores.busiest_others}
+    assert cores.other_processes_busy is not None and cores.other_processes_busy.median >= CONTENDED_CORES
+    named = {other.pid for other in cores.busiest_other_processes}
     assert competitor.pid in named
     assert elsewhere.pid not in named  # its affinity does not reach the server's core
     assert server.pid not in named
@@ -87,7 +87,7 @@ def test_others_are_the_cores_time_less_the_runs_own_and_count_when_the_cores_ar
 
     def cores(watched: object) -> CoreTimes:
         times = psutil.Process(server.pid).cpu_times()
-        return CoreTimes(busy_s=times.user + times.system + others * now[0], steal_s=0.1 * now[0])
+        return CoreTimes(busy_s=times.user + times.system + others * now[0], steal_s=0.1 * now[0], total_s=now[0])
 
     monkeypatch.setattr("pytest_qwenperf.telemetry.cpu.CLOCK", lambda: now[0])
     monkeypatch.setattr("pytest_qwenperf.telemetry.cpu.core_times", cores)
@@ -97,7 +97,7 @@ def test_others_are_the_cores_time_less_the_runs_own_and_count_when_the_cores_ar
         sampler._poll()
     summary = sampler.summary().server_cores
     assert summary is not None and summary.cores == (first,)
-    assert [s.others for s in sampler.samples] == pytest.approx([others] * 5)
+    assert [s.other_processes for s in sampler.samples] == pytest.approx([others] * 5)
     assert summary.contended_share == pytest.approx(contended_share)
     assert summary.steal_share == pytest.approx(0.1)
 
@@ -107,5 +107,5 @@ def test_without_a_server_group_no_cores_are_watched(spawn: Spawn) -> None:
     proc = spawn(IDLE, first)
     sampler = watch({"client": [proc.pid]}, 0.5)
     assert sampler.summary().server_cores is None
-    assert all(s.others is None for s in sampler.samples)
+    assert all(s.other_processes is None for s in sampler.samples)
     assert sampler.summary().as_json()["server_cores"] is None

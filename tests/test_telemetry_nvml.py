@@ -93,7 +93,7 @@ def test_visible_gpus_are_sampled_with_every_field(monkeypatch: pytest.MonkeyPat
     assert dict(device.field_errors) == {}
     assert not device.lost
     assert device.xid_errors == () and device.ecc_uncorrected == device.ecc_corrected == 0
-    assert dict(device.foreign_processes) == {}
+    assert dict(device.other_processes) == {}
 
     # Energy: the counter grows at 500 W in real time, so each GPU used 500 J per second between its
     # first reading and its last (the counter counts whole mJ).
@@ -403,21 +403,21 @@ def test_other_processes_holding_memory_on_a_gpu_are_reported(monkeypatch: pytes
     summary = sampler.summary((samples[5].at, samples[15].at))
     device = summary.devices[0]
 
-    assert dict(device.foreign_processes) == {me: 3 * GiB, nameless: None}  # the most each held
-    assert dict(device.foreign_process_names) == {me: psutil.Process().name()}
-    assert summary.foreign_processes() == {"0": device.foreign_processes}
+    assert dict(device.other_processes) == {me: 3 * GiB, nameless: None}  # the most each held
+    assert dict(device.other_process_names) == {me: psutil.Process().name()}
+    assert summary.other_processes() == {"0": device.other_processes}
     assert device.as_json()["foreign_processes"] == [
         {"pid": me, "used_bytes": 3 * GiB, "name": psutil.Process().name()},
         {"pid": nameless, "used_bytes": None, "name": None},
     ]
-    assert set(sampler.summary().devices[0].foreign_processes) == {early, me, nameless, late}
+    assert set(sampler.summary().devices[0].other_processes) == {early, me, nameless, late}
 
 
 def test_without_own_pids_no_process_is_read_or_reported(monkeypatch: pytest.MonkeyPatch) -> None:
     gpu = FakeGpu(UUIDS[0], processes=[(NO_SUCH_PID, GiB)])
     install(monkeypatch, [gpu])
     summary = run_sampler(["0"], until=lambda: gpu.polls >= 5, processes_every_s=0).summary()
-    assert dict(summary.devices[0].foreign_processes) == {} and summary.foreign_processes() == {}
+    assert dict(summary.devices[0].other_processes) == {} and summary.other_processes() == {}
     assert gpu.calls["nvmlDeviceGetComputeRunningProcesses"] == 0
 
 
@@ -431,7 +431,7 @@ def test_processes_are_read_every_few_seconds_and_at_the_closing_poll(monkeypatc
     assert read[0] == 0 and read[-1] == len(samples) - 1  # the first poll and the closing one
     assert len(read) <= 3  # (and a scheduled poll that began as the sampler was being stopped)
     device = sampler.summary().devices[0]
-    assert dict(device.foreign_processes) == {NO_SUCH_PID: GiB} and "processes" not in device.field_errors
+    assert dict(device.other_processes) == {NO_SUCH_PID: GiB} and "processes" not in device.field_errors
 
 
 def test_processes_not_supported_are_unavailable_and_nothing_is_reported(monkeypatch: pytest.MonkeyPatch) -> None:
@@ -439,7 +439,7 @@ def test_processes_not_supported_are_unavailable_and_nothing_is_reported(monkeyp
     install(monkeypatch, [gpu])
     sampler = run_sampler(["0"], until=lambda: gpu.polls >= 5, own_pids=lambda: (), processes_every_s=0)
     device = sampler.summary().devices[0]
-    assert device.field_errors["processes"].unavailable and dict(device.foreign_processes) == {}
+    assert device.field_errors["processes"].unavailable and dict(device.other_processes) == {}
     assert gpu.calls["nvmlDeviceGetComputeRunningProcesses"] == 1
     assert device.utilization.count == device.samples and sampler.health().failed_polls == 0
 

@@ -29,10 +29,10 @@ HEALTH = SamplerHealth(0.5, 10, 0, None, None, None, None)
 def cpu_telemetry(contended: float | None, steal: float | None = 0.0) -> TelemetrySummary:
     cores = ServerCoresSummary(
         cores=(0,),
-        others_busy=Stats.of([0.9, 0.1]),
+        other_processes_busy=Stats.of([0.9, 0.1]),
         contended_share=contended,
         steal_share=steal,
-        busiest_others=(OtherProcess(4242, "stress", 0.93, 1.0),),
+        busiest_other_processes=(OtherProcess(4242, "stress", 0.93, 1.0),),
     )
     return TelemetrySummary(window=None, gpu=None, cpu=CpuSummary(MappingProxyType({}), HEALTH, server_cores=cores), server=None)
 

@@ -15,28 +15,16 @@ written, with the failures grouped by reason); 2 when the run cannot start
 from __future__ import annotations
 
 import argparse
-import importlib.metadata
 import json
 import math
 import os
 import sys
-import time
-from collections import Counter
-from collections.abc import Iterable, Sequence
-from dataclasses import dataclass
+from collections.abc import Sequence
 from pathlib import Path
 from typing import TextIO
 
+from pytest_qwenperf.cli.bench_output import ProgressBar, print_summary, show_progress
 from pytest_qwenperf.core.apikey import ApiKey, ApiKeyError, resolve_api_key
-from pytest_qwenperf.core.bench import (
-    BenchContext,
-    BenchFailures,
-    BenchIdentity,
-    BenchRequest,
-    BenchResult,
-    BenchServer,
-    FailureReason,
-)
 from pytest_qwenperf.core.files import unwritable, write_atomically
 from pytest_qwenperf.core.formats import json_safe
 from pytest_qwenperf.core.options import (
@@ -47,18 +35,15 @@ from pytest_qwenperf.core.options import (
     positive_seconds,
     whole_number,
 )
-from pytest_qwenperf.core.records import RequestRecord
-from pytest_qwenperf.core.run import ClientLoad, TokenCheck
-from pytest_qwenperf.core.summary import GoodputSLO, inter_token_latencies
-from pytest_qwenperf.core.validity import ValidityLimits
-from pytest_qwenperf.gate.history import HistoryError, HistoryStore
+from pytest_qwenperf.core.summary import GoodputSLO
+from pytest_qwenperf.gate.history_store import HistoryError, HistoryStore
 from pytest_qwenperf.gate.sources import bench_run
 from pytest_qwenperf.loadgen.arrivals import Arrival, ClosedLoop, Distribution, OpenLoop
 from pytest_qwenperf.loadgen.client import DEFAULT_TIMEOUT_S, LoadOptions, run_load_sync
 from pytest_qwenperf.loadgen.request import RequestSpec
 from pytest_qwenperf.loadgen.tokenizer import PromptTokenizer
+from pytest_qwenperf.measure.bench import BenchPlan, bench_result
 from pytest_qwenperf.measure.observe import ClientSetup, Load, Observation, Target, observe
-from pytest_qwenperf.measure.validity import conditions
 from pytest_qwenperf.serving.server import (
     ServerAuthError,
     ServerInfo,
@@ -68,8 +53,6 @@ from pytest_qwenperf.serving.server import (
 from pytest_qwenperf.suite.workloads import KINDS, Workload, workload_from_dict
 
 _AT_LEAST_0, _AT_LEAST_1 = whole_number(0), whole_number(1)
-_SHOWN_REASONS = 10  # failure reasons printed; the JSON has them all
-_MESSAGE_CHARS = 160
 
 
 class BenchError(Exception):
@@ -79,20 +62,6 @@ class BenchError(Exception):
 HELP = "drive a workload against running servers and report vllm-bench-serve-style metrics"
 DESCRIPTION = "Load-test already-running OpenAI-compatible vLLM servers with the suite's load generator."
 ERRORS: tuple[type[Exception], ...] = (BenchError, HistoryError)
-
-
-@dataclass(frozen=True)
-class BenchPlan:
-    """Everything a run needs, resolved and checked."""
-
-    servers: tuple[ServerInfo, ...]
-    workload: Workload
-    requests: tuple[RequestSpec, ...]
-    arrival: Arrival
-    options: LoadOptions
-    slo: GoodputSLO | None
-    workers: int
-    client_cpus: frozenset[int]
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
@@ -166,7 +135,7 @@ def run(args: argparse.Namespace) -> int:
     if args.history is not None:
         HistoryStore.open(args.history).close()  # a store that cannot be opened fails before the run, not after
     plan = plan_from_args(args)
-    progress = _ProgressBar(len(plan.requests), sys.stderr if _show_progress(args.progress) else None)
+    progress = ProgressBar(len(plan.requests), sys.stderr if show_progress(args.progress) else None)
     try:
         seen = observe(
             Target(tuple(s.base_url for s in plan.servers), plan.servers[0].model),
@@ -338,149 +307,3 @@ def _check_first_request(plan: BenchPlan) -> None:
         raise BenchError(f"the first request to {plan.servers[0].base_url} failed ({status}): {detail}")
 
 
-def failure_reasons(records: Iterable[RequestRecord]) -> tuple[FailureReason, ...]:
-    """The measured requests that failed, grouped by how (status or exception, and message), most frequent first."""
-    counts = Counter(_failure(record) for record in records if not record.warmup and not record.ok)
-    return tuple(FailureReason(kind=kind, message=message, count=count) for (kind, message), count in counts.most_common())
-
-
-def _failure(record: RequestRecord) -> tuple[str, str]:
-    if record.status is None:  # no response: the client wrote "ExceptionType: message"
-        kind, _, message = (record.error or "no response").partition(": ")
-    elif record.error is not None:
-        kind, message = f"HTTP {record.status}", record.error
-    elif record.expected_output_tokens is None:
-        kind, message = f"HTTP {record.status}", "no output tokens in usage"
-    else:
-        kind, message = f"HTTP {record.status}", f"{record.completion_tokens} of {record.expected_output_tokens} output tokens"
-    message = " ".join(message.split())
-    return kind, message if len(message) <= _MESSAGE_CHARS else message[: _MESSAGE_CHARS - 3] + "..."
-
-
-def bench_result(plan: BenchPlan, seen: Observation, *, detailed: bool, max_failed_fraction: float = 0.0) -> BenchResult:
-    """Identity (what was measured), context (where, which versions), then the metrics under vLLM's key names."""
-    values = seen.summary.values()
-    measured = int(values["completed"]) + int(values["failed"])
-    origin = seen.load.started_at
-    return BenchResult(
-        identity=BenchIdentity(
-            model=plan.servers[0].model,
-            workload=plan.workload.id,
-            workload_fingerprint=plan.workload.fingerprint(),
-            arrival=repr(plan.arrival),
-            warmup=plan.options.warmup,
-            endpoints=tuple(s.base_url for s in plan.servers),
-        ),
-        context=BenchContext(
-            vllm_version=plan.servers[0].version,
-            qwenperf_version=importlib.metadata.version("pytest-qwenperf"),
-            servers=tuple(s.as_dict() for s in plan.servers),
-            client_cpus=seen.load.client_cpus,
-            workers=plan.workers,
-            started=seen.started,
-            host=os.uname().nodename,
-            environment=plan.servers[0].environment,
-        ),
-        metrics=dict(values),
-        steady_state=dict(seen.steady.values()) if seen.steady else None,
-        server=BenchServer(deltas=dict(seen.server_deltas)),
-        token_check=TokenCheck(matches=seen.tokens.matches, detail=seen.tokens.describe()),
-        failures=BenchFailures(
-            fraction=int(values["failed"]) / measured if measured else None,
-            max_fraction=max_failed_fraction,
-            reasons=failure_reasons(seen.load.records),
-        ),
-        client=ClientLoad(bound=seen.client_bound, cpu_busy=seen.client_cpu_busy),
-        telemetry=seen.telemetry.as_json(),
-        conditions=conditions(seen.telemetry, ValidityLimits()),
-        requests=tuple(_request(r, origin) for r in seen.load.records if not r.warmup) if detailed else None,
-    )
-
-
-def _request(record: RequestRecord, origin: float) -> BenchRequest:
-    first = record.first_token_at
-    return BenchRequest(
-        index=record.index,
-        endpoint=record.endpoint,
-        start=record.sent_at - origin,
-        end=record.ended_at - origin,
-        ttft_ms=(first - record.sent_at) * 1000 if first is not None else None,
-        itl_ms=tuple(gap * 1000 for gap in inter_token_latencies(record)),
-        input_tokens=record.prompt_tokens,
-        output_tokens=record.completion_tokens,
-        status=record.status,
-        error=record.error,
-        ok=record.ok,
-    )
-
-
-def print_summary(result: BenchResult, out: TextIO) -> None:
-    metrics, identity = result.metrics, result.identity
-    print(f"{'=' * 20} qwenperf bench: {identity.workload} on {identity.model} {'=' * 20}", file=out)
-    rows = [
-        ("Successful requests", "completed", "{:d}"),
-        ("Failed requests", "failed", "{:d}"),
-        ("Benchmark duration (s)", "duration", "{:.2f}"),
-        ("Total input tokens", "total_input_tokens", "{:d}"),
-        ("Total generated tokens", "total_output_tokens", "{:d}"),
-        ("Request throughput (req/s)", "request_throughput", "{:.2f}"),
-        ("Request goodput (req/s)", "request_goodput", "{:.2f}"),
-        ("Output token throughput (tok/s)", "output_throughput", "{:.2f}"),
-        ("Total token throughput (tok/s)", "total_token_throughput", "{:.2f}"),
-    ]
-    for family, title in (("ttft", "TTFT"), ("tpot", "TPOT"), ("itl", "ITL"), ("e2el", "E2E latency")):
-        rows += [(f"{stat.capitalize()} {title} (ms)", f"{stat}_{family}_ms", "{:.2f}") for stat in ("mean", "median", "p90", "p99")]
-    for label, key, fmt in rows:
-        if key in metrics and metrics[key] is not None:
-            print(f"{label:<40}{fmt.format(metrics[key]):>14}", file=out)
-    print(f"{'Token totals vs /metrics':<40}{result.token_check.detail}", file=out)
-    for server in result.context.servers:
-        for name, why in server["unreadable"].items():
-            print(f"UNREADABLE {name} of {server['base_url']}: {why}", file=out)
-    if result.client.bound:
-        print(f"CLIENT-BOUND (not a server figure): {result.client.bound}", file=out)
-    for loss in result.conditions:
-        print(f"INVALID {loss.reason} (not a server figure): {loss.detail}", file=out)
-    reasons = result.failures.reasons
-    if reasons:
-        print("Failed requests by reason:", file=out)
-        for reason in reasons[:_SHOWN_REASONS]:
-            print(f"{reason.count:>8}  {reason.kind:<22}  {reason.message}", file=out)
-        if len(reasons) > _SHOWN_REASONS:
-            rest = reasons[_SHOWN_REASONS:]
-            print(f"{sum(r.count for r in rest):>8}  ({len(rest)} more reasons, all in --json)", file=out)
-
-
-class _ProgressBar:
-    """Counts finished requests (what an interrupted run reports) and, given ``out`` (a terminal),
-    draws them as one self-overwriting line: requests done, failures, elapsed time."""
-
-    def __init__(self, total: int, out: TextIO | None) -> None:
-        self.total, self.out, self.done, self.failed = total, out, 0, 0
-        self.started = self.last = time.monotonic()
-
-    def __call__(self, record: RequestRecord) -> None:
-        self.done += 1
-        self.failed += not record.ok
-        if self.out is None:
-            return
-        now = time.monotonic()
-        if now - self.last >= 0.2 or self.done == self.total:
-            self.last = now
-            filled = 30 * self.done // max(self.total, 1)
-            self.out.write(
-                f"\r[{'#' * filled}{'.' * (30 - filled)}] {self.done}/{self.total} requests"
-                f"{f', {self.failed} failed' if self.failed else ''}, {now - self.started:.0f} s"
-            )
-            self.out.flush()
-
-    def close(self) -> None:
-        if self.out is not None:
-            self.out.write("\n")
-            self.out.flush()
-
-
-def _show_progress(mode: str) -> bool:
-    if mode != "auto":
-        return mode == "on"
-    return sys.stderr.isatty() and not os.environ.get("CI")

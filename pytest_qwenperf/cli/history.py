@@ -9,7 +9,7 @@ import sys
 from pathlib import Path
 
 from pytest_qwenperf.core.run import Run
-from pytest_qwenperf.gate.history import HistoryError, HistoryStore
+from pytest_qwenperf.gate.history_store import HistoryError, HistoryStore
 from pytest_qwenperf.gate.sources import SourceError, read_results
 
 HELP = "series of a history store and their change points; `history import` fills a store from result files"
@@ -70,7 +70,7 @@ def _show(args: argparse.Namespace) -> int:
     from pytest_qwenperf.history import report
     from pytest_qwenperf.history.changes import MAX_PVALUE, MIN_CHANGE
 
-    with HistoryStore.open(args.store) as store:
+    with HistoryStore.open(args.store, create=False) as store:
         found = report.read_series(
             store,
             config=args.config,
@@ -79,6 +79,11 @@ def _show(args: argparse.Namespace) -> int:
             max_pvalue=MAX_PVALUE if args.max_pvalue is None else args.max_pvalue,
             min_change=MIN_CHANGE if args.min_change is None else args.min_change,
         )
+    if not found:  # a filter's typo, or a store nothing was recorded in: nothing judged is no pass
+        filters = ", ".join(f"--{name} {value}" for name, value in (("config", args.config), ("workload", args.workload)) if value)
+        filters += "".join(f", --metric {m}" if filters else f"--metric {m}" for m in args.metric or ())
+        print(f"qwenperf: history: no series in {store.where}" + (f" match {filters}" if filters else ": it holds no runs"), file=sys.stderr)
+        return 2
     if args.plot:
         report.plot(found, args.plot)
     print(json.dumps(report.as_json(found), indent=2) if args.json else report.render(found, markdown=args.markdown))

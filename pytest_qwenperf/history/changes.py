@@ -19,7 +19,7 @@ from otava.analysis import compute_change_points
 
 from pytest_qwenperf.core.metrics import metric
 from pytest_qwenperf.core.stats import centre
-from pytest_qwenperf.gate.history import Point
+from pytest_qwenperf.gate.history_store import Point
 
 MAX_PVALUE = 0.001
 """A change is kept when the t-test between the segments either side gives p below this (Otava's

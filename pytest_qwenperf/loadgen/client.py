@@ -258,58 +258,66 @@ async def _open(
     return [record for record in await asyncio.gather(*tasks) if record is not None]
 
 
+@dataclass(frozen=True)
+class Assignment:
+    """What one event loop sends: to which endpoints and as which model, its warm-up and measured
+    jobs, by which arrival (``offsets``: the open loop's send times for ``jobs``) and how."""
+
+    endpoints: tuple[str, ...]
+    model: str
+    warmup_jobs: tuple[Job, ...]
+    jobs: tuple[Job, ...]
+    arrival: Arrival
+    offsets: tuple[float, ...] | None
+    options: LoadOptions
+
+    @classmethod
+    def of(
+        cls, endpoints: Sequence[str], model: str, requests: Iterable[RequestSpec], arrival: Arrival, options: LoadOptions
+    ) -> Assignment:
+        """Number the requests; the first ``options.warmup`` are the warm-up, the open loop's schedule covers the rest."""
+        jobs = tuple(enumerate(requests))
+        warmup = options.warmup
+        if warmup < 0 or warmup > len(jobs):
+            raise ValueError(f"warmup must be between 0 and the number of requests ({len(jobs)}), got {warmup}")
+        offsets = tuple(arrival.offsets(len(jobs) - warmup)) if isinstance(arrival, OpenLoop) else None
+        return cls(tuple(endpoints), model, jobs[:warmup], jobs[warmup:], arrival, offsets, options)
+
+
 async def run_jobs(
-    endpoints: Sequence[str],
-    model: str,
-    warmup_jobs: Sequence[Job],
-    jobs: Sequence[Job],
-    arrival: Arrival,
-    offsets: Sequence[float] | None,
-    options: LoadOptions,
-    *,
-    progress: Progress | None,
-    sync: Callable[[], Awaitable[None]] | None = None,
+    assignment: Assignment, *, progress: Progress | None, sync: Callable[[], Awaitable[None]] | None = None
 ) -> tuple[list[RequestRecord], float, float]:
     """The engine behind :func:`run_load` and each worker: ``(records, started_at, ended_at)``.
 
-    ``offsets`` are the open loop's send times for ``jobs``; ``sync`` (workers) is awaited
-    before the warm-up and again before the measured phase so that all workers start together.
+    ``sync`` (workers) is awaited before the warm-up and again before the measured phase so
+    that all workers start together.
     """
-    if not endpoints:
+    if not assignment.endpoints:
         raise ValueError("no endpoints")
-    client = _Client(endpoints, model, options, progress)
+    arrival, options = assignment.arrival, assignment.options
+    client = _Client(assignment.endpoints, assignment.model, options, progress)
     gc.collect()
     gc.freeze()  # a full collection over everything imported stalls the loop for >10 ms; only scan what the run creates
     try:
         if sync is not None:
             await sync()
-        records = await _closed(client, warmup_jobs, warmup_concurrency(arrival, len(warmup_jobs)), None, True)
+        warmup = assignment.warmup_jobs
+        records = await _closed(client, warmup, warmup_concurrency(arrival, len(warmup)), None, True)
         if sync is not None:
             await sync()
         started_at = perf_counter()
         deadline = None if options.duration_s is None else started_at + options.duration_s
         if isinstance(arrival, ClosedLoop):
-            records += await _closed(client, jobs, arrival.concurrency, deadline, False)
+            records += await _closed(client, assignment.jobs, arrival.concurrency, deadline, False)
         else:
-            assert offsets is not None
-            records += await _open(client, jobs, offsets, arrival.max_concurrency, started_at, deadline)
+            assert assignment.offsets is not None
+            records += await _open(client, assignment.jobs, assignment.offsets, arrival.max_concurrency, started_at, deadline)
         ended_at = perf_counter()
     finally:
         client.close()
         gc.unfreeze()
     records.sort(key=lambda record: record.sent_at)
     return records, started_at, ended_at
-
-
-def split_warmup(
-    requests: Iterable[RequestSpec], arrival: Arrival, warmup: int
-) -> tuple[list[Job], list[Job], list[float] | None]:
-    """Number the requests; the first ``warmup`` are the warm-up, the open loop's schedule covers the rest."""
-    jobs = list(enumerate(requests))
-    if warmup < 0 or warmup > len(jobs):
-        raise ValueError(f"warmup must be between 0 and the number of requests ({len(jobs)}), got {warmup}")
-    offsets = arrival.offsets(len(jobs) - warmup) if isinstance(arrival, OpenLoop) else None
-    return jobs[:warmup], jobs[warmup:], offsets
 
 
 async def run_load(
@@ -328,10 +336,7 @@ async def run_load(
     by ``arrival``, until the workload or ``options.duration_s`` is exhausted (requests in
     flight then finish and count). ``progress`` is called with each finished record.
     """
-    warmup_jobs, jobs, offsets = split_warmup(requests, arrival, options.warmup)
-    records, started_at, ended_at = await run_jobs(
-        endpoints, model, warmup_jobs, jobs, arrival, offsets, options, progress=progress
-    )
+    records, started_at, ended_at = await run_jobs(Assignment.of(endpoints, model, requests, arrival, options), progress=progress)
     cpus = (tuple(sorted(os.sched_getaffinity(0))),)
     return LoadResult(tuple(records), started_at, ended_at, arrival, options, cpus)
 

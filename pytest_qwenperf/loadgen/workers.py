@@ -38,13 +38,12 @@ from typing import Any
 from pytest_qwenperf.core.records import RequestRecord
 from pytest_qwenperf.loadgen.arrivals import Arrival, ClosedLoop
 from pytest_qwenperf.loadgen.client import (
-    Job,
+    Assignment,
     LoadOptions,
     LoadResult,
     Progress,
     new_event_loop,
     run_jobs,
-    split_warmup,
 )
 from pytest_qwenperf.loadgen.request import RequestSpec
 
@@ -93,39 +92,23 @@ def _share(total: int, n: int, k: int) -> int:
     return total // n + (k < total % n)
 
 
-def _worker(
-    k: int,
-    parent: int,
-    barrier: Barrier,
-    results: multiprocessing.Queue[Any],
-    cpus: set[int] | None,
-    endpoints: Sequence[str],
-    model: str,
-    warmup_jobs: list[Job],
-    jobs: list[Job],
-    arrival: Arrival,
-    offsets: list[float] | None,
-    options: LoadOptions,
-) -> None:
-    """One worker process: its own event loop and connections; sends each record as it finishes.
+def _worker(k: int, parent: int, barrier: Barrier, results: multiprocessing.Queue[Any], assignment: Assignment) -> None:
+    """Worker ``k``, one process: its own event loop and connections; sends each record as it finishes.
 
     ``parent`` is the pid of the process that started it: a parent SIGKILLed while this one
     was still importing is gone before the watch begins, and the watch would guard init.
+    It runs on the cores it inherited from the parent (pinned by whoever pins the client).
     """
     exit_with_parent(parent)
     signal.signal(signal.SIGINT, signal.SIG_IGN)
     signal.pthread_sigmask(signal.SIG_UNBLOCK, {signal.SIGINT})  # blocked by the parent while it started us
     try:
-        if cpus:
-            pin_current_process(cpus)
 
         async def sync() -> None:
             await asyncio.to_thread(barrier.wait, BARRIER_TIMEOUT_S)
 
         async def measured_phase() -> tuple[float, float]:  # the records went out one by one through ``results``
-            _, started_at, ended_at = await run_jobs(
-                endpoints, model, warmup_jobs, jobs, arrival, offsets, options, progress=results.put, sync=sync
-            )
+            _, started_at, ended_at = await run_jobs(assignment, progress=results.put, sync=sync)
             return started_at, ended_at
 
         with asyncio.Runner(loop_factory=new_event_loop) as runner:
@@ -136,12 +119,16 @@ def _worker(
         results.put(("error", k, traceback.format_exc()))
 
 
-def _worker_arrival(arrival: Arrival, n: int, k: int) -> Arrival:
+def _share_of(whole: Assignment, n: int, k: int) -> Assignment:
+    """Worker ``k``'s part of ``whole``: every ``n``-th job from the ``k``-th, with the open loop's send
+    times kept and the concurrency split."""
+    arrival = whole.arrival
     if isinstance(arrival, ClosedLoop):
-        return ClosedLoop(_share(arrival.concurrency, n, k))
-    if arrival.max_concurrency is None:
-        return arrival
-    return replace(arrival, max_concurrency=max(1, _share(arrival.max_concurrency, n, k)))
+        arrival = ClosedLoop(_share(arrival.concurrency, n, k))
+    elif arrival.max_concurrency is not None:
+        arrival = replace(arrival, max_concurrency=max(1, _share(arrival.max_concurrency, n, k)))
+    offsets = whole.offsets[k::n] if whole.offsets is not None else None
+    return replace(whole, warmup_jobs=whole.warmup_jobs[k::n], jobs=whole.jobs[k::n], arrival=arrival, offsets=offsets)
 
 
 def _start(procs: Sequence[multiprocessing.process.BaseProcess]) -> None:
@@ -195,38 +182,30 @@ def run_load_in_workers(
     options: LoadOptions = LoadOptions(),
     *,
     progress: Progress | None = None,
-    cpus: Iterable[int] | None = None,
 ) -> LoadResult:
     """:func:`~pytest_qwenperf.loadgen.client.run_load` split over ``n_workers`` processes.
 
-    ``cpus`` pins every worker to that set of CPU ids. The result's ``started_at`` and
-    ``ended_at`` span all workers' measured phases; ``client_cpus`` has each worker's affinity.
+    The workers run on this process's cores (pin it first to pin them). The result's
+    ``started_at`` and ``ended_at`` span all workers' measured phases; ``client_cpus`` has
+    each worker's affinity.
     """
     if n_workers < 1:
         raise ValueError(f"n_workers must be at least 1, got {n_workers}")
     if isinstance(arrival, ClosedLoop) and arrival.concurrency < n_workers:
         raise ValueError(f"concurrency {arrival.concurrency} cannot be split over {n_workers} workers")
-    warmup_jobs, jobs, offsets = split_warmup(requests, arrival, options.warmup)
+    whole = Assignment.of(endpoints, model, requests, arrival, options)
     ctx = multiprocessing.get_context("spawn")
     barrier = ctx.Barrier(n_workers)
     results: multiprocessing.Queue[Any] = ctx.Queue()
-    procs = []
-    for k in range(n_workers):
-        args = (
-            k,
-            os.getpid(),
-            barrier,
-            results,
-            set(cpus) if cpus is not None else None,
-            list(endpoints),
-            model,
-            warmup_jobs[k::n_workers],
-            jobs[k::n_workers],
-            _worker_arrival(arrival, n_workers, k),
-            offsets[k::n_workers] if offsets is not None else None,
-            options,
+    procs = [
+        ctx.Process(
+            target=_worker,
+            args=(k, os.getpid(), barrier, results, _share_of(whole, n_workers, k)),
+            name=f"qwenperf-loadgen-{k}",
+            daemon=True,
         )
-        procs.append(ctx.Process(target=_worker, args=args, name=f"qwenperf-loadgen-{k}", daemon=True))
+        for k in range(n_workers)
+    ]
     records: list[RequestRecord] = []
     done: dict[int, tuple[float, float, tuple[int, ...]]] = {}
     try:

@@ -30,7 +30,7 @@ def _cores(cores: ServerCoresSummary, limits: ValidityLimits) -> list[Loss]:
     listed = ",".join(map(str, cores.cores))
     where = f"server core {listed} was" if len(cores.cores) == 1 else f"server cores {listed} were"
     if cores.contended_share is not None and cores.contended_share > limits.contended_share:
-        named = ", ".join(f"pid {o.pid} ({o.name}) {o.cores_busy:.2f} cores" for o in cores.busiest_others)
+        named = ", ".join(f"pid {o.pid} ({o.name}) {o.cores_busy:.2f} cores" for o in cores.busiest_other_processes)
         found.append(
             Loss(
                 reason="cpu-contention",
@@ -70,11 +70,11 @@ def _gpus(gpu: GpuSummary, limits: ValidityLimits) -> list[Loss]:
     if ecc:
         shown = "; ".join(f"GPU {label}: {count}" for label, count in ecc.items())
         found.append(Loss(reason="gpu-ecc", detail=f"GPUs counted uncorrected ECC errors during the run ({shown})"))
-    foreign = gpu.foreign_processes()
-    if foreign:
+    others = gpu.other_processes()
+    if others:
         shown = "; ".join(
             f"GPU {label}: " + ", ".join(f"pid {pid} ({_mib(used)})" for pid, used in held.items())
-            for label, held in foreign.items()
+            for label, held in others.items()
         )
         found.append(Loss(reason="gpu-shared", detail=f"GPUs held memory of other processes ({shown})"))
     return found

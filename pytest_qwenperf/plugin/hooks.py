@@ -18,16 +18,19 @@ import pytest
 
 from pytest_qwenperf.core.apikey import CLIENT_ENVS
 from pytest_qwenperf.core.options import cpu_list, endpoint_url, launcher_argv, positive_seconds, whole_number
-from pytest_qwenperf.gate.history import HistoryError, HistoryStore
+from pytest_qwenperf.gate.history_store import HistoryError
 from pytest_qwenperf.gate.update import update_baselines
 from pytest_qwenperf.measure.report import SessionReport
 from pytest_qwenperf.measure.session_table import session_table
 from pytest_qwenperf.plugin.settings import (
+    DEFAULT_HISTORY,
     POOLS_KEY,
     REPORT_KEY,
     SETTINGS_KEY,
     SUITES_KEY,
     USES_KEY,
+    HistorySetting,
+    open_history,
     reference_path,
     repeat_plan,
     resolve_settings,
@@ -122,7 +125,13 @@ def pytest_addoption(parser: pytest.Parser) -> None:
         "--qwenperf-history",
         metavar="STORE",
         help="add the session's runs to this history store: an SQLite file (created if absent) or a postgresql:// URL "
-        "(see qwenperf history)",
+        f"(default: {DEFAULT_HISTORY} under the rootdir; see qwenperf history)",
+    )
+    group.addoption(
+        "--qwenperf-no-history",
+        action="store_true",
+        default=None,
+        help="record the session's runs in no history store",
     )
     group.addoption(
         "--qwenperf-allow-invalid",
@@ -157,6 +166,7 @@ def pytest_addoption(parser: pytest.Parser) -> None:
     parser.addini("qwenperf_baselines", "default for --qwenperf-baselines, relative to the rootdir")
     parser.addini("qwenperf_allow_invalid", "default for --qwenperf-allow-invalid", type="bool", default=False)
     parser.addini("qwenperf_history", "default for --qwenperf-history (a path relative to the rootdir, or a URL)")
+    parser.addini("qwenperf_no_history", "default for --qwenperf-no-history", type="bool", default=False)
     parser.addini("qwenperf_api_key_env", "default for --qwenperf-api-key-env (a variable name, never the key)")
 
 
@@ -353,13 +363,13 @@ def pytest_sessionfinish(session: pytest.Session) -> None:
     _fail_on_leftovers(session)
 
 
-def _record_history(session: pytest.Session, where: str, report: SessionReport) -> None:
+def _record_history(session: pytest.Session, where: HistorySetting, report: SessionReport) -> None:
     """Add the session's runs (a candidate's, in a session that measures one) to the history store;
     a store that fails now fails the session, so the loss is seen (the JSON report is written first)."""
     try:
-        with HistoryStore.open(where) as store:
+        with open_history(where) as store:
             added = store.append(report.runs, source="pytest")
-    except HistoryError as exc:
+    except (HistoryError, OSError) as exc:
         _say(session.config, f"qwenperf: the runs were not recorded in the history store: {exc}", red=True)
         session.exitstatus = pytest.ExitCode.TESTS_FAILED
         return

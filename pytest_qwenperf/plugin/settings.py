@@ -27,7 +27,7 @@ from pytest_qwenperf.core.files import unwritable, unwritable_folder
 from pytest_qwenperf.core.options import endpoint_url, launcher_argv, positive_seconds, whole_number
 from pytest_qwenperf.core.sequential import SequentialPlan
 from pytest_qwenperf.core.verdict import DEFAULT_CONFIDENCE
-from pytest_qwenperf.gate.history import HistoryError, HistoryStore, is_url
+from pytest_qwenperf.gate.history_store import HistoryError, HistoryStore, is_url
 from pytest_qwenperf.measure.report import SessionReport
 from pytest_qwenperf.serving.endpoints import EndpointSets
 from pytest_qwenperf.serving.pool import ServerPool
@@ -55,9 +55,25 @@ class QwenperfSettings:
     allow_invalid: bool = False  # an invalid run skips its tests with the reason instead of failing them
     replace_published: tuple[str, ...] = ()  # config keys or baseline files whose published figures a run may replace
     api_key: ApiKey | None = None  # from the environment (see _api_key); booted servers require it, requests carry it
-    history: str | None = None  # a history store (an SQLite file or a postgresql:// URL) the session's runs are added to
+    history: HistorySetting | None = None  # where the session's runs are recorded; None: nowhere (--qwenperf-no-history)
     repeats_from: str = ""  # the option or ini key repeats came from, for messages ("": neither)
     max_repeats_from: str = ""  # the same for max_repeats
+
+
+DEFAULT_HISTORY = Path(".qwenperf") / "history.sqlite"
+"""The history store a session records in when none is named: under the rootdir, like pytest's
+own cache, in a folder whose ``.gitignore`` keeps it out of git."""
+
+
+@dataclass(frozen=True)
+class HistorySetting:
+    """The history store a session records its runs in: ``where``, an SQLite path or a
+    ``postgresql://`` URL. ``named`` by the option or the ini key: opened (created or migrated)
+    before anything is measured. Else the default store (:data:`DEFAULT_HISTORY`), made only when
+    a session has runs to record, so a session that measures nothing leaves no file behind."""
+
+    where: str
+    named: bool
 
 
 SETTINGS_KEY = pytest.StashKey[QwenperfSettings]()
@@ -122,16 +138,32 @@ def _api_key(config: pytest.Config) -> ApiKey | None:
         raise pytest.UsageError(f"{where}: {exc}") from None
 
 
-def _history(config: pytest.Config) -> str | None:
-    """The history store: ``--qwenperf-history`` as given, else ini ``qwenperf_history`` (a relative
-    path is the rootdir's), else none."""
+def _history(config: pytest.Config) -> HistorySetting | None:
+    """The history store: none with ``--qwenperf-no-history`` (or the ini switch), else
+    ``--qwenperf-history`` as given, else ini ``qwenperf_history`` (a relative path is the
+    rootdir's), else :data:`DEFAULT_HISTORY` under the rootdir."""
+    if _flag(config, "qwenperf_no_history"):
+        if config.getoption("qwenperf_history"):
+            raise pytest.UsageError("--qwenperf-history and --qwenperf-no-history: choose one")
+        return None
     option = config.getoption("qwenperf_history")
     if option:
-        return str(option)
+        return HistorySetting(str(option), named=True)
     value = str(config.getini("qwenperf_history") or "").strip()
-    if not value or is_url(value):
-        return value or None
-    return str(config.rootpath / value)
+    if value:
+        return HistorySetting(value if is_url(value) else str(config.rootpath / value), named=True)
+    return HistorySetting(str(config.rootpath / DEFAULT_HISTORY), named=False)
+
+
+def open_history(setting: HistorySetting) -> HistoryStore:
+    """The store to record in; the default one's folder is made with its ``.gitignore`` first."""
+    if not setting.named:
+        folder = Path(setting.where).parent
+        folder.mkdir(parents=True, exist_ok=True)
+        ignore = folder / ".gitignore"
+        if not ignore.exists():
+            ignore.write_text("# made by pytest-qwenperf: the local history store stays out of git\n*\n")
+    return HistoryStore.open(setting.where)
 
 
 def _check_outputs(settings: QwenperfSettings) -> None:
@@ -140,9 +172,9 @@ def _check_outputs(settings: QwenperfSettings) -> None:
         raise pytest.UsageError("--qwenperf-replace-published: only takes effect with --qwenperf-update-baselines")
     if settings.candidate is not None:
         _check_candidate(settings)
-    if settings.history is not None:
+    if settings.history is not None and settings.history.named:
         try:
-            HistoryStore.open(settings.history).close()  # created or migrated now, not after the measurement
+            HistoryStore.open(settings.history.where).close()  # created or migrated now, not after the measurement
         except HistoryError as exc:
             raise pytest.UsageError(f"--qwenperf-history (or ini qwenperf_history): {exc}") from None
     if settings.json_path is not None and (why := unwritable(settings.json_path)):

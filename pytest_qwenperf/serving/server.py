@@ -8,6 +8,10 @@ No pytest here: the fixtures, the CLI and a notebook all use the same classes.
   line if the process dies while booting, and always takes the whole process tree down.
 * :class:`ExternalServer` points at servers somebody else runs: it waits for the
   same readiness and manages nothing.
+
+Kept as one module though over 400 lines: the managed and the external server share
+readiness, ``/server_info`` and a boot's error messages; the process lifecycle under them is
+:mod:`~pytest_qwenperf.serving.process`.
 """
 
 from __future__ import annotations

@@ -4,6 +4,9 @@ A suite file (TOML) names its hardware, its model, a ladder of serving configs (
 rung may inherit from an earlier one and change one thing) and the workloads to run on
 them. Loading gives frozen :class:`ServingConfig` objects whose vLLM flags are already
 rendered to argv; nothing here starts a process.
+
+Kept as one module though over 400 lines: it is the schema of one file, the suite TOML,
+and its errors name file, table and key through one set of helpers.
 """
 
 from __future__ import annotations

@@ -20,6 +20,10 @@ shared safely between concurrent test processes.
 
 Runtime dependencies are deliberately limited to the stdlib, numpy,
 tokenizers, safetensors and platformdirs (no torch / transformers / vllm).
+
+Kept as one module though over 400 lines: every byte it writes is a function of one spec,
+and the marker that tells its folders from others' covers every file; apart, the tokenizer
+and the weights would each need that guarantee.
 """
 
 from __future__ import annotations

@@ -7,6 +7,9 @@ requests, used to check that a baseline and a candidate ran the same thing).
 Random token ids come from BLAKE2b in counter mode (see :func:`_uint64_stream`), not
 from numpy or ``random``: the same seed must give the same prompts on every machine,
 Python and numpy version, or comparisons across upgrades would compare different work.
+
+Kept as one module though over 400 lines: each kind is a small frozen class with ``build``
+and ``fingerprint``, and the kinds share the token stream and the prompt assembly.
 """
 
 from __future__ import annotations

@@ -28,20 +28,26 @@ NOTED_CORES = 0.1
 
 @dataclass(frozen=True)
 class CoreTimes:
-    """Cumulative seconds of the watched cores, summed: work by anyone, and steal."""
+    """Cumulative seconds of the watched cores, summed: work by anyone, steal, and all of it
+    (work, idle, iowait and steal), the denominator of a share of the cores' time."""
 
     busy_s: float
     steal_s: float | None  # None where the kernel reports no steal
+    total_s: float
 
 
-def core_times(cores: Collection[int]) -> CoreTimes:
-    """The watched cores' cumulative times now (``/proc/stat`` through psutil)."""
+ALL_FIELDS = (*BUSY_FIELDS, "idle", "iowait", "steal")
+
+
+def core_times(cores: Collection[int] | None = None) -> CoreTimes:
+    """The watched cores' cumulative times now (``/proc/stat`` through psutil); None: every CPU."""
     per_cpu = psutil.cpu_times(percpu=True)
-    chosen = [per_cpu[i] for i in sorted(cores) if i < len(per_cpu)]
+    chosen = per_cpu if cores is None else [per_cpu[i] for i in sorted(cores) if i < len(per_cpu)]
     steal = [getattr(t, "steal", None) for t in chosen]
     return CoreTimes(
         busy_s=sum(getattr(t, name, 0.0) for t in chosen for name in BUSY_FIELDS),
         steal_s=None if any(s is None for s in steal) else sum(s for s in steal if s is not None),
+        total_s=sum(getattr(t, name, 0.0) for t in chosen for name in ALL_FIELDS),
     )
 
 

@@ -48,7 +48,7 @@ class CpuSample:
     seconds: float  # length of the interval
     busy: tuple[float, ...]  # in the order of CpuSampler.groups
     processes: tuple[int, ...]  # live processes per group
-    others: float | None = None  # cores busy on the server's cores by processes outside the groups
+    other_processes: float | None = None  # cores busy on the server's cores by processes outside the groups
     steal: float | None = None  # cores of the server's cores the hypervisor gave to someone else
     cores_busy: float | None = None  # the server's cores' use by every process, in cores
 
@@ -74,18 +74,18 @@ class ServerCoresSummary:
     """What else ran on the server's cores over a window."""
 
     cores: tuple[int, ...]
-    others_busy: Stats | None  # cores busy by processes outside the run
+    other_processes_busy: Stats | None  # cores busy by processes outside the run
     contended_share: float | None  # time share of the intervals that were contended (see ``contended``)
     steal_share: float | None  # steal over the cores' time; None where the kernel reports none
-    busiest_others: tuple[OtherProcess, ...]
+    busiest_other_processes: tuple[OtherProcess, ...]
 
     def as_json(self) -> dict[str, object]:
         return {
             "cores": list(self.cores),
-            "others_busy": self.others_busy.as_json() if self.others_busy else None,
+            "others_busy": self.other_processes_busy.as_json() if self.other_processes_busy else None,
             "contended_share": self.contended_share,
             "steal_share": self.steal_share,
-            "busiest_others": [other.as_json() for other in self.busiest_others],
+            "busiest_others": [other.as_json() for other in self.busiest_other_processes],
         }
 
 
@@ -149,14 +149,14 @@ class CpuSampler(PeriodicSampler):
         self.cores: frozenset[int] = frozenset()  # the server's, once its processes are found
         self._core_times: CoreTimes | None = None
         self._others: OtherProcesses | None = None
-        self.others_seen: list[OtherProcess] = []
+        self.other_processes_seen: list[OtherProcess] = []
 
     def _poll(self) -> None:
         if CLOCK() - self._last_discovery >= self.discover_every_s:
             self._discover()
             self._last_discovery = CLOCK()
         if self._others is not None and (CLOCK() - self._last_scan >= SCAN_EVERY_S or self._stopping.is_set()):
-            self.others_seen += self._others.scan(set(self._tracked), CLOCK())
+            self.other_processes_seen += self._others.scan(set(self._tracked), CLOCK())
             self._last_scan = CLOCK()
         used = [0.0] * len(self.groups)
         own_on_cores = 0.0
@@ -240,19 +240,19 @@ class CpuSampler(PeriodicSampler):
         )
 
     def _server_cores(self, samples: Sequence[CpuSample]) -> ServerCoresSummary:
-        watched = [s for s in samples if s.others is not None]
+        watched = [s for s in samples if s.other_processes is not None]
         seconds = sum(s.seconds for s in watched)
         stolen = [s for s in watched if s.steal is not None]
         return ServerCoresSummary(
             cores=tuple(sorted(self.cores)),
-            others_busy=Stats.of(s.others for s in watched),
+            other_processes_busy=Stats.of(s.other_processes for s in watched),
             contended_share=sum(s.seconds for s in watched if contended(s, len(self.cores))) / seconds
             if seconds
             else None,
             steal_share=(
                 sum((s.steal or 0.0) * s.seconds for s in stolen) / (seconds * len(self.cores)) if stolen and seconds else None
             ),
-            busiest_others=busiest(self.others_seen),  # over the whole load run: who was there, not how much
+            busiest_other_processes=busiest(self.other_processes_seen),  # over the whole load run: who was there, not how much
         )
 
 
@@ -260,9 +260,9 @@ def contended(sample: CpuSample, cores: int) -> bool:
     """Whether other processes took the server's cores from it over ``sample``'s interval: they kept
     :data:`CONTENDED_CORES` busy while the cores had no more than that left idle. Other processes on
     cores with room to spare (a GPU server's API process on a host of many cores) slow nothing."""
-    if sample.others is None or sample.cores_busy is None:
+    if sample.other_processes is None or sample.cores_busy is None:
         return False
-    return sample.others >= CONTENDED_CORES and sample.cores_busy >= cores - CONTENDED_CORES
+    return sample.other_processes >= CONTENDED_CORES and sample.cores_busy >= cores - CONTENDED_CORES
 
 
 def _merged(
@@ -287,7 +287,7 @@ def _merged(
     processes = tuple(max(a, b) for a, b in zip(last.processes, counts, strict=True))
     others, steal, cores_busy = cores
     return CpuSample(
-        now, seconds, busy, processes, rate(last.others, others), rate(last.steal, steal), rate(last.cores_busy, cores_busy)
+        now, seconds, busy, processes, rate(last.other_processes, others), rate(last.steal, steal), rate(last.cores_busy, cores_busy)
     )
 
 

@@ -99,8 +99,8 @@ class GpuDeviceSummary:
     xid_errors: tuple[int, ...]  # XID codes the GPU reported in the window, in order
     ecc_uncorrected: int | None  # errors counted in the window; None: not read (ECC off) or not over all of it
     ecc_corrected: int | None
-    foreign_processes: Mapping[int, int | None]  # pid → most bytes seen held (None: never reported), not the run's own
-    foreign_process_names: Mapping[int, str]  # of those, the ones whose name could be read
+    other_processes: Mapping[int, int | None]  # pid → most bytes seen held (None: never reported), not the run's own
+    other_process_names: Mapping[int, str]  # of those, the ones whose name could be read
     field_errors: Mapping[str, FieldHealth]  # only fields that had errors
     lost: bool
     power_limit_w: float | None = None  # enforced when the sampler opened; None: not readable
@@ -168,9 +168,9 @@ class GpuDeviceSummary:
             "xid_errors": list(self.xid_errors),
             "ecc_uncorrected": self.ecc_uncorrected,
             "ecc_corrected": self.ecc_corrected,
-            "foreign_processes": [
-                {"pid": pid, "used_bytes": used, "name": self.foreign_process_names.get(pid)}
-                for pid, used in self.foreign_processes.items()
+            "foreign_processes": [  # other_processes, under the key stored sessions have
+                {"pid": pid, "used_bytes": used, "name": self.other_process_names.get(pid)}
+                for pid, used in self.other_processes.items()
             ],
             "field_errors": {name: health.as_json() for name, health in self.field_errors.items()},
         }
@@ -218,9 +218,9 @@ class GpuSummary:
         """Uncorrected ECC errors per GPU (by :attr:`GpuDevice.label`), for the GPUs that counted any in the window."""
         return {d.device.label: d.ecc_uncorrected for d in self.devices if d.ecc_uncorrected}
 
-    def foreign_processes(self) -> dict[str, Mapping[int, int | None]]:
+    def other_processes(self) -> dict[str, Mapping[int, int | None]]:
         """Other processes' memory per GPU (by :attr:`GpuDevice.label`), for the GPUs that had any in the window."""
-        return {d.device.label: d.foreign_processes for d in self.devices if d.foreign_processes}
+        return {d.device.label: d.other_processes for d in self.devices if d.other_processes}
 
     def mean_of(self, name: str) -> float | None:
         """Mean over GPUs of each GPU's mean ``name`` (``utilization``, ``sm_activity``, ...)."""

@@ -21,6 +21,9 @@ which GPUs a run's servers see, :mod:`~pytest_qwenperf.telemetry.gpu_select`.
 it. NVML errors are recorded per device and field and never end the run: a field the
 device does not support, or that keeps failing, is marked unavailable and no longer
 polled; a GPU that falls off the bus (``GPU is lost``) stops being polled at all.
+
+Kept as one module though over 400 lines: it is one sampler and the NVML calls it makes;
+what it records and the summaries are already elsewhere.
 """
 
 from __future__ import annotations
@@ -423,7 +426,7 @@ def _device_summary(
     xids = tuple(code for _, codes in device.xid_drains[first + 1 : last + 1] for code in codes)
     listed = [(s.at, s.processes) for s in device.samples if s.processes is not None]
     first, last = bracket([at for at, _ in listed], window)
-    foreign = others_held([processes for _, processes in listed[max(first, 0) : last + 1]], own)
+    held = others_held([processes for _, processes in listed[max(first, 0) : last + 1]], own)
     return GpuDeviceSummary(
         device=device.info,
         samples=len(samples),
@@ -441,8 +444,8 @@ def _device_summary(
         xid_errors=xids,
         ecc_uncorrected=errors_counted(uncorrected, span, slack),
         ecc_corrected=errors_counted(corrected, span, slack),
-        foreign_processes=MappingProxyType(foreign),
-        foreign_process_names=MappingProxyType({pid: name for pid in foreign if (name := names.get(pid))}),
+        other_processes=MappingProxyType(held),
+        other_process_names=MappingProxyType({pid: name for pid in held if (name := names.get(pid))}),
         field_errors=MappingProxyType(
             {
                 name: FieldHealth(state.errors, state.unavailable, state.last_error)

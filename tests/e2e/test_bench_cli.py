@@ -10,7 +10,7 @@ from pathlib import Path
 
 import pytest
 
-from pytest_qwenperf.gate.history import HistoryStore
+from pytest_qwenperf.gate.history_store import HistoryStore
 from pytest_qwenperf.serving.server import ManagedServer
 from tests.e2e.tiny import TINY
 

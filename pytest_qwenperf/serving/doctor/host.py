@@ -17,30 +17,26 @@ from pytest_qwenperf.serving.doctor.checks import STATUSES, Check, Status
 from pytest_qwenperf.serving.hardware import Hardware
 from pytest_qwenperf.serving.placement import placement
 from pytest_qwenperf.suite.config import Suite
+from pytest_qwenperf.telemetry.cores import CoreTimes, core_times
 
 GROUP = "cpu"
 SYS = Path("/sys")
-PROC = Path("/proc")
 
 
 @dataclass(frozen=True)
 class CpuTimes:
-    """The machine's CPU time from ``/proc/stat`` (clock ticks, all CPUs), and when it was read."""
+    """The machine's CPU times (every CPU), and when they were read."""
 
-    steal: int
-    total: int
+    times: CoreTimes
     at: float  # time.monotonic()
 
 
 def cpu_times() -> CpuTimes | None:
     """None where ``/proc/stat`` cannot be read."""
     try:
-        with open(PROC / "stat") as stat:
-            fields = stat.readline().split()
+        return CpuTimes(core_times(), time.monotonic())
     except OSError:
         return None
-    ticks = [int(value) for value in fields[1:9]]  # user nice system idle iowait irq softirq steal (guest is in user)
-    return CpuTimes(steal=ticks[7] if len(ticks) > 7 else 0, total=sum(ticks), at=time.monotonic())
 
 
 def host_checks(suite: Suite | None, hw: Hardware, since: CpuTimes | None, limits: ValidityLimits) -> tuple[Check, ...]:
@@ -76,11 +72,11 @@ def _smt() -> Check:
 
 def _steal(since: CpuTimes | None, now: CpuTimes | None, limits: ValidityLimits) -> Check:
     """The hypervisor's share of this machine's CPU time while the doctor ran, against the suite's ``steal_share``."""
-    if since is None or now is None:
+    if since is None or now is None or since.times.steal_s is None or now.times.steal_s is None:
         return Check(GROUP, "steal time", "ok", "not readable (/proc/stat)")
-    if now.total <= since.total:
+    if now.times.total_s <= since.times.total_s:
         return Check(GROUP, "steal time", "ok", "not measurable: the run took less than a clock tick")
-    share = (now.steal - since.steal) / (now.total - since.total)
+    share = (now.times.steal_s - since.times.steal_s) / (now.times.total_s - since.times.total_s)
     figure = f"{share:.1%} of the CPU time over {now.at - since.at:.0f} s (the suite's limit {limits.steal_share:.0%})"
     values = {"steal_share": share, "steal_share_limit": limits.steal_share}
     if share > limits.steal_share:

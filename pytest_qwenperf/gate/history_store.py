@@ -128,10 +128,16 @@ class _Backend(Protocol):
 
 
 class _Sqlite:
-    def __init__(self, path: Path) -> None:
+    def __init__(self, path: Path, *, create: bool) -> None:
+        if not create and not path.is_file():
+            raise HistoryError(f"{path}: no history store there (a command that reads a store never creates one)")
+        mode = "rwc" if create else "rw"
         try:
-            self._conn = sqlite3.connect(path, timeout=BUSY_TIMEOUT_S, isolation_level=None)  # transactions are ours
+            self._conn = sqlite3.connect(
+                f"{path.absolute().as_uri()}?mode={mode}", timeout=BUSY_TIMEOUT_S, isolation_level=None, uri=True
+            )  # transactions are ours
             self._conn.execute("PRAGMA foreign_keys = ON")
+            self._conn.execute("SELECT 1 FROM sqlite_master LIMIT 1")  # a file that is not SQLite fails here, not later
         except sqlite3.Error as exc:
             raise HistoryError(f"{path}: cannot open the history store: {exc}") from None
 
@@ -209,13 +215,20 @@ class HistoryStore:
         self.where = where
 
     @classmethod
-    def open(cls, where: str | Path) -> HistoryStore:
-        """The store at a path (SQLite, created if absent) or a ``postgresql://`` URL."""
+    def open(cls, where: str | Path, *, create: bool = True) -> HistoryStore:
+        """The store at a path (SQLite) or a ``postgresql://`` URL. ``create=False`` (a command that
+        only reads): a path with no file, or a database without a store's tables, is an error,
+        never a new empty store that a check would then pass on."""
         text = str(where)
-        backend: _Backend = _Postgres(text) if is_url(text) else _Sqlite(Path(text))
+        backend: _Backend = _Postgres(text) if is_url(text) else _Sqlite(Path(text), create=create)
         store = cls(backend, _redacted(text))
         try:
+            if not create and not backend.has_table("qwenperf_schema"):
+                raise HistoryError(f"{store.where}: not a history store (no qwenperf_schema table); record into it first")
             store._migrate()
+        except sqlite3.DatabaseError as exc:
+            backend.close()
+            raise HistoryError(f"{store.where}: not a history store: {exc}") from None
         except BaseException:
             backend.close()
             raise
