@@ -1,8 +1,9 @@
-"""Against the stored baseline: no metric may regress beyond its tolerance *and* the measured noise.
+"""Against the reference: no metric may regress beyond its tolerance *and* the measured noise.
 
-Baselines live in ``baselines/<hardware>/<model>/<config>/<workload>.json`` and are
-recorded with ``--qwenperf-update-baselines`` from a passing session. A run with no
-baseline, or one measured on other hardware or with other flags or workload, cannot be
+The reference is the stored baseline where there is one: ``baselines/<hardware>/<model>/<config>/<workload>.json``,
+recorded with ``--qwenperf-update-baselines`` from a passing session. Else it is the history's
+recent valid runs of the same identity on this machine (``pytest_qwenperf.history.reference``).
+A run with no reference, or one measured on other hardware or with other flags or workload, cannot be
 judged: the test is skipped and says which (that is never reported as a regression); so is
 one whose recorded environment differs in a field the suite's ``must_match`` names, while
 other environment differences are warned about. A run that lost data or ran in wrong

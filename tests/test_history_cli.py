@@ -166,6 +166,37 @@ def test_a_session_records_in_the_default_store_unless_told_not_to(pytester: pyt
     both.stderr.fnmatch_lines(["*--qwenperf-history and --qwenperf-no-history: choose one*"])
 
 
+JUDGED = """
+def test_judged(qwenperf_judgements):
+    verdicts = sorted({j.verdict for j in qwenperf_judgements})
+    print("REFERENCE", "; ".join(sorted({j.reference for j in qwenperf_judgements})) or "none", "VERDICTS", " ".join(verdicts))
+"""
+
+
+def test_the_second_session_is_judged_against_the_first_one_the_history_holds(pytester: pytest.Pytester) -> None:
+    """No stored baseline: the first session judges nothing and says that its runs are now the
+    reference; the second is judged against the first through the default history store."""
+    write_suite(pytester.path)
+    pytester.makepyfile(test_judged=JUDGED)
+    with stream_source(model="qwenperf-tiny", default_schedule={"ttft_ms": 20, "itl_ms": 10}) as source:
+        args = ("-p", "no:cacheprovider", "-s", "--qwenperf-suite=suite.toml", f"--qwenperf-endpoint={source.urls[0]}")
+        first = pytester.runpytest_subprocess(*args)
+        second = pytester.runpytest_subprocess(*args)
+    assert first.ret == second.ret == pytest.ExitCode.OK, first.stdout.str() + second.stdout.str()
+    first.stdout.fnmatch_lines(
+        [
+            "*REFERENCE none VERDICTS no-baseline",
+            (
+                "*1 of 1 point(s) had no stored baseline and no history to be judged against: this session's runs are now "
+                "their reference on this machine, and the next session is judged against them"
+            ),
+        ]
+    )
+    second.stdout.re_match_lines([r".*REFERENCE history: 1 run, \d{4}-\d\d-\d\d, vLLM \S+ VERDICTS (?!.*no-baseline).+$"])
+    second.stdout.re_match_lines([r".*out MDE  vs$", r"standin/base / w .*  history: 1 run, \d{4}-"])  # the session table
+    assert "had no stored baseline" not in second.stdout.str()
+
+
 def test_a_store_that_cannot_be_opened_fails_the_session_before_it_measures(pytester: pytest.Pytester) -> None:
     write_suite(pytester.path)
     pytester.makepyfile(test_run="def test_run(qwenperf_run):\n    pass\n")

@@ -177,7 +177,7 @@ def test_an_undecided_point_takes_every_extra_repeat_and_the_gate_warns_without_
     result.stdout.fnmatch_lines(
         [
             "*extra*out MDE*",
-            "standin/base / w * 2  100.0%",  # its extra repeats; the MDE a baseline spread over ten decades leaves
+            "standin/base / w * 2  100.0%  stored baseline",  # its extra repeats; the MDE a baseline spread over ten decades leaves
             "*extra repeats, taken while a verdict was noisy or underpowered: 1 of 1 point(s), 2 repeat(s) in all*",
         ]
     )

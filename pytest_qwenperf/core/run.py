@@ -172,6 +172,7 @@ class Run(msgspec.Struct, frozen=True, kw_only=True):
     tolerances: dict[str, float] | None = None  # the suite's, per gated metric
     must_match: tuple[str, ...] = ()  # the suite's: environment fields a comparison needs equal (``core.environment``)
     conditions: tuple[Loss, ...] = ()  # what was wrong with the device while it ran (``core.validity``)
+    reference: str | None = None  # what its verdicts were judged against ("stored baseline", "history: 5 runs, ..."); None: nothing
 
     @property
     def config_key(self) -> str:
@@ -260,6 +261,16 @@ def combined(parts: Sequence[Run], chosen: Run, samples: Mapping[str, tuple[floa
         conditions=conditions,
         samples={**samples, "failed": tuple(float(part.failed_requests) for part in parts)},
     )
+
+
+def pooled(parts: Sequence[Run], chosen: Run, unit: str) -> Run:
+    """``parts`` as one run whose samples are all of theirs, ``chosen`` standing for them (see
+    :func:`combined`): a part without a number for a metric the others have is a null among the
+    samples, so the lost value stays visible."""
+    gated = [part.gated_samples() for part in parts]
+    names = {name for part, found in zip(parts, gated, strict=True) for name in (*found, *part.lost_values())}
+    samples = {name: tuple(s for found in gated for s in found.get(name, (None,))) for name in names}
+    return combined(parts, chosen, samples, unit)
 
 
 def context_of(

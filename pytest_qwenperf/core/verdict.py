@@ -107,6 +107,7 @@ class Judgement:
     mde: float | None = None  # minimum detectable effect, a fraction of the baseline; None: no spread to know it
     confidence: float = DEFAULT_CONFIDENCE  # of the interval the verdict was decided on
     environment: tuple[str, ...] = ()  # how the run's environment differs from the baseline's where the suite allows it: shown, not judged
+    reference: str = ""  # what it was judged against: "stored baseline", "history: 5 runs, ..." ("": nothing)
 
     HEADER: ClassVar[tuple[str, ...]] = ("metric", "baseline", "now", "ratio", "tolerance", "MDE", "verdict")
 

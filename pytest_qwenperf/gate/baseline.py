@@ -111,6 +111,13 @@ class Baseline(msgspec.Struct, frozen=True, kw_only=True):
     history: tuple[HistoryEntry, ...]  # earlier entries, newest last
 
 
+class PooledBaseline(Baseline, frozen=True, kw_only=True):
+    """A baseline pooled from runs of a history store, held in memory and never written:
+    ``name`` is what its verdicts call it (``history: 5 runs, ...``)."""
+
+    name: str
+
+
 def decode_document(text: str | bytes, where: str, name: str, shape: type[_Doc]) -> _Doc:
     """A versioned JSON document of the baseline store (``schema`` ``name``) as ``shape``: the
     JSON first, then the schema name (a document of another version says so, whatever else

@@ -56,7 +56,7 @@ import msgspec
 
 from pytest_qwenperf.core.canary import Canary, CanaryJudgement, judge_canary
 from pytest_qwenperf.core.metrics import METRICS, gate_order, metric
-from pytest_qwenperf.core.run import Run, combined
+from pytest_qwenperf.core.run import Run, pooled
 from pytest_qwenperf.core.stats import centre
 from pytest_qwenperf.core.verdict import Judgement, Verdict
 from pytest_qwenperf.gate import sources
@@ -109,13 +109,7 @@ def _pooled(path: Path, key: RunKey, results: list[Result]) -> Run:
             subject = f"runs of {'/'.join(key[:2])} on {key[2]}{files}"
         if differences:
             raise CompareError(f"{path}: {subject}: expected repeats of one setup, but they differ (" + "; ".join(differences) + ")")
-    gated = [run.gated_samples() for run, _ in distinct]
-    names = {name for (run, _), found in zip(distinct, gated, strict=True) for name in (*found, *run.lost_values())}
-    # A repeat without a number for a metric the others have is a null among the pool's samples.
-    samples: dict[str, tuple[float | None, ...]] = {
-        name: tuple(s for found in gated for s in found.get(name, (None,))) for name in names
-    }
-    return combined([run for run, _ in distinct], first, samples, "runs pooled")
+    return pooled([run for run, _ in distinct], first, "runs pooled")
 
 
 def load_runs(path: Path) -> RunSet:

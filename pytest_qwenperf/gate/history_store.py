@@ -45,6 +45,7 @@ from typing import Any, Protocol, Self
 
 import msgspec
 
+from pytest_qwenperf.core.identity import Identity
 from pytest_qwenperf.core.run import Run, decode_run
 from pytest_qwenperf.gate.judge import losses
 
@@ -342,6 +343,16 @@ class HistoryStore:
             if value is not None:
                 values.setdefault(run_key, []).append(float(value))
         return [dataclasses.replace(p, values=tuple(values.get(k, ()))) for k, p in points.items()]
+
+    def valid_runs(self, identity: Identity) -> list[Run]:
+        """The valid runs recorded of ``identity`` (hardware, model, suite, config, argv and workload
+        all equal), whole, in the order they started (then were recorded)."""
+        matched = " AND ".join(f"{name} = ?" for name in identity.__struct_fields__)  # the columns are named as the fields
+        rows = self._db.execute(
+            f"SELECT run_key, run_json FROM runs WHERE {matched} AND invalid = '' ORDER BY started, recorded_at, run_key",
+            msgspec.structs.astuple(identity),
+        )
+        return [decode_run(json.loads(text), f"{self.where}: run {key}") for key, text in rows]
 
     def run(self, run_key: str) -> Run:
         """The whole run recorded under ``run_key``."""

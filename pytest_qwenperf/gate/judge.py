@@ -11,7 +11,7 @@ from pytest_qwenperf.core.run import CLIENT_BOUND, FAILED_REQUESTS, NO_VALUE, TO
 from pytest_qwenperf.core.stats import centre
 from pytest_qwenperf.core.tables import format_table
 from pytest_qwenperf.core.verdict import DEFAULT_CONFIDENCE, Judgement, Verdict, judge
-from pytest_qwenperf.gate.baseline import Baseline, StoredMetric, baseline_from_run
+from pytest_qwenperf.gate.baseline import Baseline, PooledBaseline, StoredMetric, baseline_from_run
 
 # ------------------------------------------------------------------ a run
 
@@ -107,7 +107,21 @@ def judge_run(baseline: Baseline | None, run: Run, *, confidence: float = DEFAUL
                     confidence=confidence,
                 )
             )
-    return tuple(dataclasses.replace(j, environment=allowed) for j in judgements) if allowed else tuple(judgements)
+    named = reference_name(baseline) if baseline is not None else ""
+    return tuple(dataclasses.replace(j, environment=allowed, reference=named) for j in judgements)
+
+
+def reference_name(baseline: Baseline) -> str:
+    """What a verdict against ``baseline`` names as its reference."""
+    if isinstance(baseline, PooledBaseline):
+        return baseline.name
+    source = baseline.provenance.source
+    return f"published baseline ({source})" if baseline.provenance.kind == "published" else "stored baseline"
+
+
+def references(judgements: Sequence[Judgement]) -> tuple[str, ...]:
+    """The references the judgements name, once each."""
+    return tuple(dict.fromkeys(j.reference for j in judgements if j.reference))
 
 
 def environment_notes(judgements: Sequence[Judgement]) -> tuple[str, ...]:
@@ -151,7 +165,8 @@ def judge_against_run(reference: Run, run: Run, *, confidence: float = DEFAULT_C
 def render_judgements(judgements: Sequence[Judgement], *, markdown: bool = False) -> str:
     """The table of :attr:`Judgement.HEADER`, then the detail of every verdict that is not a pass,
     then how the environment differs where the suite allows it."""
-    lines = format_table(Judgement.HEADER, [j.row() for j in judgements], markdown=markdown)
+    lines = [f"vs {name}" for name in references(judgements)]
+    lines += format_table(Judgement.HEADER, [j.row() for j in judgements], markdown=markdown)
     notes = [f"{j.metric}: {j.label}: {j.detail}" for j in judgements if j.verdict != "pass"]
     notes += [f"environment differs (allowed): {d}" for d in environment_notes(judgements)]
     if notes:

@@ -15,8 +15,6 @@ from __future__ import annotations
 from collections.abc import Sequence
 from dataclasses import dataclass
 
-from otava.analysis import compute_change_points
-
 from pytest_qwenperf.core.metrics import metric
 from pytest_qwenperf.core.stats import centre
 from pytest_qwenperf.gate.history_store import Point
@@ -72,10 +70,14 @@ def levels(points: Sequence[Point]) -> list[float]:
 def change_points(
     points: Sequence[Point], name: str, *, max_pvalue: float = MAX_PVALUE, min_change: float = MIN_CHANGE, window: int = WINDOW
 ) -> tuple[Change, ...]:
-    """The changes Otava finds in the series of metric ``name``'s ``points`` (runs without a value are skipped)."""
+    """The changes Otava finds in the series of metric ``name``'s ``points`` (runs without a value are skipped).
+
+    Otava (the ``history`` extra) is imported here, on the first series long enough to look at."""
     kept = [p for p in points if p.values]
     if len(kept) < 3:
         return ()
+    from otava.analysis import compute_change_points
+
     series = levels(kept)
     direction = metric(name).direction
     found, _weak = compute_change_points(series, window_len=window, max_pvalue=max_pvalue, min_magnitude=min_change)

@@ -26,6 +26,7 @@ from pytest_qwenperf.core.files import folder_lock, keep_aside, write_atomically
 from pytest_qwenperf.core.formats import SESSION_SCHEMA, json_safe
 from pytest_qwenperf.core.run import Run
 from pytest_qwenperf.core.verdict import Judgement
+from pytest_qwenperf.gate.judge import references
 from pytest_qwenperf.serving.hardware import detect
 
 SCHEMA = SESSION_SCHEMA
@@ -59,7 +60,8 @@ class SessionReport:
     def add(self, run: Run, judgements: tuple[Judgement, ...] = (), *, unreadable: str | None = None) -> None:
         """Keep ``run`` with its verdicts; ``unreadable``: why its baseline file could not be read."""
         key = (run.config_key, run.identity.workload)
-        self._runs[key] = run
+        named = references(judgements)
+        self._runs[key] = msgspec.structs.replace(run, reference=", ".join(named)) if named else run
         self._judgements[key] = judgements
         if unreadable is not None:
             self._unreadable[key] = unreadable

@@ -19,6 +19,7 @@ from pytest_qwenperf.core.verdict import Judgement
 from pytest_qwenperf.gate.baseline import Baseline, BaselineError, find_baseline
 from pytest_qwenperf.gate.canary import canary_path, find_canary
 from pytest_qwenperf.gate.judge import losses
+from pytest_qwenperf.history.reference import history_baseline
 from pytest_qwenperf.measure.canary import canary_of
 from pytest_qwenperf.measure.method import Method
 from pytest_qwenperf.measure.report import SessionReport
@@ -177,16 +178,21 @@ def qwenperf_measure(
             report.reference.add(pair.reference)
             report.add(pair.run, pair.judgements)
             return pair.run
-        decided = measure_point(server, cfg, workload, method, partial(_baseline, settings.baselines))
+        decided = measure_point(server, cfg, workload, method, partial(_reference, settings, suite))
         report.add(decided.run, decided.judgements, unreadable=decided.unreadable)
-        return decided.run
+        return report.get(cfg.key, workload.id) or decided.run
 
     return _measure
 
 
-def _baseline(folder: Path, run: Run) -> Baseline | None:
-    """The stored baseline of ``run``; one that cannot be read raises, and the verdicts' fixture fails with it."""
-    return find_baseline(folder, run.identity.baseline())
+def _reference(settings: QwenperfSettings, suite: Suite, run: Run) -> Baseline | None:
+    """What ``run`` is judged against: its stored baseline, else its history reference
+    (:mod:`~pytest_qwenperf.history.reference`), else nothing. A baseline or store that cannot
+    be read raises, and the verdicts' fixture fails with it."""
+    stored = find_baseline(settings.baselines, run.identity.baseline())
+    if stored is not None or settings.history is None:
+        return stored
+    return history_baseline(settings.history.where, run, suite.history_window)
 
 
 CanaryFn = Callable[[ServingConfig], Canary]

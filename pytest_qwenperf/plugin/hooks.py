@@ -19,6 +19,7 @@ import pytest
 from pytest_qwenperf.core.apikey import CLIENT_ENVS
 from pytest_qwenperf.core.options import cpu_list, endpoint_url, launcher_argv, positive_seconds, whole_number
 from pytest_qwenperf.gate.history_store import HistoryError
+from pytest_qwenperf.gate.judge import losses
 from pytest_qwenperf.gate.update import update_baselines
 from pytest_qwenperf.measure.report import SessionReport
 from pytest_qwenperf.measure.session_table import session_table
@@ -374,6 +375,13 @@ def _record_history(session: pytest.Session, where: HistorySetting, report: Sess
         session.exitstatus = pytest.ExitCode.TESTS_FAILED
         return
     _say(session.config, f"qwenperf: {added} run(s) recorded in the history store {store.where}")
+    first = [run for run in report.runs if run.reference is None and not losses(run)] if report.reference is None else []
+    if first:
+        _say(
+            session.config,
+            f"qwenperf: {len(first)} of {len(report.runs)} point(s) had no stored baseline and no history to be judged "
+            "against: this session's runs are now their reference on this machine, and the next session is judged against them",
+        )
 
 
 def _write_results(config: pytest.Config, report: SessionReport, path: Path, pool: ServerPool | None) -> None:

@@ -158,6 +158,11 @@ def render_flags(flags: Mapping[str, FlagValue]) -> tuple[str, ...]:
     return tuple(argv)
 
 
+HISTORY_WINDOW = 5
+"""The last valid runs of the history a run is judged against when no baseline is stored: pooled as
+repeats, 5 runs of 3 repeats give the reference 15 samples, and reach back a working week of nights."""
+
+
 @dataclass(frozen=True)
 class Suite:
     """A loaded suite file."""
@@ -177,6 +182,7 @@ class Suite:
     validity: ValidityLimits = ValidityLimits()  # when the device's conditions make a run invalid
     must_match: tuple[str, ...] = ()  # environment fields a comparison needs equal (``core.environment``)
     canary_floor: CanaryFloor = EXACT  # a config's canary answer against another session's (the [canary] table)
+    history_window: int = HISTORY_WINDOW  # valid runs of the history a run without a stored baseline is judged against
 
     def config(self, config_id: str) -> ServingConfig:
         for cfg in self.configs:
@@ -284,6 +290,7 @@ def load_suite(path: Path | str) -> Suite:
         validity=suite.validity,
         must_match=suite.must_match,
         canary_floor=file.canary,
+        history_window=suite.history_window,
     )
 
 
@@ -323,6 +330,7 @@ class _SuiteTable(schema.Shape, frozen=True):
     )
     validity: Annotated[ValidityLimits, Meta(description="a table of condition = largest share")] = ValidityLimits()
     must_match: _Strings = ()
+    history_window: Annotated[int, Meta(ge=1, description="a whole number of runs >= 1")] = HISTORY_WINDOW
 
 
 class _ConfigTable(schema.Shape, frozen=True):

@@ -1,0 +1,108 @@
+"""The reference a run is judged against when no baseline is stored for it: the history's recent
+valid runs of the same identity, pooled as repeats.
+
+Which runs: those the history store holds of the run's identity (hardware, model, suite, config,
+argv, workload), valid, whose environment matches the run's in every field the suite's
+``must_match`` names; after the latest confirmed change point of any gated metric's series (the
+reference never reaches back across a step the history has confirmed, for the better or the
+worse); the last ``window`` of them. Pooled (:func:`~pytest_qwenperf.core.run.pooled`), they are a
+baseline like a stored one, named ``history: 5 runs, 2026-11-20 → 25, vLLM 0.32.0``, and judged
+with the same verdict rule.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass
+from pathlib import Path
+
+from pytest_qwenperf.core.environment import must_match_violations
+from pytest_qwenperf.core.metrics import GATED
+from pytest_qwenperf.core.run import Run, pooled
+from pytest_qwenperf.gate.baseline import Baseline, BaselineError, PooledBaseline, baseline_from_run
+from pytest_qwenperf.gate.history_store import HistoryError, HistoryStore, Point, is_url
+from pytest_qwenperf.gate.judge import environment_differences
+from pytest_qwenperf.history.changes import change_points
+
+
+@dataclass(frozen=True)
+class HistoryReference:
+    """The runs a reference pools, oldest first, and where the window began."""
+
+    runs: tuple[Run, ...]
+    after_change: bool  # the window starts at a confirmed change point (not at the window's length)
+
+    @property
+    def name(self) -> str:
+        """``history: 5 runs, 2026-11-20 → 25, vLLM 0.32.0``: what a verdict names as its reference."""
+        dates = [run.context.started[:10] for run in self.runs if run.context.started]
+        span = ""
+        if dates:
+            first, last = dates[0], dates[-1]
+            shown_last = last[8:] if last[:8] == first[:8] else last
+            span = f", {first}" if first == last else f", {first} → {shown_last}"
+        versions = ", ".join(dict.fromkeys(run.context.vllm_version or "unknown" for run in self.runs))
+        after = " since a change point" if self.after_change else ""
+        return f"history: {len(self.runs)} run{'s' if len(self.runs) != 1 else ''}{after}{span}, vLLM {versions}"
+
+    def baseline(self) -> PooledBaseline:
+        """The pooled runs as a baseline: every run's repeats are its samples."""
+        whole = baseline_from_run(pooled(self.runs, self.runs[-1], "runs of the history"), source="the history store")
+        return PooledBaseline(
+            identity=whole.identity,
+            context=whole.context,
+            metrics=whole.metrics,
+            provenance=whole.provenance,
+            history=(),
+            name=self.name,
+        )
+
+
+def history_baseline(where: str, run: Run, window: int) -> Baseline | None:
+    """The history reference of ``run`` from the store at ``where``, as a baseline; None where no
+    store was made yet or it holds no run that may serve. A store that cannot be read, or a
+    machine without the change-point detection (the ``history`` extra), is a
+    :class:`~pytest_qwenperf.gate.baseline.BaselineError`: the reference is unknown, not absent."""
+    if not is_url(where) and not Path(where).exists():
+        return None
+    try:
+        with HistoryStore.open(where, create=False) as store:
+            found = history_reference(store, run, window)
+    except HistoryError as exc:
+        raise BaselineError(f"the history reference: {exc}") from None
+    except ImportError as exc:
+        raise BaselineError(
+            f"the history reference needs change points, which the history extra brings ({exc}): "
+            "pip install 'pytest-qwenperf[history]'"
+        ) from None
+    return found.baseline() if found else None
+
+
+def history_reference(store: HistoryStore, run: Run, window: int) -> HistoryReference | None:
+    """The reference for ``run`` from ``store``; None when the store holds no run that may serve."""
+    matching = [past for past in store.valid_runs(run.identity.baseline()) if _environment_matches(past, run)]
+    if not matching:
+        return None
+    start = _latest_change(matching)
+    kept = matching[start:][-window:]
+    return HistoryReference(tuple(kept), after_change=start > 0 and len(matching) - start <= window)
+
+
+def _environment_matches(past: Run, run: Run) -> bool:
+    return not must_match_violations(environment_differences(past.context.environment, run), run.must_match)
+
+
+def _latest_change(runs: Sequence[Run]) -> int:
+    """Where the last level of ``runs`` begins: the index of the run after the latest confirmed
+    change point of any gated metric (0 when there is none)."""
+    start = 0
+    for name in GATED:
+        points = [
+            Point(str(i), run.context.started, "", run.context.vllm_version, run.gated_samples().get(name, ()))
+            for i, run in enumerate(runs)
+        ]
+        kept = [p for p in points if p.values]
+        for change in change_points(kept, name):
+            if change.confirmed:
+                start = max(start, int(kept[change.index].run_key))
+    return start

@@ -1,0 +1,97 @@
+"""The history reference on synthetic series in a real SQLite store: the window's edges, a change
+point inside it, must-match differences and invalid runs left out, and a store that is not there."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import msgspec
+import pytest
+
+from pytest_qwenperf.core.environment import Environment
+from pytest_qwenperf.core.run import Loss, Run
+from pytest_qwenperf.gate.baseline import BaselineError
+from pytest_qwenperf.gate.history_store import HistoryStore
+from pytest_qwenperf.gate.judge import judge_run, render_judgements
+from pytest_qwenperf.history.reference import history_baseline, history_reference
+from tests.test_history_store import night
+
+
+def store_of(tmp_path: Path, runs: list[Run]) -> Path:
+    path = tmp_path / "history.sqlite"
+    with HistoryStore.open(path) as store:
+        store.append(runs, source="test")
+    return path
+
+
+def levels(path: Path, run: Run, window: int = 5) -> list[float]:
+    with HistoryStore.open(path, create=False) as store:
+        found = history_reference(store, run, window)
+    assert found is not None
+    return [r.metrics["output_throughput"] for r in found.runs]
+
+
+def test_the_window_is_the_last_valid_runs_pooled_as_repeats(tmp_path: Path) -> None:
+    path = store_of(tmp_path, [night(day, 5_000.0 + day) for day in range(1, 9)])
+    now = night(20, 5_000.0)
+    assert levels(path, now) == [5_004.0, 5_005.0, 5_006.0, 5_007.0, 5_008.0]  # the last five, oldest first
+    assert levels(path, now, window=2) == [5_007.0, 5_008.0]
+    baseline = history_baseline(str(path), now, 5)
+    assert baseline is not None and len(baseline.metrics["output_throughput"].samples) == 15  # 5 runs x 3 repeats
+    assert baseline.name == "history: 5 runs, 2026-11-04 → 08, vLLM 0.32.0"
+    judged = judge_run(baseline, now)
+    assert {j.reference for j in judged} == {"history: 5 runs, 2026-11-04 → 08, vLLM 0.32.0"}
+    assert render_judgements(judged).splitlines()[0] == "vs history: 5 runs, 2026-11-04 → 08, vLLM 0.32.0"
+
+
+def test_invalid_runs_never_serve(tmp_path: Path) -> None:
+    contended = msgspec.structs.replace(night(7, 9_999.0), conditions=(Loss(reason="cpu-contention", detail="a busy neighbour"),))
+    path = store_of(tmp_path, [night(5, 5_000.0), night(6, 5_010.0), contended])
+    assert levels(path, night(20, 5_000.0)) == [5_000.0, 5_010.0]
+
+
+def test_runs_whose_environment_differs_where_the_suite_must_match_are_left_out(tmp_path: Path) -> None:
+    def on(torch: str, day: int, level: float) -> Run:
+        run = night(day, level)
+        environment = Environment(vllm_version="0.32.0", torch=torch)
+        return msgspec.structs.replace(run, context=msgspec.structs.replace(run.context, environment=environment))
+
+    path = store_of(tmp_path, [on("2.12", 1, 4_000.0), on("2.13", 2, 5_000.0), on("2.12", 3, 4_100.0)])
+    now = on("2.13", 20, 5_000.0)
+    assert levels(path, msgspec.structs.replace(now, must_match=("torch",))) == [5_000.0]
+    assert levels(path, now) == [4_000.0, 5_000.0, 4_100.0]  # torch may differ where the suite does not say otherwise
+
+
+def test_the_window_never_reaches_back_across_a_confirmed_change_point(tmp_path: Path) -> None:
+    flat = [night(day, 5_000.0 * (1 + 0.004 * (day % 3))) for day in range(1, 13)]
+    stepped = [night(day, 4_000.0 * (1 + 0.004 * (day % 3))) for day in range(13, 16)]  # -20 % from night 13, three nights
+    path = store_of(tmp_path, flat + stepped)
+    with HistoryStore.open(path, create=False) as store:
+        found = history_reference(store, night(20, 4_000.0), 5)
+    assert found is not None and found.after_change
+    assert [r.context.started[:10] for r in found.runs] == ["2026-11-13", "2026-11-14", "2026-11-15"]
+    assert found.name == "history: 3 runs since a change point, 2026-11-13 → 15, vLLM 0.32.0"
+
+
+def test_an_unconfirmed_step_stays_in_the_window(tmp_path: Path) -> None:
+    """One night after a step is a blip the history cannot confirm: the reference keeps its window."""
+    flat = [night(day, 5_000.0 * (1 + 0.004 * (day % 3))) for day in range(1, 13)]
+    path = store_of(tmp_path, [*flat, night(13, 4_000.0)])
+    with HistoryStore.open(path, create=False) as store:
+        found = history_reference(store, night(20, 4_000.0), 5)
+    assert found is not None and not found.after_change and len(found.runs) == 5
+
+
+def test_no_store_yet_is_no_reference_and_makes_no_file(tmp_path: Path) -> None:
+    absent = tmp_path / ".qwenperf" / "history.sqlite"
+    assert history_baseline(str(absent), night(20, 5_000.0), 5) is None
+    assert not absent.parent.exists()
+    other = store_of(tmp_path, [night(1, 5_000.0, config="ctx-short")])
+    assert history_baseline(str(other), night(20, 5_000.0), 5) is None  # another config's runs do not serve
+
+
+def test_a_file_that_is_not_a_store_is_an_unreadable_reference(tmp_path: Path) -> None:
+    junk = tmp_path / "history.sqlite"
+    junk.write_text("not a database, " * 100)
+    with pytest.raises(BaselineError, match=r"^the history reference: .*history.sqlite: cannot open the history store"):
+        history_baseline(str(junk), night(20, 5_000.0), 5)
