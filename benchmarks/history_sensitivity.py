@@ -25,7 +25,7 @@ import statistics
 import sys
 
 from pytest_qwenperf.core.metrics import metric
-from pytest_qwenperf.gate.history_store import HistoryStore, Point
+from pytest_qwenperf.gate.history_store import HistoryStore, SeriesPoint
 from pytest_qwenperf.history.changes import change_points, failing, levels
 
 
@@ -34,7 +34,7 @@ def trial(rng: random.Random, flat: list[float], nights: int, step: float, highe
     k = rng.randrange(nights // 3, 2 * nights // 3 + 1)
     factor = 1 - step if higher else 1 + step
     drawn = [rng.choice(flat) * (factor if i >= k else 1.0) for i in range(nights)]
-    points = [Point(f"r{i}", f"2026-11-{i + 1:02d}T02:00:00+00:00", "", "x", (v,)) for i, v in enumerate(drawn)]
+    points = [SeriesPoint(f"r{i}", f"2026-11-{i + 1:02d}T02:00:00+00:00", "", "x", (v,)) for i, v in enumerate(drawn)]
     found = failing(change_points(points, "output_throughput" if higher else "p99_tpot_ms"))
     return found is not None, found is not None and abs(found.index - k) <= 1
 

@@ -8,15 +8,15 @@ import random
 
 import pytest
 
-from pytest_qwenperf.gate.history_store import Point
+from pytest_qwenperf.gate.history_store import SeriesPoint
 from pytest_qwenperf.history.changes import Change, change_points, failing
 
 
-def series(levels: list[float], *, spread: float = 0.02, seed: int = 1, versions: list[str] | None = None) -> list[Point]:
+def series(levels: list[float], *, spread: float = 0.02, seed: int = 1, versions: list[str] | None = None) -> list[SeriesPoint]:
     """Runs of three repeats each around ``levels`` (relative noise ``spread``), one a night."""
     rng = random.Random(seed)
     return [
-        Point(
+        SeriesPoint(
             run_key=f"run{i}",
             started=f"2026-11-{i + 1:02d}T02:00:00+00:00",
             recorded_at="2026-11-30T00:00:00+00:00",
@@ -83,7 +83,7 @@ def test_a_regression_already_recovered_from_does_not_fail(seed: int) -> None:
 def test_runs_without_values_are_skipped_and_short_series_have_no_change() -> None:
     points = series([5_000.0] * 2)
     assert change_points(points, "output_throughput") == ()
-    empty = Point("none", None, "2026-11-30", None, ())
+    empty = SeriesPoint("none", None, "2026-11-30", None, ())
     stepped = series([5_000.0] * 7 + [4_000.0] * 7)
     changes = change_points([*stepped[:7], empty, *stepped[7:]], "output_throughput")
     assert [(c.index, c.points_after) for c in changes] == [(7, 7)]  # indices of the runs with values

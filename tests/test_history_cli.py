@@ -12,7 +12,7 @@ from pathlib import Path
 
 import pytest
 
-from pytest_qwenperf.gate.history_store import HistoryStore, Point, SeriesKey
+from pytest_qwenperf.gate.history_store import HistoryStore, SeriesKey, SeriesPoint
 from pytest_qwenperf.history.report import Series, render
 from pytest_qwenperf.measure.report import SessionReport
 from tests.stream_source import stream_source
@@ -207,7 +207,7 @@ def test_a_store_that_cannot_be_opened_fails_the_session_before_it_measures(pyte
 
 def test_series_without_a_value_in_any_run_are_named_once_not_drawn() -> None:
     key = SeriesKey("cpu-x", "embedded:tiny", "cpu", "base", "isl128-osl128", "spec_decode_acceptance_rate")
-    point = Point("k", "2026-11-01T02:00:00+00:00", "2026-11-01T03:00:00+00:00", "0.32.0", (1.0, 1.1))
+    point = SeriesPoint("k", "2026-11-01T02:00:00+00:00", "2026-11-01T03:00:00+00:00", "0.32.0", (1.0, 1.1))
     with_values = Series(dataclasses.replace(key, metric="output_throughput"), (point,), ())
     shown = render([Series(key, (), ()), with_values])
     assert "spec_decode_acceptance_rate (" not in shown and "output_throughput (" in shown

@@ -91,7 +91,7 @@ class HistoryError(ValueError):
 
 
 @dataclass(frozen=True)
-class Point:
+class SeriesPoint:
     """One run in a series: when it started, which vLLM measured it, its repeats' values."""
 
     run_key: str
@@ -326,7 +326,7 @@ class HistoryStore:
             and (metric is None or k.metric == metric)
         ]
 
-    def series(self, key: SeriesKey) -> list[Point]:
+    def series(self, key: SeriesKey) -> list[SeriesPoint]:
         """The runs of ``key`` in the order they started (then recorded), each with its repeats' values
         and why it is invalid, if it is."""
         rows = self._db.execute(
@@ -336,10 +336,10 @@ class HistoryStore:
             "ORDER BY r.started, r.recorded_at, r.run_key, s.repeat",
             (key.hardware, key.model, key.suite, key.config, key.workload, key.metric),
         )
-        points: dict[str, Point] = {}
+        points: dict[str, SeriesPoint] = {}
         values: dict[str, list[float]] = {}
         for run_key, started, recorded_at, version, invalid, _repeat, value in rows:
-            points.setdefault(run_key, Point(run_key, started, recorded_at, version, (), invalid))
+            points.setdefault(run_key, SeriesPoint(run_key, started, recorded_at, version, (), invalid))
             if value is not None:
                 values.setdefault(run_key, []).append(float(value))
         return [dataclasses.replace(p, values=tuple(values.get(k, ()))) for k, p in points.items()]

@@ -17,7 +17,7 @@ from dataclasses import dataclass
 
 from pytest_qwenperf.core.metrics import metric
 from pytest_qwenperf.core.stats import centre
-from pytest_qwenperf.gate.history_store import Point
+from pytest_qwenperf.gate.history_store import SeriesPoint
 
 MAX_PVALUE = 0.001
 """A change is kept when the t-test between the segments either side gives p below this (Otava's
@@ -62,13 +62,13 @@ class Change:
         return self.points_after >= CONFIRMING
 
 
-def levels(points: Sequence[Point]) -> list[float]:
+def levels(points: Sequence[SeriesPoint]) -> list[float]:
     """One value per run: the centre of its repeats (runs without a value are left out by the caller)."""
     return [centre(p.values) for p in points]
 
 
 def change_points(
-    points: Sequence[Point], name: str, *, max_pvalue: float = MAX_PVALUE, min_change: float = MIN_CHANGE, window: int = WINDOW
+    points: Sequence[SeriesPoint], name: str, *, max_pvalue: float = MAX_PVALUE, min_change: float = MIN_CHANGE, window: int = WINDOW
 ) -> tuple[Change, ...]:
     """The changes Otava finds in the series of metric ``name``'s ``points`` (runs without a value are skipped).
 

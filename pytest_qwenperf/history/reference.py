@@ -20,7 +20,7 @@ from pytest_qwenperf.core.environment import must_match_violations
 from pytest_qwenperf.core.metrics import GATED
 from pytest_qwenperf.core.run import Run, pooled
 from pytest_qwenperf.gate.baseline import Baseline, BaselineError, PooledBaseline, baseline_from_run
-from pytest_qwenperf.gate.history_store import HistoryError, HistoryStore, Point, is_url
+from pytest_qwenperf.gate.history_store import HistoryError, HistoryStore, SeriesPoint, is_url
 from pytest_qwenperf.gate.judge import environment_differences
 from pytest_qwenperf.history.changes import change_points
 
@@ -98,7 +98,7 @@ def _latest_change(runs: Sequence[Run]) -> int:
     start = 0
     for name in GATED:
         points = [
-            Point(str(i), run.context.started, "", run.context.vllm_version, run.gated_samples().get(name, ()))
+            SeriesPoint(str(i), run.context.started, "", run.context.vllm_version, run.gated_samples().get(name, ()))
             for i, run in enumerate(runs)
         ]
         kept = [p for p in points if p.values]

@@ -8,7 +8,7 @@ from pathlib import Path
 
 from pytest_qwenperf.core.metrics import metric
 from pytest_qwenperf.core.tables import format_table
-from pytest_qwenperf.gate.history_store import HistoryStore, Point, SeriesKey
+from pytest_qwenperf.gate.history_store import HistoryStore, SeriesKey, SeriesPoint
 from pytest_qwenperf.history.changes import MAX_PVALUE, MIN_CHANGE, Change, change_points, failing, levels
 
 SCHEMA = "qwenperf-history/1"
@@ -20,7 +20,7 @@ class Series:
     """One series of the store, its valid runs with a value, and its change points."""
 
     key: SeriesKey
-    points: tuple[Point, ...]
+    points: tuple[SeriesPoint, ...]
     changes: tuple[Change, ...]
 
     @property
