@@ -80,8 +80,8 @@ def _show(args: argparse.Namespace) -> int:
             min_change=MIN_CHANGE if args.min_change is None else args.min_change,
         )
     if not found:  # a filter's typo, or a store nothing was recorded in: nothing judged is no pass
-        filters = ", ".join(f"--{name} {value}" for name, value in (("config", args.config), ("workload", args.workload)) if value)
-        filters += "".join(f", --metric {m}" if filters else f"--metric {m}" for m in args.metric or ())
+        given = [("config", args.config), ("workload", args.workload), *(("metric", m) for m in args.metric or ())]
+        filters = ", ".join(f"--{name} {value}" for name, value in given if value)
         print(f"qwenperf: history: no series in {store.where}" + (f" match {filters}" if filters else ": it holds no runs"), file=sys.stderr)
         return 2
     if args.plot:

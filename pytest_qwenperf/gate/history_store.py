@@ -227,9 +227,6 @@ class HistoryStore:
             if not create and not backend.has_table("qwenperf_schema"):
                 raise HistoryError(f"{store.where}: not a history store (no qwenperf_schema table); record into it first")
             store._migrate()
-        except sqlite3.DatabaseError as exc:
-            backend.close()
-            raise HistoryError(f"{store.where}: not a history store: {exc}") from None
         except BaseException:
             backend.close()
             raise

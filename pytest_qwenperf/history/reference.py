@@ -16,6 +16,8 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
+import msgspec
+
 from pytest_qwenperf.core.environment import must_match_violations
 from pytest_qwenperf.core.metrics import GATED
 from pytest_qwenperf.core.run import Run, pooled
@@ -48,14 +50,7 @@ class HistoryReference:
     def baseline(self) -> PooledBaseline:
         """The pooled runs as a baseline: every run's repeats are its samples."""
         whole = baseline_from_run(pooled(self.runs, self.runs[-1], "runs of the history"), source="the history store")
-        return PooledBaseline(
-            identity=whole.identity,
-            context=whole.context,
-            metrics=whole.metrics,
-            provenance=whole.provenance,
-            history=(),
-            name=self.name,
-        )
+        return PooledBaseline(**msgspec.structs.asdict(whole), name=self.name)
 
 
 def history_baseline(where: str, run: Run, window: int) -> Baseline | None:
@@ -95,14 +90,14 @@ def _environment_matches(past: Run, run: Run) -> bool:
 def _latest_change(runs: Sequence[Run]) -> int:
     """Where the last level of ``runs`` begins: the index of the run after the latest confirmed
     change point of any gated metric (0 when there is none)."""
+    samples = [run.gated_samples() for run in runs]
     start = 0
     for name in GATED:
+        valued = [i for i, found in enumerate(samples) if found.get(name)]  # a change's index counts these runs
         points = [
-            SeriesPoint(str(i), run.context.started, "", run.context.vllm_version, run.gated_samples().get(name, ()))
-            for i, run in enumerate(runs)
+            SeriesPoint(str(i), runs[i].context.started, "", runs[i].context.vllm_version, samples[i][name]) for i in valued
         ]
-        kept = [p for p in points if p.values]
-        for change in change_points(kept, name):
+        for change in change_points(points, name):
             if change.confirmed:
-                start = max(start, int(kept[change.index].run_key))
+                start = max(start, valued[change.index])
     return start

@@ -57,14 +57,16 @@ class SessionReport:
     def get(self, config_key: str, workload_id: str) -> Run | None:
         return self._runs.get((config_key, workload_id))
 
-    def add(self, run: Run, judgements: tuple[Judgement, ...] = (), *, unreadable: str | None = None) -> None:
-        """Keep ``run`` with its verdicts; ``unreadable``: why its baseline file could not be read."""
+    def add(self, run: Run, judgements: tuple[Judgement, ...] = (), *, unreadable: str | None = None) -> Run:
+        """Keep ``run`` with its verdicts, naming the reference they were judged against; returns the
+        run as kept. ``unreadable``: why its baseline file could not be read."""
         key = (run.config_key, run.identity.workload)
         named = references(judgements)
-        self._runs[key] = msgspec.structs.replace(run, reference=", ".join(named)) if named else run
+        kept = self._runs[key] = msgspec.structs.replace(run, reference=", ".join(named)) if named else run
         self._judgements[key] = judgements
         if unreadable is not None:
             self._unreadable[key] = unreadable
+        return kept
 
     def judgements(self, run: Run) -> tuple[Judgement, ...]:
         """The verdicts ``run`` was added with."""

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from pytest_qwenperf.core.run import Run
 from pytest_qwenperf.core.verdict import format_mde
-from pytest_qwenperf.gate.judge import losses, references
+from pytest_qwenperf.gate.judge import losses
 from pytest_qwenperf.measure.report import SessionReport
 
 
@@ -23,7 +23,7 @@ def session_table(report: SessionReport) -> list[str]:
         lines.append(
             f"{name:<48} {v['output_throughput']:>10.1f} {v['total_token_throughput']:>11.1f} "
             f"{v['p99_ttft_ms']:>7.1f}ms {v['p99_tpot_ms']:>7.2f}ms {v['completed']:>5} {run.failed_requests:>19} "
-            f"{run.extra_repeats:>5} {format_mde(mde):>7}  {_reference(report, run)}"
+            f"{run.extra_repeats:>5} {format_mde(mde):>7}  {run.reference or '—'}"
             + _invalid(run)
         )
     extended = [run.extra_repeats for run in report.runs if run.extra_repeats]
@@ -32,11 +32,6 @@ def session_table(report: SessionReport) -> list[str]:
         f"{sum(extended)} repeat(s) in all"
     )
     return lines
-
-
-def _reference(report: SessionReport, run: Run) -> str:
-    """What the run's verdicts were judged against; ``—`` for nothing."""
-    return ", ".join(references(report.judgements(run))) or "—"
 
 
 def _invalid(run: Run) -> str:

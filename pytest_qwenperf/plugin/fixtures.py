@@ -176,11 +176,9 @@ def qwenperf_measure(
             # Both servers stay up for the config's other tests; vllm_server stops them after the last.
             pair = measure_pair(lambda: nullcontext(server), lambda: nullcontext(candidate), cfg, workload, method, side_by_side=True)
             report.reference.add(pair.reference)
-            report.add(pair.run, pair.judgements)
-            return pair.run
+            return report.add(pair.run, pair.judgements)
         decided = measure_point(server, cfg, workload, method, partial(_reference, settings, suite))
-        report.add(decided.run, decided.judgements, unreadable=decided.unreadable)
-        return report.get(cfg.key, workload.id) or decided.run
+        return report.add(decided.run, decided.judgements, unreadable=decided.unreadable)
 
     return _measure
 
