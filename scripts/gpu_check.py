@@ -14,6 +14,10 @@ in ``summary.txt`` starting ``FAIL``; the exit status is 1 when there is any.
    naming that process.
 4. The same process starting once the server holds its GPU: the run is ``invalid: gpu-shared``
    naming it, and ``qwenperf compare`` gives no verdict on it but ``invalid``.
+
+Every session records into one history store in OUTDIR (not the checkout's default store), so the
+GPU runs' environment goes through the store and back: step 2's runs are recorded, and step 4's
+run is judged against step 2's (``vs history: 1 run``) and recorded as invalid.
 """
 
 from __future__ import annotations
@@ -23,6 +27,7 @@ import importlib.metadata
 import json
 import os
 import shlex
+import sqlite3
 import subprocess
 import sys
 import threading
@@ -42,6 +47,7 @@ STANDIN = ROOT / "tests" / "standins" / "model_vllm.py"
 MAIN_SELECTION = "hopper-ctx-short/chat or hopper-fp8kv/chat"
 MAIN_BOOTS = {"hopper/ctx-short": 1, "hopper/fp8kv": 1}
 SHARED_SELECTION = "hopper-ctx-short/chat"
+HISTORY = "history.sqlite"  # in OUTDIR
 HOLDER = """
 import sys, time, torch
 if sys.argv[1:] == ["--wait"]:  # torch is imported: the GPU is held a moment after "go"
@@ -139,6 +145,12 @@ def session(summary: Summary) -> None:
     summary.figures["gpu_processes_during_session"] = on_gpus
     standin_on = [index for index, names in seen.items() if any(STANDIN.name in n for n in names)]
     summary.check(standin_on == [0], f"the stand-in held memory on GPU 0 and no other (seen on {standin_on})")
+    recorded = _recorded(summary.out)
+    log = (summary.out / "session.log").read_text(errors="replace")
+    summary.check(
+        recorded == (len(report["runs"]), 0) and "now their reference on this machine" in log,
+        f"the history recorded the session's runs and said they are now the reference ((valid, invalid) {recorded})",
+    )
 
 
 def _run_checks(summary: Summary, run: dict) -> None:
@@ -217,6 +229,13 @@ def held_during_run(summary: Summary) -> None:
     summary.check(bool(shared) and f"pid {pid}" in shared[0], f"the run is invalid: gpu-shared naming pid {pid} ({shared})")
     if not runs:
         return
+    references = [run.get("reference") for run in runs]
+    recorded = _recorded(summary.out)
+    summary.check(
+        all((r or "").startswith("history: 1 run") for r in references) and recorded[1] == len(runs),
+        f"it was judged against the first session's run in the history and recorded as invalid "
+        f"(references {references}, (valid, invalid) {recorded})",
+    )
     compare = summary.out / "compare-held-during-run.json"
     argv = [*_qwenperf(), "compare", str(summary.out / "session.json"), str(summary.out / "held-during-run.json"), "--json"]
     code = _run(argv, summary.out / "compare.log", stdout=compare)
@@ -254,8 +273,20 @@ def _pytest(out: Path, name: str, selection: str, repeats: int) -> int:
         "--qwenperf-baselines", str(out / "no-baselines"),
         "--qwenperf-json", str(out / f"{name}.json"),
         "--qwenperf-log-dir", str(out / "logs" / name),
+        "--qwenperf-history", str(out / HISTORY),
     ]  # fmt: skip
     return _run(argv, out / f"{name}.log")
+
+
+def _recorded(out: Path) -> tuple[int, int]:
+    """How many (valid, invalid) runs the check's history store holds; (-1, -1) when it does not exist."""
+    path = out / HISTORY
+    if not path.exists():
+        return (-1, -1)
+    with contextlib.closing(sqlite3.connect(f"file:{path}?mode=ro", uri=True)) as db:
+        rows = db.execute("SELECT invalid = '', COUNT(*) FROM runs GROUP BY invalid = ''").fetchall()
+    counts = {bool(valid): n for valid, n in rows}
+    return (counts.get(True, 0), counts.get(False, 0))
 
 
 def _installed() -> bool:
