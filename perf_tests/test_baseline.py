@@ -11,6 +11,10 @@ conditions (failed requests, token totals that disagree with the server, a clien
 not keep up, a metric without a value, a shared core or a throttled GPU) fails as
 ``invalid``, baseline or not. A verdict the data cannot decide (``noisy``, ``underpowered``)
 after the extra repeats the suite allows (``max_repeats``) warns and never fails.
+
+With a history store, a reference that slides with a slow slide would pass it night after
+night: the test also fails while the run's series in the history, the run included, is worse
+than its last good level by more than the tolerance (``pytest_qwenperf.history.declines``).
 """
 
 from __future__ import annotations
@@ -19,13 +23,16 @@ import warnings
 
 import pytest
 
+from pytest_qwenperf.core.run import Run
 from pytest_qwenperf.core.verdict import Judgement
 from pytest_qwenperf.gate.judge import environment_notes, render_judgements
 
 
-def test_no_regression_against_baseline(qwenperf_judgements: tuple[Judgement, ...]) -> None:
+def test_no_regression_against_baseline(qwenperf_judgements: tuple[Judgement, ...], qwenperf_run: Run) -> None:
     verdicts = {j.verdict for j in qwenperf_judgements}
     table = render_judgements(qwenperf_judgements)
+    slid = "\n".join(d.detail for d in qwenperf_run.declines)
+    assert not slid, f"the history shows a confirmed slide below the last good level (the reference slid with it)\n{slid}"
     if verdicts <= {"no-baseline", "not-comparable"}:
         pytest.skip(f"nothing to judge against: {qwenperf_judgements[0].detail}" if qwenperf_judgements else "no gated metric measured")
     assert "invalid" not in verdicts, f"the run lost data, so its numbers are no verdict on vLLM\n{table}"

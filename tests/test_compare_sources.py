@@ -293,7 +293,7 @@ def test_a_single_suite_run_and_a_bench_result_share_a_table_that_says_why_they_
     assert verdicts == {
         ("base", "missing", "new.json has no run of cpu/base on isl128-osl128; the reference has one"),
         ("ctx-short", "missing", "new.json has no run of cpu/ctx-short on isl128-osl128; the reference has one"),
-        ("", "no-baseline", "no stored baseline for this run"),
+        ("", "no-baseline", "no reference for this run"),
     }
 
 

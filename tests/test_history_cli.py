@@ -51,7 +51,8 @@ def test_import_then_show_finds_the_step_and_fails_on_it(tmp_path: Path) -> None
     assert shown.returncode == 1, shown.stdout + shown.stderr
     assert "cpu/base / isl128-osl128 / output_throughput (tok/s, higher is better)" in shown.stdout
     assert "0.31.0 → 0.32.0" in shown.stdout and "worse" in shown.stdout
-    assert "failing on a confirmed change for the worse in cpu/base / isl128-osl128 / output_throughput" in shown.stderr
+    assert "failing on a confirmed change for the worse: cpu/base / isl128-osl128 / output_throughput: the level is -16." in shown.stderr
+    assert "from the last good level 5,000 tok/s (before the step at run #9, 2026-11-09, vLLM 0.31.0 → 0.32.0)" in shown.stderr
     assert (tmp_path / "h.png").read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
 
     data = json.loads(qwenperf("history", store, "--metric", "output_throughput", "--json").stdout)
@@ -63,6 +64,21 @@ def test_import_then_show_finds_the_step_and_fails_on_it(tmp_path: Path) -> None
     markdown = qwenperf("history", store, "--metric", "output_throughput", "--markdown")
     assert markdown.returncode == 0  # without --fail-on, a change is reported, not failed on
     assert markdown.stdout.startswith("### cpu/base") and "| change at |" in markdown.stdout
+
+
+@pytest.mark.parametrize(("after", "fails"), [(4_700.0, True), (5_000.0, False)])
+def test_a_partial_recovery_fails_and_a_full_one_passes(tmp_path: Path, after: float, fails: bool) -> None:
+    """-12 %, then a step back up: the latest change is for the better either way, but only the
+    full recovery is back at the last good level."""
+    store = tmp_path / "history.sqlite"
+    sessions(tmp_path / "nights", [5_000.0] * 8 + [4_400.0] * 6 + [after] * 6)
+    assert qwenperf("history", "import", store, tmp_path / "nights").returncode == 0
+    shown = qwenperf("history", store, "--metric", "output_throughput", "--fail-on", "change")
+    assert shown.returncode == (1 if fails else 0), shown.stdout + shown.stderr
+    assert ("the level is -6.0% from the last good level 5,000 tok/s (before the step at run #9" in shown.stderr) is fails
+    assert ("worse than its last good level" in shown.stdout) is fails
+    (series,) = json.loads(qwenperf("history", store, "--metric", "output_throughput", "--json").stdout)["series"]
+    assert series["failing"] is fails and (series["decline"] is not None) is fails
 
 
 def test_a_flat_history_passes_fail_on_change(tmp_path: Path) -> None:
@@ -208,7 +224,7 @@ def test_a_store_that_cannot_be_opened_fails_the_session_before_it_measures(pyte
 def test_series_without_a_value_in_any_run_are_named_once_not_drawn() -> None:
     key = SeriesKey("cpu-x", "embedded:tiny", "cpu", "base", "isl128-osl128", "spec_decode_acceptance_rate")
     point = SeriesPoint("k", "2026-11-01T02:00:00+00:00", "2026-11-01T03:00:00+00:00", "0.32.0", (1.0, 1.1))
-    with_values = Series(dataclasses.replace(key, metric="output_throughput"), (point,), ())
-    shown = render([Series(key, (), ()), with_values])
+    with_values = Series(dataclasses.replace(key, metric="output_throughput"), (point,), (), tolerance=0.03)
+    shown = render([Series(key, (), (), tolerance=0.03), with_values])
     assert "spec_decode_acceptance_rate (" not in shown and "output_throughput (" in shown
     assert shown.endswith("no value in any run (left out): spec_decode_acceptance_rate")

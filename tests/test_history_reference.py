@@ -93,5 +93,5 @@ def test_no_store_yet_is_no_reference_and_makes_no_file(tmp_path: Path) -> None:
 def test_a_file_that_is_not_a_store_is_an_unreadable_reference(tmp_path: Path) -> None:
     junk = tmp_path / "history.sqlite"
     junk.write_text("not a database, " * 100)
-    with pytest.raises(BaselineError, match=r"^the history reference: .*history.sqlite: cannot open the history store"):
+    with pytest.raises(BaselineError, match=r"^the history: .*history.sqlite: cannot open the history store"):
         history_baseline(str(junk), night(20, 5_000.0), 5)

@@ -16,8 +16,9 @@ HELP = "series of a history store and their change points; `history import` fill
 DESCRIPTION = (
     "STORE is an SQLite file or a postgresql:// URL (--qwenperf-history, qwenperf bench --history). Each series is "
     "one metric of one config x workload on one machine, a point per run (the centre of its repeats); change points "
-    "come from Apache Otava's E-divisive means with a t-test between the segments. --fail-on change exits 1 when a "
-    "series' latest change is a step for the worse that at least two later runs confirm. "
+    "come from Apache Otava's E-divisive means with a t-test between the segments. --fail-on change exits 1 while a "
+    "series' level is worse than its last good level by more than --min-change: the level before the earliest step for "
+    "the worse (confirmed by at least two later runs) that it has not recovered from. "
     "`qwenperf history import STORE FILE...` records session JSON, pytest-benchmark JSON and folders of them "
     "(searched recursively, as pytest-benchmark's storage is laid out); a run already in the store is skipped."
 )
@@ -30,7 +31,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--config", help="only this config (its id, or suite/id)")
     parser.add_argument("--workload", help="only this workload")
     parser.add_argument("--metric", action="append", metavar="NAME", help="only these metrics (repeatable)")
-    parser.add_argument("--fail-on", choices=("change",), help="exit 1 when a series' latest change is a confirmed step for the worse")
+    parser.add_argument("--fail-on", choices=("change",), help="exit 1 while a series' level is worse than its last good level (a confirmed step for the worse not recovered from)")
     parser.add_argument("--max-pvalue", type=float, help="keep changes whose t-test p-value is below this (default 0.001)")
     parser.add_argument("--min-change", type=float, help="keep changes of the level by at least this fraction (default 0.03)")
     output = parser.add_mutually_exclusive_group()
@@ -87,9 +88,9 @@ def _show(args: argparse.Namespace) -> int:
     if args.plot:
         report.plot(found, args.plot)
     print(json.dumps(report.as_json(found), indent=2) if args.json else report.render(found, markdown=args.markdown))
-    worse = [s for s in found if s.failing is not None]
+    worse = [(s, s.decline) for s in found if s.decline is not None]
     if args.fail_on == "change" and worse:
-        names = ", ".join(f"{s.key.config_key} / {s.key.workload} / {s.key.metric}" for s in worse)
-        print(f"qwenperf: failing on a confirmed change for the worse in {names}", file=sys.stderr)
+        names = "; ".join(f"{s.key.config_key} / {s.key.workload} / {d.detail}" for s, d in worse)
+        print(f"qwenperf: failing on a confirmed change for the worse: {names}", file=sys.stderr)
         return 1
     return 0

@@ -131,6 +131,36 @@ class Loss(msgspec.Struct, frozen=True, kw_only=True):
     detail: str
 
 
+class Decline(msgspec.Struct, frozen=True, kw_only=True):
+    """A gated metric whose level in the history, this run's included, is worse than its last good
+    level by more than the tolerance: the slide a window that slides with it would not see
+    (``history.changes.decline``)."""
+
+    metric: str
+    good: float  # the level before the earliest step for the worse not recovered from
+    current: float  # the level since the latest confirmed change
+    tolerance: float
+    step: int  # that step's run, counted from 1 in the series
+    since: str | None  # when the step's first run started
+    versions: str | None  # the vLLM versions either side of the step, "0.31.0 → 0.32.0"; None: not recorded
+
+    @property
+    def change(self) -> float:
+        """The current level against the good one, ``current / good - 1``."""
+        return self.current / self.good - 1 if self.good else float("nan")
+
+    @property
+    def detail(self) -> str:
+        when = f", {self.since[:10]}" if self.since else ""
+        versions = f", vLLM {self.versions}" if self.versions else ""
+        info = find(self.metric)
+        unit = f" {info.unit}" if info else ""
+        return (
+            f"{self.metric}: the level is {self.change:+.1%} from the last good level {self.good:,.4g}{unit} (before the "
+            f"step at run #{self.step}{when}{versions}), beyond the tolerance {self.tolerance:.0%}"
+        )
+
+
 class ClientLoad(msgspec.Struct, frozen=True, kw_only=True):
     bound: str | None = None  # why the client, not the server, limited the run
     cpu_busy: float | None = None  # fraction of the run the client process spent on a CPU
@@ -173,6 +203,7 @@ class Run(msgspec.Struct, frozen=True, kw_only=True):
     must_match: tuple[str, ...] = ()  # the suite's: environment fields a comparison needs equal (``core.environment``)
     conditions: tuple[Loss, ...] = ()  # what was wrong with the device while it ran (``core.validity``)
     reference: str | None = None  # what its verdicts were judged against ("stored baseline", "history: 5 runs, ..."); None: nothing
+    declines: tuple[Decline, ...] = ()  # gated metrics the history shows worse than their last good level (no boiling frog)
 
     @property
     def config_key(self) -> str:

@@ -85,7 +85,7 @@ def judge_run(baseline: Baseline | None, run: Run, *, confidence: float = DEFAUL
         if found:
             judgements.append(_invalid(_unjudged(name, stored, samples, "invalid", "", ratio=True), found))
         elif baseline is None:
-            judgements.append(_unjudged(name, None, samples, "no-baseline", "no stored baseline for this run", ratio=False))
+            judgements.append(_unjudged(name, None, samples, "no-baseline", "no reference for this run", ratio=False))
         elif differences:
             detail = "not comparable (baseline vs run): " + "; ".join(differences)
             judgements.append(_unjudged(name, stored, samples, "not-comparable", detail, ratio=False))

@@ -8,14 +8,21 @@ repeats (:func:`~pytest_qwenperf.core.stats.centre`). A change is ``worse`` or `
 the metric's direction, and it is *confirmed* when at least :data:`CONFIRMING` points follow
 it: a one-night blip is a change at the last point with nothing after it, which Otava may
 report but the gate does not act on.
+
+A series fails (:func:`decline`) while its current level is worse than its last good level by
+more than a tolerance: ``qwenperf history --fail-on change`` with the smallest change it keeps,
+a session with the suite's tolerance of each metric.
 """
 
 from __future__ import annotations
 
+import itertools
 from collections.abc import Sequence
 from dataclasses import dataclass
+from statistics import fmean
 
 from pytest_qwenperf.core.metrics import metric
+from pytest_qwenperf.core.run import Decline
 from pytest_qwenperf.core.stats import centre
 from pytest_qwenperf.gate.history_store import SeriesPoint
 
@@ -32,6 +39,11 @@ WINDOW = 30
 nightly runs sees a month at a time)."""
 CONFIRMING = 2
 """Points after a change that confirm it."""
+CURRENT = 3
+"""The current level is the mean of the last this many runs since the latest confirmed change:
+during a slide, the mean of the whole last segment lags behind it (on a synthetic slide of
+-2 % a night after 20 flat ones, six seeds, the segment's mean passed a 10 % tolerance 6 to 10
+nights in, the last three runs 6 to 7 nights in; the loss itself passes 10 % at night 6)."""
 
 
 @dataclass(frozen=True)
@@ -102,9 +114,32 @@ def change_points(
     return tuple(changes)
 
 
-def failing(changes: Sequence[Change]) -> Change | None:
-    """The latest change when it is a confirmed step for the worse (``--fail-on change``), else None."""
-    if not changes:
+def decline(points: Sequence[SeriesPoint], changes: Sequence[Change], name: str, tolerance: float) -> Decline | None:
+    """Whether metric ``name``'s series is worse than its last good level by more than ``tolerance``.
+
+    The confirmed ``changes`` (of :func:`change_points` on ``points``) cut the series into levels,
+    each the mean of its runs' centres; the current level is the mean of the last
+    :data:`CURRENT` runs of the last one (unconfirmed runs at the end count in it). The last good
+    level is the level before the earliest step for the worse that the current level has not
+    recovered from. Not the latest change alone: a newer step
+    (or an unconfirmed one) would hide an older one, and a partial recovery, a step for the
+    better that stops short, would pass a level still below where it was."""
+    confirmed = sorted((c for c in changes if c.confirmed), key=lambda c: c.index)
+    if not confirmed:
         return None
-    latest = max(changes, key=lambda c: c.index)
-    return latest if latest.direction == "worse" and latest.confirmed else None
+    series = levels([p for p in points if p.values])
+    bounds = [0, *(c.index for c in confirmed), len(series)]
+    segments = [fmean(series[a:b]) for a, b in itertools.pairwise(bounds)]
+    higher = metric(name).direction == "higher"
+    current = fmean(series[max(bounds[-2], len(series) - CURRENT) :])
+    for at, change in enumerate(confirmed):
+        good = segments[at]
+        worse_by = (1 - current / good if higher else current / good - 1) if good else 0.0
+        if change.direction == "worse" and worse_by > tolerance:
+            known = change.version_before or change.version_after
+            versions = f"{change.version_before or 'unknown'} → {change.version_after or 'unknown'}" if known else None
+            return Decline(
+                metric=name, good=good, current=current, tolerance=tolerance, step=change.index + 1,
+                since=change.started_after, versions=versions,
+            )  # fmt: skip
+    return None

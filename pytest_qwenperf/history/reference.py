@@ -12,7 +12,8 @@ with the same verdict rule.
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Iterator, Sequence
+from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -58,24 +59,38 @@ def history_baseline(where: str, run: Run, window: int) -> Baseline | None:
     store was made yet or it holds no run that may serve. A store that cannot be read, or a
     machine without the change-point detection (the ``history`` extra), is a
     :class:`~pytest_qwenperf.gate.baseline.BaselineError`: the reference is unknown, not absent."""
+    with reading(where) as store:
+        found = history_reference(store, run, window) if store is not None else None
+    return found.baseline() if found else None
+
+
+@contextmanager
+def reading(where: str) -> Iterator[HistoryStore | None]:
+    """The store at ``where`` opened to read (None where none was made yet), its errors and a
+    missing change-point detection raised as :class:`~pytest_qwenperf.gate.baseline.BaselineError`."""
     if not is_url(where) and not Path(where).exists():
-        return None
+        yield None
+        return
     try:
         with HistoryStore.open(where, create=False) as store:
-            found = history_reference(store, run, window)
+            yield store
     except HistoryError as exc:
-        raise BaselineError(f"the history reference: {exc}") from None
+        raise BaselineError(f"the history: {exc}") from None
     except ImportError as exc:
         raise BaselineError(
-            f"the history reference needs change points, which the history extra brings ({exc}): "
-            "pip install 'pytest-qwenperf[history]'"
+            f"the history's change points need the history extra ({exc}): pip install 'pytest-qwenperf[history]'"
         ) from None
-    return found.baseline() if found else None
+
+
+def comparable_runs(store: HistoryStore, run: Run) -> list[Run]:
+    """The valid runs ``store`` holds of ``run``'s identity whose environment matches ``run``'s in
+    every field its suite's ``must_match`` names, in the order they started."""
+    return [past for past in store.valid_runs(run.identity.baseline()) if _environment_matches(past, run)]
 
 
 def history_reference(store: HistoryStore, run: Run, window: int) -> HistoryReference | None:
     """The reference for ``run`` from ``store``; None when the store holds no run that may serve."""
-    matching = [past for past in store.valid_runs(run.identity.baseline()) if _environment_matches(past, run)]
+    matching = comparable_runs(store, run)
     if not matching:
         return None
     start = _latest_change(matching)
@@ -90,14 +105,21 @@ def _environment_matches(past: Run, run: Run) -> bool:
 def _latest_change(runs: Sequence[Run]) -> int:
     """Where the last level of ``runs`` begins: the index of the run after the latest confirmed
     change point of any gated metric (0 when there is none)."""
-    samples = [run.gated_samples() for run in runs]
     start = 0
-    for name in GATED:
-        valued = [i for i, found in enumerate(samples) if found.get(name)]  # a change's index counts these runs
-        points = [
-            SeriesPoint(str(i), runs[i].context.started, "", runs[i].context.vllm_version, samples[i][name]) for i in valued
-        ]
+    for name, valued, points in gated_series(runs):
         for change in change_points(points, name):
             if change.confirmed:
                 start = max(start, valued[change.index])
     return start
+
+
+def gated_series(runs: Sequence[Run]) -> Iterator[tuple[str, list[int], list[SeriesPoint]]]:
+    """Per gated metric: the indices of the ``runs`` with a value of it, and their series points
+    (a change's index counts these runs). Each run's samples are read once."""
+    samples = [run.gated_samples() for run in runs]
+    for name in GATED:
+        valued = [i for i, found in enumerate(samples) if found.get(name)]
+        points = [
+            SeriesPoint(str(i), runs[i].context.started, "", runs[i].context.vllm_version, samples[i][name]) for i in valued
+        ]
+        yield name, valued, points

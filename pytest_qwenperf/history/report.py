@@ -6,10 +6,13 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
+import msgspec
+
 from pytest_qwenperf.core.metrics import metric
+from pytest_qwenperf.core.run import Decline
 from pytest_qwenperf.core.tables import format_table
 from pytest_qwenperf.gate.history_store import HistoryStore, SeriesKey, SeriesPoint
-from pytest_qwenperf.history.changes import MAX_PVALUE, MIN_CHANGE, Change, change_points, failing, levels
+from pytest_qwenperf.history.changes import MAX_PVALUE, MIN_CHANGE, Change, change_points, decline, levels
 
 SCHEMA = "qwenperf-history/1"
 BARS = "▁▂▃▄▅▆▇█"
@@ -22,10 +25,11 @@ class Series:
     key: SeriesKey
     points: tuple[SeriesPoint, ...]
     changes: tuple[Change, ...]
+    tolerance: float  # how much worse than its last good level the series may be (the smallest change kept)
 
     @property
-    def failing(self) -> Change | None:
-        return failing(self.changes)
+    def decline(self) -> Decline | None:
+        return decline(self.points, self.changes, self.key.metric, self.tolerance)
 
 
 def read_series(
@@ -43,7 +47,8 @@ def read_series(
         if metrics and key.metric not in metrics:
             continue
         points = tuple(p for p in store.series(key) if p.values and not p.invalid)  # an invalid run is no verdict on vLLM
-        found.append(Series(key, points, change_points(points, key.metric, max_pvalue=max_pvalue, min_change=min_change)))
+        changes = change_points(points, key.metric, max_pvalue=max_pvalue, min_change=min_change)
+        found.append(Series(key, points, changes, tolerance=min_change))
     return found
 
 
@@ -106,6 +111,8 @@ def render(found: Sequence[Series], *, markdown: bool = False) -> str:
             lines += format_table(HEADER, [_row(c, metric(series.key.metric).unit) for c in series.changes], markdown=markdown)
         else:
             lines.append("no change point")
+        if series.decline is not None:
+            lines.append(f"worse than its last good level: {series.decline.detail}")
         lines.append("")
     if empty:
         lines.append(f"no value in any run (left out): {', '.join(sorted(set(empty)))}")
@@ -139,7 +146,8 @@ def as_json(found: Sequence[Series]) -> dict[str, object]:
                     }
                     for c in s.changes
                 ],
-                "failing": s.failing is not None,
+                "failing": s.decline is not None,
+                "decline": None if s.decline is None else msgspec.to_builtins(s.decline),
             }
             for s in found
         ],

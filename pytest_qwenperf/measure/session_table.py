@@ -1,4 +1,5 @@
-"""The session's table on the terminal: one line per run of the report, then the extra repeats taken."""
+"""The session's table on the terminal: one line per run of the report, then the extra repeats
+taken and the points whose history slid below its last good level."""
 
 from __future__ import annotations
 
@@ -25,13 +26,22 @@ def session_table(report: SessionReport) -> list[str]:
             f"{v['p99_ttft_ms']:>7.1f}ms {v['p99_tpot_ms']:>7.2f}ms {v['completed']:>5} {run.failed_requests:>19} "
             f"{run.extra_repeats:>5} {format_mde(mde):>7}  {run.reference or '—'}"
             + _invalid(run)
+            + _slid(run)
         )
     extended = [run.extra_repeats for run in report.runs if run.extra_repeats]
     lines.append(
         f"extra repeats, taken while a verdict was noisy or underpowered: {len(extended)} of {len(report.runs)} point(s), "
         f"{sum(extended)} repeat(s) in all"
     )
+    slid = [f"  {run.config_key} / {run.identity.workload}: {d.detail}" for run in report.runs for d in run.declines]
+    if slid:
+        lines.append("below the last good level in the history (a slide the reference slid with):")
+        lines += slid
     return lines
+
+
+def _slid(run: Run) -> str:
+    return "  SLID: " + ", ".join(d.metric for d in run.declines) if run.declines else ""
 
 
 def _invalid(run: Run) -> str:

@@ -11,6 +11,7 @@ from contextlib import nullcontext
 from functools import partial
 from pathlib import Path
 
+import msgspec
 import pytest
 
 from pytest_qwenperf.core.canary import Canary, CanaryJudgement, judge_canary
@@ -19,6 +20,7 @@ from pytest_qwenperf.core.verdict import Judgement
 from pytest_qwenperf.gate.baseline import Baseline, BaselineError, find_baseline
 from pytest_qwenperf.gate.canary import canary_path, find_canary
 from pytest_qwenperf.gate.judge import losses
+from pytest_qwenperf.history.declines import history_declines
 from pytest_qwenperf.history.reference import history_baseline
 from pytest_qwenperf.measure.canary import canary_of
 from pytest_qwenperf.measure.method import Method
@@ -143,7 +145,8 @@ def qwenperf_measure(
     """``measure(config, workload)``: the session's run of that pair, measured on first use.
 
     It is judged against its baseline as it is measured, and takes extra repeats while the
-    verdicts cannot decide (:func:`~pytest_qwenperf.measure.sequential.measure_point`, up to
+    verdicts cannot decide; with a history store, its series there (with it) is judged for a
+    slide (:mod:`~pytest_qwenperf.history.declines`) (:func:`~pytest_qwenperf.measure.sequential.measure_point`, up to
     the suite's plan: :func:`~pytest_qwenperf.plugin.settings.repeat_plan`); the session's
     report keeps the run with those verdicts. With a candidate, the point is measured on the
     launcher's server and the candidate's, repeats interleaved, and the candidate's run is
@@ -178,7 +181,13 @@ def qwenperf_measure(
             report.reference.add(pair.reference)
             return report.add(pair.run, pair.judgements)
         decided = measure_point(server, cfg, workload, method, partial(_reference, settings, suite))
-        return report.add(decided.run, decided.judgements, unreadable=decided.unreadable)
+        run, unreadable = decided.run, decided.unreadable
+        if settings.history is not None and unreadable is None:
+            try:
+                run = msgspec.structs.replace(run, declines=history_declines(settings.history.where, run, valid=not losses(run)))
+            except BaselineError as exc:
+                unreadable = str(exc)
+        return report.add(run, decided.judgements, unreadable=unreadable)
 
     return _measure
 
