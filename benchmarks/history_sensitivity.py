@@ -5,8 +5,9 @@ histories of ``--nights`` nights by drawing those nights' levels at random (with
 From night ``k`` on (``k`` drawn from the middle third) each level is made worse by a step of the
 given size; a step of 0 measures false alarms. Each history is judged with the same settings as
 ``qwenperf history`` (:func:`pytest_qwenperf.history.changes.change_points`, then
-:func:`~pytest_qwenperf.history.changes.failing`). Per step size it reports how often
-``--fail-on change`` fails, and how often the change it fails on is placed at ``k`` ± 1.
+:func:`~pytest_qwenperf.history.changes.decline` with the smallest change kept as its tolerance).
+Per step size it reports how often ``--fail-on change`` fails, and how often the step it fails on
+is placed at ``k`` ± 1.
 
     python -m benchmarks.history_sensitivity benchmarks/results/history-2026-11-24/flat.sqlite \
         --metric output_throughput --nights 14 --trials 200 --steps 0,0.05,0.08,0.10,0.15,0.20
@@ -26,7 +27,7 @@ import sys
 
 from pytest_qwenperf.core.metrics import metric
 from pytest_qwenperf.gate.history_store import HistoryStore, SeriesPoint
-from pytest_qwenperf.history.changes import change_points, failing, levels
+from pytest_qwenperf.history.changes import MIN_CHANGE, change_points, decline, levels
 
 
 def trial(rng: random.Random, flat: list[float], nights: int, step: float, higher: bool) -> tuple[bool, bool]:
@@ -35,8 +36,9 @@ def trial(rng: random.Random, flat: list[float], nights: int, step: float, highe
     factor = 1 - step if higher else 1 + step
     drawn = [rng.choice(flat) * (factor if i >= k else 1.0) for i in range(nights)]
     points = [SeriesPoint(f"r{i}", f"2026-11-{i + 1:02d}T02:00:00+00:00", "", "x", (v,)) for i, v in enumerate(drawn)]
-    found = failing(change_points(points, "output_throughput" if higher else "p99_tpot_ms"))
-    return found is not None, found is not None and abs(found.index - k) <= 1
+    name = "output_throughput" if higher else "p99_tpot_ms"
+    found = decline(points, change_points(points, name), name, MIN_CHANGE)
+    return found is not None, found is not None and abs(found.step - 1 - k) <= 1
 
 
 def main(argv: list[str] | None = None) -> int:

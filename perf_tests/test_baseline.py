@@ -25,7 +25,7 @@ import pytest
 
 from pytest_qwenperf.core.run import Run
 from pytest_qwenperf.core.verdict import Judgement
-from pytest_qwenperf.gate.judge import environment_notes, render_judgements
+from pytest_qwenperf.gate.judge import environment_notes, references, render_judgements
 
 
 def test_no_regression_against_baseline(qwenperf_judgements: tuple[Judgement, ...], qwenperf_run: Run) -> None:
@@ -39,6 +39,9 @@ def test_no_regression_against_baseline(qwenperf_judgements: tuple[Judgement, ..
     assert "regression" not in verdicts, f"slower than the baseline beyond tolerance and noise\n{table}"
     if "noisy" in verdicts:
         warnings.warn(f"some metrics look worse than the tolerance, but the noise cannot confirm it\n{table}", stacklevel=1)
+    stale = [name for name in references(qwenperf_judgements) if "(stale: " in name]
+    if stale:
+        warnings.warn(f"judged against a stale baseline: record a new one (qwenperf baseline promote)\n{table}", stacklevel=1)
     changed = environment_notes(qwenperf_judgements)
     if changed:
         warnings.warn("the environment differs from the baseline's (the suite allows it):\n" + "\n".join(changed), stacklevel=1)

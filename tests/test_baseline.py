@@ -234,6 +234,8 @@ def _set(value: object, *keys: str | int) -> Callable[[dict[str, Any]], None]:
         (_set("up", "metrics", "p99_ttft_ms", "direction"), "metrics.p99_ttft_ms.direction: expected one of 'higher', 'lower', 'none', got 'up'"),
         (_set(1.5, "metrics", "p99_ttft_ms", "tolerance"), "metrics.p99_ttft_ms.tolerance: expected a fraction in [0, 1)"),
         (_set(1.0, "metrics", "p99_ttft_ms", "value"), "metrics.p99_ttft_ms.value: expected the centre of its samples"),
+        (_set([0], "metrics", "p99_ttft_ms", "sessions"), "metrics.p99_ttft_ms.sessions[0]: expected an integer >= 1, got 0"),
+        (_set([7], "metrics", "p99_ttft_ms", "sessions"), "metrics.p99_ttft_ms.sessions: expected counts of samples per session adding up to its"),
         (_set({}, "metrics"), "metrics: expected `object` of length >= 1, got {}"),
         (_set("eight", "context", "gpu_count"), "context.gpu_count: expected an integer or null, got 'eight'"),
         (_set("guessed", "provenance", "kind"), "provenance.kind: expected one of 'measured', 'published', got 'guessed'"),

@@ -10,7 +10,7 @@ import pytest
 
 from pytest_qwenperf.core.environment import Environment
 from pytest_qwenperf.core.run import Loss, Run
-from pytest_qwenperf.gate.baseline import BaselineError
+from pytest_qwenperf.gate.baseline import Baseline, BaselineError
 from pytest_qwenperf.gate.history_store import HistoryStore
 from pytest_qwenperf.gate.judge import judge_run, render_judgements
 from pytest_qwenperf.history.reference import history_baseline, history_reference
@@ -38,6 +38,7 @@ def test_the_window_is_the_last_valid_runs_pooled_as_repeats(tmp_path: Path) -> 
     assert levels(path, now, window=2) == [5_007.0, 5_008.0]
     baseline = history_baseline(str(path), now, 5)
     assert baseline is not None and len(baseline.metrics["output_throughput"].samples) == 15  # 5 runs x 3 repeats
+    assert baseline.metrics["output_throughput"].sessions == (3, 3, 3, 3, 3)  # each run a session
     assert baseline.name == "history: 5 runs, 2026-11-04 → 08, vLLM 0.32.0"
     judged = judge_run(baseline, now)
     assert {j.reference for j in judged} == {"history: 5 runs, 2026-11-04 → 08, vLLM 0.32.0"}
@@ -95,3 +96,33 @@ def test_a_file_that_is_not_a_store_is_an_unreadable_reference(tmp_path: Path) -
     junk.write_text("not a database, " * 100)
     with pytest.raises(BaselineError, match=r"^the history: .*history.sqlite: cannot open the history store"):
         history_baseline(str(junk), night(20, 5_000.0), 5)
+
+
+def test_sessions_that_wander_make_the_history_reference_say_it_cannot_tell(tmp_path: Path) -> None:
+    """Each run's repeats agree within 1 %, the runs differ by up to 18 %: an ordinary session 12 %
+    below the centre is no regression against the history, where the same samples as one session's would be."""
+    path = store_of(tmp_path, [night(day, level) for day, level in enumerate([5_000.0, 5_900.0, 4_750.0, 5_500.0, 5_100.0], start=1)])
+    now = night(20, 4_500.0)
+    baseline = history_baseline(str(path), now, 5)
+    assert baseline is not None
+    (judged,) = [j for j in judge_run(baseline, now) if j.metric == "output_throughput"]
+    assert judged.verdict == "noisy" and "predicted from the baseline's 5 sessions" in judged.detail
+    fields = {k: v for k, v in msgspec.structs.asdict(baseline).items() if k != "name"}
+    metrics = {"output_throughput": msgspec.structs.replace(baseline.metrics["output_throughput"], sessions=None)}
+    one_session = Baseline(**{**fields, "metrics": metrics})  # the same samples, as a stored baseline of one session
+    (alone,) = [j for j in judge_run(one_session, now) if j.metric == "output_throughput"]
+    assert alone.verdict == "regression"
+
+
+@pytest.mark.parametrize(("runs", "verdict"), [(1, "noisy"), (2, "noisy"), (3, "regression"), (5, "regression")])
+def test_a_regression_against_the_history_needs_three_runs_to_know_the_runner(tmp_path: Path, runs: int, verdict: str) -> None:
+    """A server slowed 19 % against quiet runs: confirmed once the history holds three, said but not
+    failed on before (how far sessions wander here is not known from one or two)."""
+    path = store_of(tmp_path, [night(day, 5_000.0 + 10 * day) for day in range(1, runs + 1)])
+    now = night(20, 4_050.0)
+    baseline = history_baseline(str(path), now, 5)
+    assert baseline is not None
+    (judged,) = [j for j in judge_run(baseline, now) if j.metric == "output_throughput"]
+    assert judged.verdict == verdict, judged.detail
+    if verdict == "noisy":
+        assert f"the history holds {runs} run(s) of 3 needed to know how far this runner's sessions differ" in judged.detail

@@ -183,6 +183,43 @@ def test_the_mde_is_the_smallest_change_the_interval_tells_from_none() -> None:
     assert judge("m", before, [s * 1.001 for s in scaled], direction="higher", tolerance=0.0).verdict == "noisy"
 
 
+def sessions_at(levels: list[float], spread: float = 0.01) -> tuple[list[float], list[int]]:
+    """Three repeats a session around each session's level (±``spread``), and the counts per session."""
+    samples = [level * f for level in levels for f in (1 - spread, 1.0, 1 + spread)]
+    return samples, [3] * len(levels)
+
+
+def test_a_reference_whose_sessions_differ_widens_the_interval_to_predict_a_new_session() -> None:
+    """Tight repeats, sessions 15 % apart: the repeats alone would call an ordinary session a
+    regression; the spread between the reference's sessions says it cannot tell."""
+    noisy, counts = sessions_at([100.0, 118.0, 95.0, 110.0, 102.0])
+    now = [92.0 * f for f in (0.99, 1.0, 1.01)]  # -13 % from the centre: one more session of this runner
+    alone = judge("output_throughput", noisy, now, direction="higher", tolerance=0.10)
+    judged = judge("output_throughput", noisy, now, direction="higher", tolerance=0.10, sessions=counts)
+    assert alone.verdict == "regression"  # a false alarm: the repeats cannot see how far sessions wander
+    assert judged.verdict == "noisy" and judged.mde is not None and judged.mde > 0.2
+    assert "a new session predicted from the baseline's 5 sessions (SD 8.9%), 4 df" in judged.detail
+    assert judged.mde > (alone.mde or 0)
+
+
+def test_a_reference_whose_sessions_agree_still_sees_a_slowdown_beyond_the_tolerance() -> None:
+    quiet, counts = sessions_at([100.0, 101.0, 99.5, 100.5, 99.0])
+    slowed = [81.0 * f for f in (0.99, 1.0, 1.01)]  # -19 %: a server held to 85 % of a core
+    judged = judge("output_throughput", quiet, slowed, direction="higher", tolerance=0.10, sessions=counts)
+    assert judged.verdict == "regression" and judged.mde is not None and judged.mde < 0.10
+    same = judge("output_throughput", quiet, [100.2, 99.1, 101.0], direction="higher", tolerance=0.10, sessions=counts)
+    assert same.verdict == "pass"
+
+
+def test_fewer_than_three_sessions_leave_the_repeats_to_decide() -> None:
+    two, counts = sessions_at([100.0, 120.0])
+    with_counts = judge("output_throughput", two, [90.0, 91.0, 89.0], direction="higher", tolerance=0.10, sessions=counts)
+    without = judge("output_throughput", two, [90.0, 91.0, 89.0], direction="higher", tolerance=0.10)
+    assert with_counts == without
+    with pytest.raises(ValueError, match=r"sessions \[3, 3, 2\] do not divide the 9 baseline samples"):
+        judge("output_throughput", [100.0] * 9, [90.0] * 3, direction="higher", tolerance=0.1, sessions=[3, 3, 2])
+
+
 def test_one_sample_each_side_is_decided_on_the_tolerance_alone_and_says_so() -> None:
     worse = judge("p99_ttft_ms", [100.0], [126.0], direction="lower", tolerance=0.25)
     within = judge("p99_ttft_ms", [100.0], [124.0], direction="lower", tolerance=0.25)

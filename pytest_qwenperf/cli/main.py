@@ -23,6 +23,7 @@ COMMANDS = {
     "bench": "bench",
     "compare": "compare",
     "history": "history",
+    "baseline": "baseline",
     "bisect": "bisect",
     "doctor": "doctor",
 }

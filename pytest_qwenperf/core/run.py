@@ -201,6 +201,7 @@ class Run(msgspec.Struct, frozen=True, kw_only=True):
     extra_repeats: Count = 0  # repeats added after the first ones because the verdicts could not decide
     tolerances: dict[str, float] | None = None  # the suite's, per gated metric
     must_match: tuple[str, ...] = ()  # the suite's: environment fields a comparison needs equal (``core.environment``)
+    baseline_max_age_days: int | None = None  # the suite's: a stored baseline older than this is named stale
     conditions: tuple[Loss, ...] = ()  # what was wrong with the device while it ran (``core.validity``)
     reference: str | None = None  # what its verdicts were judged against ("stored baseline", "history: 5 runs, ..."); None: nothing
     declines: tuple[Decline, ...] = ()  # gated metrics the history shows worse than their last good level (no boiling frog)

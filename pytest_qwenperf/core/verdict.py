@@ -32,6 +32,16 @@ once keep the false-alarm rate under the null at or below ``(1 - confidence) / 2
 look, and "noisy" and "underpowered" say out loud when the data cannot decide (more
 repeats are the cure: the plugin runs them, see :mod:`pytest_qwenperf.core.sequential`).
 
+Sessions: repeats of one session share whatever that session's machine was doing, so a baseline
+measured in another session can sit away from the run by more than either side's repeats spread
+(on a shared 2-vCPU runner, sessions differed by 16-22 % while each one's repeats agreed within
+1.5 %). Where the baseline's samples come from at least :data:`MIN_SESSIONS` sessions (a history
+reference, a promoted baseline), it knows how much sessions differ: the run is one more session,
+and the interval is also the prediction interval for a new session's mean from the baseline's
+session means (``t(k-1) × s × √(1 + 1/k)`` on the log scale, ``k`` sessions spread ``s``); the
+wider of that and Welch's is used. With fewer, how much sessions differ is unknown and Welch's
+interval on the repeats alone decides; the detail says so.
+
 Sample sizes: with one sample on one side (a published figure) its spread is taken to
 be the other side's per-sample spread, with that side's degrees of freedom. With one
 sample on each side there is no spread to test, and the ratio alone is compared with
@@ -63,6 +73,7 @@ One verdict is not on a metric but on what a config answered (:func:`~pytest_qwe
 
 from __future__ import annotations
 
+import itertools
 import math
 import statistics
 from collections.abc import Sequence
@@ -88,6 +99,9 @@ UNDECIDED: tuple[Verdict, ...] = ("noisy", "underpowered")
 """Verdicts more repeats can settle: the data point at a regression, or could not have seen one."""
 
 DEFAULT_CONFIDENCE = 0.95
+MIN_SESSIONS = 3
+"""Sessions a baseline needs before the spread between its session means counts (two give one
+degree of freedom, whose t quantile, 12.7 at 95 %, decides nothing)."""
 
 
 @dataclass(frozen=True)
@@ -108,6 +122,7 @@ class Judgement:
     confidence: float = DEFAULT_CONFIDENCE  # of the interval the verdict was decided on
     environment: tuple[str, ...] = ()  # how the run's environment differs from the baseline's where the suite allows it: shown, not judged
     reference: str = ""  # what it was judged against: "stored baseline", "history: 5 runs, ..." ("": nothing)
+    between: float | None = None  # how far the reference's sessions differ (SD of their means); None: one session, or unknown
 
     HEADER: ClassVar[tuple[str, ...]] = ("metric", "baseline", "now", "ratio", "tolerance", "MDE", "verdict")
 
@@ -154,9 +169,32 @@ def format_mde(mde: float | None) -> str:
 class _Interval:
     half: float | None  # half-width on the log scale; None: no spread to build an interval from
     how: str  # how it was obtained, for the detail
+    between: float | None = None  # how far the baseline's sessions differ (SD of their means, a fraction); None: unknown
 
 
-def _log_interval(baseline: Sequence[float], current: Sequence[float], confidence: float) -> _Interval:
+def _log_interval(
+    baseline: Sequence[float], current: Sequence[float], confidence: float, sessions: Sequence[int] | None
+) -> _Interval:
+    """The wider of Welch's interval on the repeats and, where the baseline has enough sessions,
+    the prediction interval for a new session's mean (see the module docstring)."""
+    repeats = _repeats_interval(baseline, current, confidence)
+    if not sessions or len(sessions) < MIN_SESSIONS or min(*baseline, *current) <= 0:
+        return repeats
+    if sum(sessions) != len(baseline) or min(sessions) < 1:
+        raise ValueError(f"sessions {list(sessions)} do not divide the {len(baseline)} baseline samples")
+    logs = [math.log(s) for s in baseline]
+    starts = [0, *itertools.accumulate(sessions)]
+    means = [statistics.fmean(logs[a:b]) for a, b in itertools.pairwise(starts)]
+    k = len(means)
+    half = t_quantile(1 - (1 - confidence) / 2, k - 1) * statistics.stdev(means) * math.sqrt(1 + 1 / k)
+    spread = math.expm1(statistics.stdev(means))
+    between = f"a new session predicted from the baseline's {k} sessions (SD {spread:.1%}), {k - 1} df"
+    if repeats.half is not None and repeats.half >= half:
+        return _Interval(repeats.half, f"{repeats.how}; wider than {between}", spread)
+    return _Interval(half, f"{between}; wider than the repeats alone", spread)
+
+
+def _repeats_interval(baseline: Sequence[float], current: Sequence[float], confidence: float) -> _Interval:
     if min(*baseline, *current) <= 0:
         return _Interval(None, "samples include zero, so no log-scale interval: decided on the ratio alone")
     n_b, n_c = len(baseline), len(current)
@@ -206,8 +244,10 @@ def judge(
     tolerance: float,
     unit: str = "",
     confidence: float = DEFAULT_CONFIDENCE,
+    sessions: Sequence[int] | None = None,
 ) -> Judgement:
-    """The verdict on one metric (the rule is in the module docstring)."""
+    """The verdict on one metric (the rule is in the module docstring). ``sessions``: how many
+    of ``baseline_samples`` each session measured, in order; None: one session."""
     _check(metric, baseline_samples, "baseline")
     _check(metric, current_samples, "current")
     if not 0 <= tolerance < 1:
@@ -216,8 +256,12 @@ def judge(
         raise ValueError(f"{metric}: confidence must be in (0, 1), got {confidence}")
     base, now = centre(baseline_samples), centre(current_samples)
 
+    between: float | None = None
+
     def verdict(result: Verdict, detail: str, ratio: float | None, mde: float | None = None) -> Judgement:
-        return Judgement(metric, unit, direction, base, now, ratio, tolerance, result, detail, mde=mde, confidence=confidence)
+        return Judgement(
+            metric, unit, direction, base, now, ratio, tolerance, result, detail, mde=mde, confidence=confidence, between=between
+        )
 
     if base == 0:
         if now == 0:
@@ -226,7 +270,8 @@ def judge(
     ratio = now / base
     if direction == "none":
         return verdict("pass", "not gated: neither direction is better", ratio)
-    interval = _log_interval(baseline_samples, current_samples, confidence)
+    interval = _log_interval(baseline_samples, current_samples, confidence, sessions)
+    between = interval.between
     sign = 1 if direction == "higher" else -1  # log ratio times sign: positive is better
     change = sign * (math.log(ratio) if ratio > 0 else -math.inf)
     bound = -math.log1p(-tolerance) if direction == "higher" else math.log1p(tolerance)  # tolerance, log scale

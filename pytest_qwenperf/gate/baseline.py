@@ -81,6 +81,7 @@ class StoredMetric(msgspec.Struct, frozen=True, kw_only=True):
     direction: Direction
     tolerance: NonNegative  # fraction of the baseline a run may be worse by
     samples: Annotated[tuple[NonNegative, ...], msgspec.Meta(min_length=1)]
+    sessions: tuple[Annotated[int, msgspec.Meta(ge=1)], ...] | None = None  # samples per session, in order; None: one session
 
     @classmethod
     def of(cls, name: str, samples: Sequence[float], tolerance: float | None = None) -> StoredMetric:
@@ -159,6 +160,11 @@ def _checked(metrics: Mapping[str, StoredMetric], field: str) -> dict[str, Store
             raise BaselineError(f"{field}.{name}.value: expected the centre of its samples ({expected!r}), got {show(stored.value)}")
         if not stored.tolerance < 1:
             raise BaselineError(f"{field}.{name}.tolerance: expected a fraction in [0, 1), got {show(stored.tolerance)}")
+        if stored.sessions is not None and sum(stored.sessions) != len(stored.samples):
+            raise BaselineError(
+                f"{field}.{name}.sessions: expected counts of samples per session adding up to its {len(stored.samples)} "
+                f"samples, got {show(list(stored.sessions))}"
+            )
         checked[name] = msgspec.structs.replace(stored, value=expected)
     return checked
 
@@ -166,6 +172,19 @@ def _checked(metrics: Mapping[str, StoredMetric], field: str) -> dict[str, Store
 def load_baseline(path: Path) -> Baseline:
     """Read and check a baseline file; :class:`BaselineError` names the file, the field and what was expected."""
     return decode_baseline(read_text(Path(path), "baseline file", f"a {SCHEMA} JSON document", BaselineError), str(path))
+
+
+def stored_baselines(root: Path) -> list[tuple[Path, Baseline | BaselineError]]:
+    """Every baseline file under ``root`` (``<hardware>/<model>/<config>/<workload>.json``; stored
+    canary answers, of another schema, are not baselines), each read, or the error that says why not."""
+    found: list[tuple[Path, Baseline | BaselineError]] = []
+    for path in sorted(root.glob("*/*/*/*.json")):
+        try:
+            found.append((path, load_baseline(path)))
+        except BaselineError as exc:
+            if f"expected {SCHEMA!r}, got 'qwenperf-canary/" not in str(exc):
+                found.append((path, exc))
+    return found
 
 
 def find_baseline(root: Path, identity: Identity) -> Baseline | None:
@@ -254,12 +273,20 @@ def write_baseline(
     :class:`BaselineError` when the stored file cannot be parsed. ``git_commit`` defaults
     to :func:`project_commit`.
     """
-    identity = run.identity.baseline()
-    path = identity.path(root)
     reason = refusal(run)
     if reason:
-        raise BaselineRefused(f"{path}: not updated: {reason}")
+        raise BaselineRefused(f"{run.identity.baseline().path(root)}: not updated: {reason}")
     new = baseline_from_run(run, source=source, git_commit=git_commit or project_commit())
+    return replace_baseline(root, new, replace_published=replace_published)
+
+
+def replace_baseline(root: Path, new: Baseline, *, replace_published: bool = False) -> Path:
+    """Write ``new`` as the baseline of its identity under ``root`` by the rules of
+    :func:`write_baseline`: the previous metrics move to ``history``, a stored tolerance is kept,
+    a stored baseline of another identity or of published figures (unless ``replace_published``)
+    is refused and left untouched."""
+    identity = new.identity
+    path = identity.path(root)
     previous = load_baseline(path) if path.exists() else None
     history: tuple[HistoryEntry, ...] = ()
     metrics = new.metrics

@@ -351,6 +351,16 @@ class HistoryStore:
         )
         return [decode_run(json.loads(text), f"{self.where}: run {key}") for key, text in rows]
 
+    def latest_valid_run(self, key: SeriesKey) -> Run | None:
+        """The valid run of ``key``'s config and workload on its machine and model (any metric) that
+        started last; None when there is none."""
+        rows = self._db.execute(
+            "SELECT run_key, run_json FROM runs WHERE hardware = ? AND model = ? AND suite = ? AND config = ? "
+            "AND workload = ? AND invalid = '' ORDER BY started DESC, recorded_at DESC, run_key DESC LIMIT 1",
+            (key.hardware, key.model, key.suite, key.config, key.workload),
+        )
+        return decode_run(json.loads(rows[0][1]), f"{self.where}: run {rows[0][0]}") if rows else None
+
     def run(self, run_key: str) -> Run:
         """The whole run recorded under ``run_key``."""
         rows = self._db.execute("SELECT run_json FROM runs WHERE run_key = ?", (run_key,))

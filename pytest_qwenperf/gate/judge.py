@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 import dataclasses
+import datetime
+import re
 from collections.abc import Sequence
 
 from pytest_qwenperf.core.environment import Environment, must_match_violations
@@ -10,7 +12,7 @@ from pytest_qwenperf.core.metrics import SCALING, gate_order, metric
 from pytest_qwenperf.core.run import CLIENT_BOUND, FAILED_REQUESTS, NO_VALUE, TOKEN_MISMATCH, Loss, Run
 from pytest_qwenperf.core.stats import centre
 from pytest_qwenperf.core.tables import format_table
-from pytest_qwenperf.core.verdict import DEFAULT_CONFIDENCE, Judgement, Verdict, judge
+from pytest_qwenperf.core.verdict import DEFAULT_CONFIDENCE, MIN_SESSIONS, Judgement, Verdict, judge
 from pytest_qwenperf.gate.baseline import Baseline, PooledBaseline, StoredMetric, baseline_from_run
 
 # ------------------------------------------------------------------ a run
@@ -96,27 +98,73 @@ def judge_run(baseline: Baseline | None, run: Run, *, confidence: float = DEFAUL
             loss = Loss(reason=NO_VALUE, detail=f"the run has no value for it ({where}); the baseline has one")
             judgements.append(_invalid(_unjudged(name, stored, samples, "invalid", "", ratio=True), (loss,)))
         else:
-            judgements.append(
-                judge(
-                    name,
-                    stored.samples,
-                    samples,
-                    direction=stored.direction,
-                    tolerance=stored.tolerance,
-                    unit=stored.unit,
-                    confidence=confidence,
-                )
+            judged = judge(
+                name,
+                stored.samples,
+                samples,
+                direction=stored.direction,
+                tolerance=stored.tolerance,
+                unit=stored.unit,
+                confidence=confidence,
+                sessions=stored.sessions,
             )
-    named = reference_name(baseline) if baseline is not None else ""
+            judgements.append(_few_sessions(judged, baseline, stored))
+    named = reference_name(baseline, run) if baseline is not None else ""
     return tuple(dataclasses.replace(j, environment=allowed, reference=named) for j in judgements)
 
 
-def reference_name(baseline: Baseline) -> str:
-    """What a verdict against ``baseline`` names as its reference."""
+def _few_sessions(judged: Judgement, baseline: Baseline, stored: StoredMetric) -> Judgement:
+    """A regression against a history of fewer than ``MIN_SESSIONS`` runs is ``noisy``: how far
+    this runner's sessions wander is not known yet, and the repeats of one session cannot show it
+    (a stored baseline was chosen by someone; a history reference is whatever ran last)."""
+    runs = len(stored.sessions or (1,))
+    if judged.verdict != "regression" or not isinstance(baseline, PooledBaseline) or runs >= MIN_SESSIONS:
+        return judged
+    detail = (
+        f"worse than the tolerance, but the history holds {runs} run(s) of {MIN_SESSIONS} needed to know how far "
+        f"this runner's sessions differ, so it is not confirmed: {judged.detail.split(': ', 1)[-1]}"
+    )
+    return dataclasses.replace(judged, verdict="noisy", detail=detail)
+
+
+def reference_name(baseline: Baseline, run: Run | None = None) -> str:
+    """What a verdict against ``baseline`` names as its reference; a stored baseline that is stale
+    for ``run`` (:func:`staleness`) says so."""
     if isinstance(baseline, PooledBaseline):
         return baseline.name
     source = baseline.provenance.source
-    return f"published baseline ({source})" if baseline.provenance.kind == "published" else "stored baseline"
+    if baseline.provenance.kind == "published":
+        return f"published baseline ({source})"
+    stale = staleness(baseline, run) if run is not None else None
+    return f"stored baseline (stale: {stale})" if stale else "stored baseline"
+
+
+def staleness(baseline: Baseline, run: Run) -> str | None:
+    """Why a measured baseline is stale for ``run``: older than the run's suite allows
+    (``baseline_max_age_days``), or recorded with another vLLM release line (0.31 against 0.32);
+    None when neither holds or either side did not record it."""
+    found = []
+    recorded, measured = _day(baseline.context.date), _day(run.context.started)
+    limit = run.baseline_max_age_days
+    if recorded and measured and limit is not None and (measured - recorded).days > limit:
+        found.append(f"recorded {recorded.isoformat()}, {(measured - recorded).days} days before this run (the suite allows {limit})")
+    then, now = _release(baseline.context.vllm_version), _release(run.context.vllm_version)
+    if then and now and then != now:
+        found.append(f"recorded with vLLM {then}, this run has {now}")
+    return "; ".join(found) or None
+
+
+def _day(text: str | None) -> datetime.date | None:
+    try:
+        return datetime.date.fromisoformat(text[:10]) if text else None
+    except ValueError:
+        return None
+
+
+def _release(version: str | None) -> str | None:
+    """A vLLM version's release line: ``0.32`` of ``0.32.1`` or ``0.32.0+cpu``; None if unknown."""
+    found = re.match(r"(\d+)\.(\d+)", version or "")
+    return f"{found[1]}.{found[2]}" if found else None
 
 
 def references(judgements: Sequence[Judgement]) -> tuple[str, ...]:

@@ -49,9 +49,18 @@ class HistoryReference:
         return f"history: {len(self.runs)} run{'s' if len(self.runs) != 1 else ''}{after}{span}, vLLM {versions}"
 
     def baseline(self) -> PooledBaseline:
-        """The pooled runs as a baseline: every run's repeats are its samples."""
-        whole = baseline_from_run(pooled(self.runs, self.runs[-1], "runs of the history"), source="the history store")
-        return PooledBaseline(**msgspec.structs.asdict(whole), name=self.name)
+        """The pooled runs as the baseline a verdict names by :attr:`name`."""
+        return PooledBaseline(**msgspec.structs.asdict(self.pooled("the history store")), name=self.name)
+
+    def pooled(self, source: str, git_commit: str | None = None) -> Baseline:
+        """The runs as one baseline: every run's repeats are its samples, each run a session."""
+        whole = baseline_from_run(pooled(self.runs, self.runs[-1], "runs of the history"), source=source, git_commit=git_commit)
+        gated = [run.gated_samples() for run in self.runs]
+        metrics = {
+            name: msgspec.structs.replace(stored, sessions=tuple(len(found.get(name, (None,))) for found in gated))
+            for name, stored in whole.metrics.items()
+        }
+        return msgspec.structs.replace(whole, metrics=metrics)
 
 
 def history_baseline(where: str, run: Run, window: int) -> Baseline | None:
@@ -93,7 +102,7 @@ def history_reference(store: HistoryStore, run: Run, window: int) -> HistoryRefe
     matching = comparable_runs(store, run)
     if not matching:
         return None
-    start = _latest_change(matching)
+    start = latest_level(matching)
     kept = matching[start:][-window:]
     return HistoryReference(tuple(kept), after_change=start > 0 and len(matching) - start <= window)
 
@@ -102,7 +111,7 @@ def _environment_matches(past: Run, run: Run) -> bool:
     return not must_match_violations(environment_differences(past.context.environment, run), run.must_match)
 
 
-def _latest_change(runs: Sequence[Run]) -> int:
+def latest_level(runs: Sequence[Run]) -> int:
     """Where the last level of ``runs`` begins: the index of the run after the latest confirmed
     change point of any gated metric (0 when there is none)."""
     start = 0

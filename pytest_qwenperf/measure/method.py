@@ -44,6 +44,7 @@ class Method:
     tolerances: Mapping[str, float] = field(default_factory=lambda: MappingProxyType({}))
     validity: ValidityLimits = ValidityLimits()
     must_match: tuple[str, ...] = ()
+    baseline_max_age_days: int | None = None  # the suite's: a stored baseline older than this is named stale
 
     @classmethod
     def of(
@@ -68,4 +69,5 @@ class Method:
             tolerances=MappingProxyType(dict(suite.tolerances)),
             validity=suite.validity,
             must_match=tuple(suite.must_match),
+            baseline_max_age_days=suite.baseline_max_age_days,
         )

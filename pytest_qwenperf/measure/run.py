@@ -170,7 +170,11 @@ def combine_repeats(repeats: Sequence[Repeat], replicas: int, method: Method) ->
     every = [run for measured in runs.values() for run in measured]
     whole = combined(every, chosen, samples, "load runs")
     return msgspec.structs.replace(
-        whole, tolerances=dict(method.tolerances), must_match=method.must_match, scaling=scaling.record() if scaling else None
+        whole,
+        tolerances=dict(method.tolerances),
+        must_match=method.must_match,
+        baseline_max_age_days=method.baseline_max_age_days,
+        scaling=scaling.record() if scaling else None,
     )
 
 

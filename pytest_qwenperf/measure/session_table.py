@@ -3,6 +3,9 @@ taken and the points whose history slid below its last good level."""
 
 from __future__ import annotations
 
+import statistics
+from collections.abc import Sequence
+
 from pytest_qwenperf.core.run import Run
 from pytest_qwenperf.core.verdict import format_mde
 from pytest_qwenperf.gate.judge import losses
@@ -33,11 +36,46 @@ def session_table(report: SessionReport) -> list[str]:
         f"extra repeats, taken while a verdict was noisy or underpowered: {len(extended)} of {len(report.runs)} point(s), "
         f"{sum(extended)} repeat(s) in all"
     )
+    noise = noise_line(report)
+    if noise:
+        lines.append(noise)
     slid = [f"  {run.config_key} / {run.identity.workload}: {d.detail}" for run in report.runs for d in run.declines]
     if slid:
         lines.append("below the last good level in the history (a slide the reference slid with):")
         lines += slid
     return lines
+
+
+def noise_line(report: SessionReport, name: str = "output_throughput") -> str | None:
+    """How this runner's noise compares with the tolerance, once for the session: the median
+    spread of a point's repeats, how far the references' sessions differ where they know, and
+    the median MDE of ``name``'s verdicts against its tolerance. None where nothing was judged."""
+    judged = [(run, j) for run in report.runs for j in report.judgements(run) if j.metric == name and j.mde is not None]
+    if not judged:
+        return None
+    spreads = [_cv((run.samples or {}).get(name) or ()) for run, _ in judged]
+    known = [s for s in spreads if s is not None]
+    between = [j.between for _, j in judged if j.between is not None]
+    tolerances = sorted({j.tolerance for _, j in judged})
+    tolerance = f"{tolerances[0]:.0%}" if len(tolerances) == 1 else f"{tolerances[0]:.0%}-{tolerances[-1]:.0%}"
+    blind = sum(1 for _, j in judged if j.mde is not None and j.mde > j.tolerance)
+    parts = [f"repeats spread {statistics.median(known):.1%} (median CV)" if known else "repeats: one each"]
+    if between:
+        parts.append(f"sessions differ by {statistics.median(between):.1%} (SD, {len(between)} history reference(s))")
+    else:
+        parts.append("how far sessions differ is not known (no reference of 3 or more runs)")
+    mde = statistics.median(j.mde for _, j in judged if j.mde is not None)
+    return (
+        f"runner noise, {name}: {', '.join(parts)}; median MDE {format_mde(mde)} against a tolerance of {tolerance}: "
+        f"{blind} of {len(judged)} point(s) could not see a change of the tolerance's size"
+    )
+
+
+def _cv(samples: Sequence[float | None]) -> float | None:
+    values = [v for v in samples if v is not None]
+    if len(values) < 2 or not statistics.fmean(values):
+        return None
+    return statistics.stdev(values) / statistics.fmean(values)
 
 
 def _slid(run: Run) -> str:

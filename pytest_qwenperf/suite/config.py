@@ -158,9 +158,16 @@ def render_flags(flags: Mapping[str, FlagValue]) -> tuple[str, ...]:
     return tuple(argv)
 
 
-HISTORY_WINDOW = 5
-"""The last valid runs of the history a run is judged against when no baseline is stored: pooled as
-repeats, 5 runs of 3 repeats give the reference 15 samples, and reach back a working week of nights."""
+HISTORY_WINDOW = 7
+"""The last valid runs of the history a run is judged against when no baseline is stored, each a
+session: a week of nights. Measured on 12 real sessions of this project's 2-vCPU runner
+(``benchmarks/history_window.py``, tolerance 10 %, 400 draws; benchmarks/README.md): windows of
+3, 5, 7 and 10 runs judged an unchanged session ``regression`` 5, 11, 6.75 and 13.5 % of the time
+and a 20 % slower one 37, 45, 59 and 64 %, median MDE 24, 18, 15 and 15 %. Seven is the shortest
+window past which the MDE stops shrinking much (the t quantile with 6 df), and a week of nights."""
+BASELINE_MAX_AGE_DAYS = 90
+"""A stored baseline older than this is named stale beside its verdicts: a quarter of nightly runs,
+about three vLLM releases, after which the machine, its driver and the suite have usually moved."""
 
 
 @dataclass(frozen=True)
@@ -183,6 +190,7 @@ class Suite:
     must_match: tuple[str, ...] = ()  # environment fields a comparison needs equal (``core.environment``)
     canary_floor: CanaryFloor = EXACT  # a config's canary answer against another session's (the [canary] table)
     history_window: int = HISTORY_WINDOW  # valid runs of the history a run without a stored baseline is judged against
+    baseline_max_age_days: int = BASELINE_MAX_AGE_DAYS  # a stored baseline older than this is named stale
 
     def config(self, config_id: str) -> ServingConfig:
         for cfg in self.configs:
@@ -291,6 +299,7 @@ def load_suite(path: Path | str) -> Suite:
         must_match=suite.must_match,
         canary_floor=file.canary,
         history_window=suite.history_window,
+        baseline_max_age_days=suite.baseline_max_age_days,
     )
 
 
@@ -331,6 +340,7 @@ class _SuiteTable(schema.Shape, frozen=True):
     validity: Annotated[ValidityLimits, Meta(description="a table of condition = largest share")] = ValidityLimits()
     must_match: _Strings = ()
     history_window: Annotated[int, Meta(ge=1, description="a whole number of runs >= 1")] = HISTORY_WINDOW
+    baseline_max_age_days: Annotated[int, Meta(ge=1, description="a whole number of days >= 1")] = BASELINE_MAX_AGE_DAYS
 
 
 class _ConfigTable(schema.Shape, frozen=True):

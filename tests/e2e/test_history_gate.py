@@ -1,0 +1,111 @@
+"""The history as the reference on the real CPU build: a session whose server is held to half a
+core by a CPU quota fails against a history of unslowed runs, with no stored baseline.
+
+One plain session of six repeats is recorded as three nights of two repeats each (three sessions'
+worth, so the verdict has a spread between sessions to predict from: a real history of three
+sessions on a shared runner can spread by 20 %, which would make the test depend on the runner,
+not on the gate). Then a session served through ``benchmarks/quota_launcher.py --cores 0.5``
+(a cgroup CFS quota on the server's whole process tree) is judged against them: ``regression``
+vs ``history: 3 runs``, and ``test_baseline.py`` fails. The slowdown, half the one core the server
+is pinned to, is far beyond the tolerance and any session-to-session spread this runner shows.
+"""
+
+from __future__ import annotations
+
+import json
+import shlex
+import sys
+from pathlib import Path
+
+import msgspec
+import pytest
+
+from pytest_qwenperf.core.run import Run, decode_run
+from pytest_qwenperf.gate.history_store import HistoryStore
+from pytest_qwenperf.serving.server import DEFAULT_LAUNCHER
+
+pytestmark = pytest.mark.e2e
+
+ROOT = Path(__file__).resolve().parents[2]
+
+SUITE = """
+[suite]
+name = "history"
+hardware = "cpu"
+model = "embedded:tiny"
+repeats = 2
+tolerances = { output_throughput = 0.10, total_token_throughput = 0.10 }
+
+[suite.env]
+VLLM_CPU_KVCACHE_SPACE = "1"
+HF_HUB_OFFLINE = "1"
+TOKENIZERS_PARALLELISM = "false"
+
+[suite.vllm]
+dtype = "bfloat16"
+max-model-len = 512
+
+[[config]]
+id = "tiny"
+
+[[workload]]
+name = "isl32-osl32"
+kind = "random"
+input_len = 32
+output_len = 32
+num_prompts = 40
+warmup = 8
+load = { concurrency = 8 }
+"""
+
+
+def session(pytester: pytest.Pytester, name: str, *args: str) -> pytest.RunResult:
+    return pytester.runpytest_subprocess(
+        "test_baseline.py",
+        *args,
+        "--qwenperf-suite=suite.toml",
+        "--qwenperf-baselines=baselines",
+        "--qwenperf-history=history.sqlite",
+        f"--qwenperf-json={name}.json",
+        f"--qwenperf-log-dir=logs/{name}",
+        "-p",
+        "no:cacheprovider",
+        "-rA",
+        timeout=900,
+    )
+
+
+def nights(run: Run, count: int) -> list[Run]:
+    """``run``'s repeats dealt into ``count`` runs of consecutive repeats, one a night in October."""
+    samples = run.samples or {}
+    size = len(samples["output_throughput"]) // count
+    return [
+        msgspec.structs.replace(
+            run,
+            samples={name: values[i * size : (i + 1) * size] for name, values in samples.items()},
+            context=msgspec.structs.replace(run.context, started=f"2026-10-{i + 1:02d}T02:00:00+00:00"),
+        )
+        for i in range(count)
+    ]
+
+
+def test_a_session_slowed_by_a_cpu_quota_fails_against_a_history_of_plain_runs(pytester: pytest.Pytester) -> None:
+    (pytester.path / "suite.toml").write_text(SUITE)
+    pytester.makepyfile(test_baseline=(ROOT / "perf_tests" / "test_baseline.py").read_text())
+
+    plain = session(pytester, "plain", "--qwenperf-repeats=6", "--qwenperf-no-history")
+    plain.assert_outcomes(skipped=1)  # nothing to judge against yet
+    (data,) = json.loads((pytester.path / "plain.json").read_text())["runs"]
+    with HistoryStore.open(pytester.path / "history.sqlite") as store:
+        assert store.append(nights(decode_run(data, "plain.json"), 3), source="test") == 3
+
+    quota = ["env", f"PYTHONPATH={ROOT}", sys.executable, "-m", "benchmarks.quota_launcher", "--cores", "0.5", "--"]
+    launcher = shlex.join([*quota, *DEFAULT_LAUNCHER])
+    slowed = session(pytester, "slowed", f"--qwenperf-launcher={launcher}", "--qwenperf-max-repeats=2")
+    out = slowed.stdout.str()
+    slowed.assert_outcomes(failed=1)
+    assert "slower than the baseline beyond tolerance and noise" in out, out
+    assert "vs history: 3 runs, 2026-10-01 → 03" in out, out
+    (run,) = json.loads((pytester.path / "slowed.json").read_text())["runs"]
+    assert run["reference"].startswith("history: 3 runs, 2026-10-01 → 03")
+    assert run["metrics"]["output_throughput"] < 0.8 * data["metrics"]["output_throughput"], (run["metrics"], data["metrics"])

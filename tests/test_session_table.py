@@ -1,0 +1,45 @@
+"""The session table's closing lines: how the runner's noise compares with the tolerance, said
+once, and the points whose history slid."""
+
+from __future__ import annotations
+
+import msgspec
+
+from pytest_qwenperf.core.run import Decline
+from pytest_qwenperf.core.verdict import judge
+from pytest_qwenperf.measure.report import SessionReport
+from pytest_qwenperf.measure.session_table import noise_line, session_table
+from tests.test_history_store import night
+
+
+def test_the_noise_line_compares_the_spread_and_the_mde_with_the_tolerance() -> None:
+    report = SessionReport()
+    assert noise_line(report) is None  # nothing judged: nothing to say
+    quiet = night(20, 5_000.0, config="base")  # repeats ±1 %
+    tight = judge("output_throughput", [5_000.0, 5_010.0, 4_990.0], [5_000.0, 5_050.0, 4_950.0], direction="higher", tolerance=0.10)
+    report.add(quiet, (tight,))
+    line = noise_line(report)
+    assert line is not None and line.startswith("runner noise, output_throughput: repeats spread 1.0% (median CV)")
+    assert "how far sessions differ is not known (no reference of 3 or more runs)" in line
+    assert line.endswith("against a tolerance of 10%: 0 of 1 point(s) could not see a change of the tolerance's size")
+
+    sessions = [5_000.0 * f for level in (1.0, 1.2, 0.9) for f in (level * 0.99, level, level * 1.01)]
+    wide = judge("output_throughput", sessions, [5_000.0, 5_050.0, 4_950.0], direction="higher", tolerance=0.10, sessions=[3, 3, 3])
+    report.add(night(21, 5_000.0, config="ctx-short"), (wide,))
+    line = noise_line(report)
+    assert line is not None and "sessions differ by 15.7% (SD, 1 history reference(s))" in line
+    assert line.endswith("1 of 2 point(s) could not see a change of the tolerance's size")
+    assert line in session_table(report)
+
+
+def test_a_slid_point_is_marked_and_its_decline_listed_after_the_table() -> None:
+    report = SessionReport()
+    decline = Decline(metric="output_throughput", good=5_000.0, current=4_100.0, tolerance=0.1, step=21, since=None, versions=None)
+    report.add(msgspec.structs.replace(night(20, 4_100.0), declines=(decline,)))
+    lines = session_table(report)
+    assert lines[2].endswith("SLID: output_throughput")
+    assert lines[-2] == "below the last good level in the history (a slide the reference slid with):"
+    assert lines[-1] == (
+        "  cpu/base / isl128-osl128: output_throughput: the level is -18.0% from the last good level 5,000 tok/s "
+        "(before the step at run #21), beyond the tolerance 10%"
+    )
