@@ -65,7 +65,6 @@ def session(pytester: pytest.Pytester, name: str, *args: str) -> pytest.RunResul
         *args,
         "--qwenperf-suite=suite.toml",
         "--qwenperf-baselines=baselines",
-        "--qwenperf-history=history.sqlite",
         f"--qwenperf-json={name}.json",
         f"--qwenperf-log-dir=logs/{name}",
         "-p",
@@ -101,7 +100,7 @@ def test_a_session_slowed_by_a_cpu_quota_fails_against_a_history_of_plain_runs(p
 
     quota = ["env", f"PYTHONPATH={ROOT}", sys.executable, "-m", "benchmarks.quota_launcher", "--cores", "0.5", "--"]
     launcher = shlex.join([*quota, *DEFAULT_LAUNCHER])
-    slowed = session(pytester, "slowed", f"--qwenperf-launcher={launcher}", "--qwenperf-max-repeats=2")
+    slowed = session(pytester, "slowed", f"--qwenperf-launcher={launcher}", "--qwenperf-max-repeats=2", "--qwenperf-history=history.sqlite")
     out = slowed.stdout.str()
     slowed.assert_outcomes(failed=1)
     assert "slower than the baseline beyond tolerance and noise" in out, out
