@@ -52,7 +52,9 @@ def trial(rng: random.Random, nights: list[Run], window: int, step: float, args:
     history = [msgspec.structs.replace(r, tolerances={**(r.tolerances or {}), METRIC: tolerance}) for r in drawn[:window]]
     pooled = HistoryReference(tuple(history), after_change=False).pooled("benchmark")
     if args.repeats_only:  # the rule before sessions counted: every repeat one sample of one session
-        pooled = msgspec.structs.replace(pooled, metrics={n: msgspec.structs.replace(m, sessions=None) for n, m in pooled.metrics.items()})
+        pooled = msgspec.structs.replace(
+            pooled, metrics={n: msgspec.structs.replace(m, sessions=None) for n, m in pooled.metrics.items()}
+        )
     baseline = pooled
     (judged,) = [j for j in judge_run(baseline, slowed(drawn[window], step, tolerance)) if j.metric == METRIC]
     return judged.verdict, judged.mde

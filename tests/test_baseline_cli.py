@@ -45,7 +45,11 @@ def test_promote_writes_the_latest_stable_level_with_its_provenance(tmp_path: Pa
     listed = qwenperf("baseline", "list", "--baselines", root, "--json")
     assert listed.returncode == 0, listed.stderr
     (entry,) = json.loads(listed.stdout)["baselines"]
-    assert entry["sessions"] == 3 and entry["vllm_version"] == "0.32.0" and entry["provenance"].startswith("measured: qwenperf baseline promote")
+    assert (
+        entry["sessions"] == 3
+        and entry["vllm_version"] == "0.32.0"
+        and entry["provenance"].startswith("measured: qwenperf baseline promote")
+    )
     assert entry["age_days"] >= 0
     table = qwenperf("baseline", "list", "--baselines", root)
     assert table.stdout.splitlines()[0].split() == ["baseline", "age", "vLLM", "hardware", "sessions", "provenance"]
@@ -57,10 +61,16 @@ def test_promote_keeps_published_figures_and_refuses_another_identity(tmp_path: 
     run = night(1, 5_000.0)
     path = write_baseline(root, run)
     published = load_baseline(path)
-    save_baseline(root, msgspec.structs.replace(published, provenance=msgspec.structs.replace(published.provenance, kind="published")))
+    save_baseline(
+        root, msgspec.structs.replace(published, provenance=msgspec.structs.replace(published.provenance, kind="published"))
+    )
     before = path.read_bytes()
     kept = qwenperf("baseline", "promote", store, "--config", "base", "--baselines", root)
-    assert kept.returncode == 1 and "not promoted: cpu/base / isl128-osl128" in kept.stdout and "holds published figures" in kept.stdout
+    assert (
+        kept.returncode == 1
+        and "not promoted: cpu/base / isl128-osl128" in kept.stdout
+        and "holds published figures" in kept.stdout
+    )
     assert path.read_bytes() == before
     replaced = qwenperf("baseline", "promote", store, "--config", "base", "--baselines", root, "--replace-published")
     assert replaced.returncode == 0, replaced.stdout + replaced.stderr
@@ -97,6 +107,8 @@ def test_a_stored_baseline_from_another_release_line_or_too_old_is_named_stale_b
     assert render_judgements(judged).splitlines()[0] == "vs stored baseline (stale: recorded with vLLM 0.31, this run has 0.32)"
     same_line = msgspec.structs.replace(now, context=msgspec.structs.replace(now.context, vllm_version="0.31.4"))
     assert {j.reference for j in judge_run(stored, same_line)} == {"stored baseline"}
-    later = msgspec.structs.replace(same_line, context=msgspec.structs.replace(same_line.context, started="2027-03-01T02:00:00+00:00"))
+    later = msgspec.structs.replace(
+        same_line, context=msgspec.structs.replace(same_line.context, started="2027-03-01T02:00:00+00:00")
+    )
     (reference,) = {j.reference for j in judge_run(stored, later)}
     assert reference == "stored baseline (stale: recorded 2026-11-01, 120 days before this run (the suite allows 90))"

@@ -16,7 +16,9 @@ def test_the_noise_line_compares_the_spread_and_the_mde_with_the_tolerance() -> 
     report = SessionReport()
     assert noise_line(report) is None  # nothing judged: nothing to say
     quiet = night(20, 5_000.0, config="base")  # repeats ±1 %
-    tight = judge("output_throughput", [5_000.0, 5_010.0, 4_990.0], [5_000.0, 5_050.0, 4_950.0], direction="higher", tolerance=0.10)
+    tight = judge(
+        "output_throughput", [5_000.0, 5_010.0, 4_990.0], [5_000.0, 5_050.0, 4_950.0], direction="higher", tolerance=0.10
+    )
     report.add(quiet, (tight,))
     line = noise_line(report)
     assert line is not None and line.startswith("runner noise, output_throughput: repeats spread 1.0% (median CV)")
@@ -24,7 +26,9 @@ def test_the_noise_line_compares_the_spread_and_the_mde_with_the_tolerance() -> 
     assert line.endswith("against a tolerance of 10%: 0 of 1 point(s) could not see a change of the tolerance's size")
 
     sessions = [5_000.0 * f for level in (1.0, 1.2, 0.9) for f in (level * 0.99, level, level * 1.01)]
-    wide = judge("output_throughput", sessions, [5_000.0, 5_050.0, 4_950.0], direction="higher", tolerance=0.10, sessions=[3, 3, 3])
+    wide = judge(
+        "output_throughput", sessions, [5_000.0, 5_050.0, 4_950.0], direction="higher", tolerance=0.10, sessions=[3, 3, 3]
+    )
     report.add(night(21, 5_000.0, config="ctx-short"), (wide,))
     line = noise_line(report)
     assert line is not None and "sessions differ by 15.7% (SD, 1 history reference(s))" in line
@@ -34,7 +38,9 @@ def test_the_noise_line_compares_the_spread_and_the_mde_with_the_tolerance() -> 
 
 def test_a_slid_point_is_marked_and_its_decline_listed_after_the_table() -> None:
     report = SessionReport()
-    decline = Decline(metric="output_throughput", good=5_000.0, current=4_100.0, tolerance=0.1, step=21, since=None, versions=None)
+    decline = Decline(
+        metric="output_throughput", good=5_000.0, current=4_100.0, tolerance=0.1, step=21, since=None, versions=None
+    )
     report.add(msgspec.structs.replace(night(20, 4_100.0), declines=(decline,)))
     lines = session_table(report)
     assert lines[2].endswith("SLID: output_throughput")

@@ -69,7 +69,9 @@ def _promote(args: argparse.Namespace) -> int:
     with HistoryStore.open(args.store, create=False) as store:
         done = promote(store, args.baselines, request)
     if not done:
-        filters = ", ".join(f"--{n} {v}" for n, v in (("config", args.config), ("workload", args.workload), ("hardware", args.hardware)) if v)
+        filters = ", ".join(
+            f"--{n} {v}" for n, v in (("config", args.config), ("workload", args.workload), ("hardware", args.hardware)) if v
+        )
         print(f"qwenperf: baseline promote: no series in {args.store} match {filters}", file=sys.stderr)
         return 2
     for outcome in done:
@@ -107,7 +109,11 @@ def _list(root: Path, *, as_json: bool) -> int:
     if as_json:
         print(json.dumps({"schema": "qwenperf-baselines/1", "baselines": [dataclasses.asdict(b) for b in listed]}, indent=2))
     elif listed:
-        print("\n".join(format_table(("baseline", "age", "vLLM", "hardware", "sessions", "provenance"), [b.cells() for b in listed])))
+        print(
+            "\n".join(
+                format_table(("baseline", "age", "vLLM", "hardware", "sessions", "provenance"), [b.cells() for b in listed])
+            )
+        )
     else:
         print(f"no baselines under {root}")
     return 1 if any(b.error for b in listed) else 0

@@ -62,7 +62,9 @@ def promote(store: HistoryStore, root: Path, request: PromoteRequest) -> list[Pr
         source = f"qwenperf baseline promote: {reference.name} (from {store.where})"
         path = latest.identity.baseline().path(root)
         try:
-            written = replace_baseline(root, reference.pooled(source, project_commit()), replace_published=request.replace_published)
+            written = replace_baseline(
+                root, reference.pooled(source, project_commit()), replace_published=request.replace_published
+            )
         except (BaselineRefused, BaselineError) as exc:
             done.append(Promoted(key, path, reference.name, str(exc)))
         else:

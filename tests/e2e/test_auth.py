@@ -17,24 +17,13 @@ from pathlib import Path
 
 import pytest
 
+from tests.e2e.tiny import suite_toml
+
 pytestmark = pytest.mark.e2e
 
-SUITE = """
-[suite]
-name = "auth"
-hardware = "cpu"
-model = "embedded:tiny"
-repeats = 1
-
-[suite.env]
-VLLM_CPU_KVCACHE_SPACE = "1"
-HF_HUB_OFFLINE = "1"
-TOKENIZERS_PARALLELISM = "false"
-
-[suite.vllm]
-dtype = "bfloat16"
-max-model-len = 2048
-
+SUITE = suite_toml(
+    "auth",
+    """
 [[config]]
 id = "keyed"
 
@@ -47,7 +36,10 @@ num_prompts = 28
 warmup = 4
 load = { concurrency = 8 }
 configs = ["keyed"]
-"""
+""",
+    suite="repeats = 1",
+    max_model_len=2048,
+)
 
 INNER = """
 import os, subprocess, sys

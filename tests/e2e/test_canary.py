@@ -26,27 +26,16 @@ from pathlib import Path
 
 import pytest
 
+from tests.e2e.tiny import inner_session, suite_toml
+
 pytestmark = pytest.mark.e2e
 
 ROOT = Path(__file__).resolve().parents[2]
 PERTURBED = ROOT / "tests" / "standins" / "perturbed_vllm.py"
 
-SUITE = """
-[suite]
-name = "canary"
-hardware = "cpu"
-model = "embedded:tiny"
-repeats = 1
-
-[suite.env]
-VLLM_CPU_KVCACHE_SPACE = "1"
-HF_HUB_OFFLINE = "1"
-TOKENIZERS_PARALLELISM = "false"
-
-[suite.vllm]
-dtype = "bfloat16"
-max-model-len = 512
-
+SUITE = suite_toml(
+    "canary",
+    """
 [[config]]
 id = "tiny"
 
@@ -58,7 +47,9 @@ output_len = 16
 num_prompts = 20
 warmup = 4
 load = { concurrency = 4 }
-"""
+""",
+    suite="repeats = 1",
+)
 
 # Collected after test_correctness.py, on the server the canary was asked of.
 AFTER_THE_CANARY = """
@@ -73,18 +64,7 @@ def test_the_run_counts_its_own_requests_alone(qwenperf_run, qwenperf_canary, se
 
 
 def session(pytester: pytest.Pytester, name: str, *args: str) -> pytest.RunResult:
-    return pytester.runpytest_subprocess(
-        "test_correctness.py",
-        *args,
-        "--qwenperf-suite=suite.toml",
-        "--qwenperf-baselines=baselines",
-        f"--qwenperf-json={name}.json",
-        f"--qwenperf-log-dir=logs/{name}",
-        "-p",
-        "no:cacheprovider",
-        "-rs",
-        timeout=900,
-    )
+    return inner_session(pytester, "test_correctness.py", name, *args, "-rs")
 
 
 def compare(pytester: pytest.Pytester, *files: str) -> pytest.RunResult:

@@ -23,28 +23,15 @@ import pytest
 from pytest_qwenperf.core.run import Run, decode_run
 from pytest_qwenperf.gate.history_store import HistoryStore
 from pytest_qwenperf.serving.server import DEFAULT_LAUNCHER
+from tests.e2e.tiny import inner_session, suite_toml
 
 pytestmark = pytest.mark.e2e
 
 ROOT = Path(__file__).resolve().parents[2]
 
-SUITE = """
-[suite]
-name = "history"
-hardware = "cpu"
-model = "embedded:tiny"
-repeats = 2
-tolerances = { output_throughput = 0.10, total_token_throughput = 0.10 }
-
-[suite.env]
-VLLM_CPU_KVCACHE_SPACE = "1"
-HF_HUB_OFFLINE = "1"
-TOKENIZERS_PARALLELISM = "false"
-
-[suite.vllm]
-dtype = "bfloat16"
-max-model-len = 512
-
+SUITE = suite_toml(
+    "history",
+    """
 [[config]]
 id = "tiny"
 
@@ -56,22 +43,13 @@ output_len = 32
 num_prompts = 40
 warmup = 8
 load = { concurrency = 8 }
-"""
+""",
+    suite="repeats = 2\ntolerances = { output_throughput = 0.10, total_token_throughput = 0.10 }",
+)
 
 
 def session(pytester: pytest.Pytester, name: str, *args: str) -> pytest.RunResult:
-    return pytester.runpytest_subprocess(
-        "test_baseline.py",
-        *args,
-        "--qwenperf-suite=suite.toml",
-        "--qwenperf-baselines=baselines",
-        f"--qwenperf-json={name}.json",
-        f"--qwenperf-log-dir=logs/{name}",
-        "-p",
-        "no:cacheprovider",
-        "-rA",
-        timeout=900,
-    )
+    return inner_session(pytester, "test_baseline.py", name, *args, "-rA")
 
 
 def nights(run: Run, count: int) -> list[Run]:
@@ -100,7 +78,9 @@ def test_a_session_slowed_by_a_cpu_quota_fails_against_a_history_of_plain_runs(p
 
     quota = ["env", f"PYTHONPATH={ROOT}", sys.executable, "-m", "benchmarks.quota_launcher", "--cores", "0.5", "--"]
     launcher = shlex.join([*quota, *DEFAULT_LAUNCHER])
-    slowed = session(pytester, "slowed", f"--qwenperf-launcher={launcher}", "--qwenperf-max-repeats=2", "--qwenperf-history=history.sqlite")
+    slowed = session(
+        pytester, "slowed", f"--qwenperf-launcher={launcher}", "--qwenperf-max-repeats=2", "--qwenperf-history=history.sqlite"
+    )
     out = slowed.stdout.str()
     slowed.assert_outcomes(failed=1)
     assert "slower than the baseline beyond tolerance and noise" in out, out

@@ -1,14 +1,38 @@
-"""The serving config and a streamed request shared by the end-to-end tests (real vLLM, CPU build)."""
+"""What the end-to-end tests (real vLLM, CPU build) share: the serving config, a suite file of the
+tiny model, an inner pytest session, and a streamed request."""
 
 from __future__ import annotations
 
 import json
 
 import aiohttp
+import pytest
 
 from pytest_qwenperf.suite.config import tiny_cpu_config
 
 TINY = tiny_cpu_config("e2e-tiny")
+
+
+def suite_toml(name: str, body: str, *, suite: str = "", max_model_len: int = 512) -> str:
+    """A suite of the tiny model on the CPU build: its ``[suite]`` table (``suite``: keys beyond
+    the name, hardware and model), the environment and flags every end-to-end suite shares, then
+    ``body``, its configs and workloads."""
+    return f"""
+[suite]
+name = "{name}"
+hardware = "cpu"
+model = "embedded:tiny"
+{suite}
+
+[suite.env]
+VLLM_CPU_KVCACHE_SPACE = "1"
+HF_HUB_OFFLINE = "1"
+TOKENIZERS_PARALLELISM = "false"
+
+[suite.vllm]
+dtype = "bfloat16"
+max-model-len = {max_model_len}
+{body}"""
 
 
 async def stream_completion(base_url: str, model: str, prompt: str, max_tokens: int) -> tuple[int, dict]:
@@ -32,3 +56,19 @@ async def stream_completion(base_url: str, model: str, prompt: str, max_tokens: 
             chunks += 1
             usage = chunk.get("usage") or usage
     return chunks, usage
+
+
+def inner_session(pytester: pytest.Pytester, test_file: str, name: str, *args: str) -> pytest.RunResult:
+    """A pytest session of ``test_file`` on the suite in ``suite.toml``: baselines in ``baselines/``,
+    its JSON in ``<name>.json``, its servers' logs in ``logs/<name>``."""
+    return pytester.runpytest_subprocess(
+        test_file,
+        *args,
+        "--qwenperf-suite=suite.toml",
+        "--qwenperf-baselines=baselines",
+        f"--qwenperf-json={name}.json",
+        f"--qwenperf-log-dir=logs/{name}",
+        "-p",
+        "no:cacheprovider",
+        timeout=900,
+    )
