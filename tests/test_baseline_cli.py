@@ -9,7 +9,7 @@ from pathlib import Path
 import msgspec
 import pytest
 
-from pytest_qwenperf.gate.baseline import load_baseline, save_baseline, write_baseline
+from pytest_qwenperf.gate.baseline import BaselineError, load_baseline, save_baseline, stored_baselines, write_baseline
 from pytest_qwenperf.gate.history_store import HistoryStore
 from pytest_qwenperf.gate.judge import judge_run, render_judgements
 from tests.test_history_cli import qwenperf
@@ -112,3 +112,13 @@ def test_a_stored_baseline_from_another_release_line_or_too_old_is_named_stale_b
     )
     (reference,) = {j.reference for j in judge_run(stored, later)}
     assert reference == "stored baseline (stale: recorded 2026-11-01, 120 days before this run (the suite allows 90))"
+
+
+def test_every_shipped_baseline_still_loads() -> None:
+    root = Path(__file__).parents[1] / "baselines"
+    found = stored_baselines(root)
+    files = sorted(p for p in root.glob("*/*/*/*.json") if p.name != "canary.json")  # stored canary answers are not baselines
+    assert [path for path, _ in found] == files and len(files) >= 3
+    assert [str(path) for path, entry in found if isinstance(entry, BaselineError)] == []
+    listed = qwenperf("baseline", "list", "--baselines", root)
+    assert listed.returncode == 0 and len(listed.stdout.splitlines()) == 2 + len(found), listed.stdout + listed.stderr

@@ -213,6 +213,22 @@ def test_the_second_session_is_judged_against_the_first_one_the_history_holds(py
     assert "had no stored baseline" not in second.stdout.str()
 
 
+def test_a_stored_baseline_wins_over_the_history(pytester: pytest.Pytester) -> None:
+    """A session records into the history and its run becomes the stored baseline: the next session
+    is judged against the file, not the history, and names it."""
+    write_suite(pytester.path)
+    pytester.makepyfile(test_judged=JUDGED)
+    with stream_source(model="qwenperf-tiny", default_schedule={"ttft_ms": 20, "itl_ms": 10}) as source:
+        args = ("-p", "no:cacheprovider", "-s", "--qwenperf-suite=suite.toml", f"--qwenperf-endpoint={source.urls[0]}")
+        first = pytester.runpytest_subprocess(*args, "--qwenperf-update-baselines")
+        second = pytester.runpytest_subprocess(*args)
+    assert first.ret == second.ret == pytest.ExitCode.OK, first.stdout.str() + second.stdout.str()
+    assert list((pytester.path / "baselines").glob("*/*/base/w.json"))
+    second.stdout.re_match_lines([r".*REFERENCE stored baseline VERDICTS (?!.*no-baseline).+$"])
+    with HistoryStore.open(pytester.path / ".qwenperf" / "history.sqlite", create=False) as store:
+        assert store.count() == 2  # the history was kept, and passed over
+
+
 def test_a_store_that_cannot_be_opened_fails_the_session_before_it_measures(pytester: pytest.Pytester) -> None:
     write_suite(pytester.path)
     pytester.makepyfile(test_run="def test_run(qwenperf_run):\n    pass\n")

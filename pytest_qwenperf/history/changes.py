@@ -6,8 +6,8 @@ points by energy statistics, each kept only when a t-test between the segments e
 gives a p-value under ``max_pvalue``), not ours. A series point is one run: the centre of its
 repeats (:func:`~pytest_qwenperf.core.stats.centre`). A change is ``worse`` or ``better`` by
 the metric's direction, and it is *confirmed* when at least :data:`CONFIRMING` points follow
-it: a one-night blip is a change at the last point with nothing after it, which Otava may
-report but the gate does not act on.
+it and as many precede it: a one-night blip is a change at the last point with nothing after
+it, which Otava may report but the gate does not act on.
 
 A series fails (:func:`decline`) while its current level is worse than its last good level by
 more than a tolerance: ``qwenperf history --fail-on change`` with the smallest change it keeps,
@@ -71,7 +71,10 @@ class Change:
 
     @property
     def confirmed(self) -> bool:
-        return self.points_after >= CONFIRMING
+        """At least :data:`CONFIRMING` runs either side: after it, the new level held; before it, the
+        old level was a level, not one run (a session's first repeats after a boot can run slow, and
+        Otava splits three runs after the first)."""
+        return self.points_after >= CONFIRMING and self.index >= CONFIRMING
 
 
 def levels(points: Sequence[SeriesPoint]) -> list[float]:
