@@ -126,3 +126,15 @@ def test_a_regression_against_the_history_needs_three_runs_to_know_the_runner(tm
     assert judged.verdict == verdict, judged.detail
     if verdict == "noisy":
         assert f"the history holds {runs} run(s) of 3 needed to know how far this runner's sessions differ" in judged.detail
+
+
+def test_an_improvement_against_a_history_of_one_run_is_not_confirmed_either(tmp_path: Path) -> None:
+    """Two back-to-back sessions of one vLLM differed by 25 % here, which the repeats called a
+    significant improvement: against one run it is said, not claimed."""
+    path = store_of(tmp_path, [night(1, 4_400.0)])
+    now = night(20, 5_500.0)
+    baseline = history_baseline(str(path), now, 7)
+    assert baseline is not None
+    (judged,) = [j for j in judge_run(baseline, now) if j.metric == "output_throughput"]
+    assert judged.verdict == "underpowered"
+    assert judged.detail.startswith("better than the tolerance, but the history holds 1 run(s) of 3 needed")

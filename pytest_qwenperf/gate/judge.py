@@ -114,17 +114,21 @@ def judge_run(baseline: Baseline | None, run: Run, *, confidence: float = DEFAUL
 
 
 def _few_sessions(judged: Judgement, baseline: Baseline, stored: StoredMetric) -> Judgement:
-    """A regression against a history of fewer than ``MIN_SESSIONS`` runs is ``noisy``: how far
-    this runner's sessions wander is not known yet, and the repeats of one session cannot show it
-    (a stored baseline was chosen by someone; a history reference is whatever ran last)."""
+    """Against a history of fewer than ``MIN_SESSIONS`` runs, a change beyond the tolerance is not
+    confirmed: how far this runner's sessions differ is not known yet, and the repeats of one
+    session cannot show it (two back-to-back sessions of one vLLM here differed by 25 %, which
+    their repeats called significant). A regression is ``noisy``, an improvement ``underpowered``:
+    said, never failed on. (A stored baseline was chosen by someone; a history reference is
+    whatever ran last.)"""
     runs = len(stored.sessions or (1,))
-    if judged.verdict != "regression" or not isinstance(baseline, PooledBaseline) or runs >= MIN_SESSIONS:
+    if judged.verdict not in ("regression", "improvement") or not isinstance(baseline, PooledBaseline) or runs >= MIN_SESSIONS:
         return judged
+    side = "worse" if judged.verdict == "regression" else "better"
     detail = (
-        f"worse than the tolerance, but the history holds {runs} run(s) of {MIN_SESSIONS} needed to know how far "
+        f"{side} than the tolerance, but the history holds {runs} run(s) of {MIN_SESSIONS} needed to know how far "
         f"this runner's sessions differ, so it is not confirmed: {judged.detail.split(': ', 1)[-1]}"
     )
-    return dataclasses.replace(judged, verdict="noisy", detail=detail)
+    return dataclasses.replace(judged, verdict="noisy" if judged.verdict == "regression" else "underpowered", detail=detail)
 
 
 def reference_name(baseline: Baseline, run: Run | None = None) -> str:
