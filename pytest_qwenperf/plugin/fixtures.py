@@ -145,10 +145,11 @@ def qwenperf_measure(
     """``measure(config, workload)``: the session's run of that pair, measured on first use.
 
     It is judged against its baseline as it is measured, and takes extra repeats while the
-    verdicts cannot decide; with a history store, its series there (with it) is judged for a
-    slide (:mod:`~pytest_qwenperf.history.declines`) (:func:`~pytest_qwenperf.measure.sequential.measure_point`, up to
-    the suite's plan: :func:`~pytest_qwenperf.plugin.settings.repeat_plan`); the session's
-    report keeps the run with those verdicts. With a candidate, the point is measured on the
+    verdicts cannot decide (:func:`~pytest_qwenperf.measure.sequential.measure_point`, up to
+    the suite's plan: :func:`~pytest_qwenperf.plugin.settings.repeat_plan`); with a history
+    store, its series there, the run included, is judged for a slide
+    (:mod:`~pytest_qwenperf.history.declines`). The session's report keeps the run with those
+    verdicts and declines. With a candidate, the point is measured on the
     launcher's server and the candidate's, repeats interleaved, and the candidate's run is
     judged against the launcher's (:func:`~pytest_qwenperf.measure.sequential.measure_interleaved`).
     Tests comparing two rungs use it for the rung they are not parametrized with; the test
