@@ -14,6 +14,7 @@ from pathlib import Path
 from pytest_qwenperf.core.tables import format_table
 from pytest_qwenperf.gate.baseline import Baseline, BaselineError, stored_baselines
 from pytest_qwenperf.gate.history_store import HistoryError, HistoryStore
+from pytest_qwenperf.gate.judge import day_of
 
 HELP = "promote a history store's latest stable level to a baseline file, or list the stored baselines"
 DESCRIPTION = (
@@ -124,12 +125,8 @@ def _listed(root: Path, path: Path, entry: Baseline | BaselineError, today: date
     if isinstance(entry, BaselineError):
         return Listed(name, None, None, None, None, "unreadable", error=str(entry))
     context = entry.context
-    age = None
-    if context.date:
-        try:
-            age = (today - datetime.date.fromisoformat(context.date[:10])).days
-        except ValueError:
-            age = None
+    recorded = day_of(context.date)
+    age = (today - recorded).days if recorded else None
     sessions = max((len(m.sessions) for m in entry.metrics.values() if m.sessions), default=1)
     count = f"{context.gpu_count}x " if context.gpu_count else ""
     hardware = f"{count}{context.gpu_name or context.cpu_model or ''}".strip() or None

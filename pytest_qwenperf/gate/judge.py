@@ -148,7 +148,7 @@ def staleness(baseline: Baseline, run: Run) -> str | None:
     (``baseline_max_age_days``), or recorded with another vLLM release line (0.31 against 0.32);
     None when neither holds or either side did not record it."""
     found = []
-    recorded, measured = _day(baseline.context.date), _day(run.context.started)
+    recorded, measured = day_of(baseline.context.date), day_of(run.context.started)
     limit = run.baseline_max_age_days
     if recorded and measured and limit is not None and (measured - recorded).days > limit:
         found.append(f"recorded {recorded.isoformat()}, {(measured - recorded).days} days before this run (the suite allows {limit})")
@@ -158,7 +158,8 @@ def staleness(baseline: Baseline, run: Run) -> str | None:
     return "; ".join(found) or None
 
 
-def _day(text: str | None) -> datetime.date | None:
+def day_of(text: str | None) -> datetime.date | None:
+    """The day of an ISO 8601 date or timestamp (``2026-11-26T02:00:00+00:00``); None if absent or not one."""
     try:
         return datetime.date.fromisoformat(text[:10]) if text else None
     except ValueError:
