@@ -52,7 +52,9 @@ def test_same_numbers_on_a_new_version_pass(tmp_path: Path, capsys: pytest.Captu
     rows = _rows(out)
     assert rows["total_token_throughput"] == ["total_token_throughput", "(tok/s)", "10,000", "10,000", "+0.0%", "pass"]
     assert rows["p99_tpot_ms"][-1] == "pass"
-    assert out.rstrip().endswith("verdicts against 0.32.0: 8 pass")
+    alone, summary = out.rstrip().splitlines()[-2:]
+    assert summary == "verdicts against 0.32.0: 8 pass"
+    assert alone.startswith("8 verdict(s) rest on the repeats of fewer than 3 sessions: how far this runner's sessions differ is unknown")
 
 
 def test_a_regression_fails_only_when_asked_to(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
@@ -380,3 +382,29 @@ def test_a_folder_with_one_invalid_session_is_invalid_as_a_whole(
     assert f"invalid: {reason}" in " ".join(_rows(alone)["total_token_throughput"])
     assert f"invalid: {reason}" in " ".join(_rows(out)["total_token_throughput"])
     assert detail in out and "failing on 4 invalid" in err
+
+
+def test_a_directory_of_sessions_counts_how_far_they_differ(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    """Three reference sessions whose repeats agree within 1 % but whose levels differ by ~9 %: one
+    more ordinary session 12 % below their centre is no regression against them, as it would be
+    against any one of them; against three quiet sessions a 20 % slowdown fails."""
+
+    def sessions(folder: str, levels: Sequence[float]) -> Path:
+        (tmp_path / folder).mkdir()
+        for i, level in enumerate(levels):
+            samples = {"output_throughput": [level * f for f in (0.99, 1.0, 1.01)]}
+            session_file(tmp_path / folder / f"s{i}.json", [make_run(output=level, samples=samples)])
+        return tmp_path / folder
+
+    def one(name: str, level: float) -> Path:
+        samples = {"output_throughput": [level * f for f in (0.99, 1.0, 1.01)]}
+        return session_file(tmp_path / name, [make_run(output=level, version="0.33.0", samples=samples)])
+
+    wandering, quiet = sessions("wandering", [5_000.0, 5_900.0, 5_050.0]), sessions("quiet", [5_000.0, 5_050.0, 4_980.0])
+    ordinary, slowed = one("ordinary.json", 4_550.0), one("slowed.json", 4_000.0)
+    for args, status in (((wandering / "s0.json", ordinary), 1), ((wandering, ordinary), 0), ((quiet, slowed), 1)):
+        assert compare(capsys, *args, "--metric", "output_throughput", "--fail-on", "regression")[0] == status, args
+    _, out, _ = compare(capsys, wandering, ordinary, "--metric", "output_throughput", "--json")
+    (cell,) = json.loads(out)["groups"][0]["rows"][0]["judgements"]
+    assert cell["verdict"] in ("noisy", "underpowered") and cell["between"] > 0.05
+    assert "a new session predicted from the baseline's 3 sessions" in cell["detail"]

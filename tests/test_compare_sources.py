@@ -300,7 +300,7 @@ def test_a_single_suite_run_and_a_bench_result_share_a_table_that_says_why_they_
 # ------------------------------------------------------------------ directories
 
 
-def test_a_directory_is_one_column_of_repeats(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+def test_a_directory_is_one_column_whose_files_are_sessions(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
     old = column(tmp_path / "before", serve(2200.0), serve(2210.0), serve(2190.0))
     write(old / "run0.pytorch.json", [{"benchmark": {"name": "vLLM benchmark"}}])  # written beside a result: not one
     write(old / "notes.txt", "not json")
@@ -309,10 +309,12 @@ def test_a_directory_is_one_column_of_repeats(tmp_path: Path, capsys: pytest.Cap
     assert status == 1
     assert out.splitlines()[1].split()[:3] == ["metric", "before", "after"]  # no vLLM version saved: the directory's name
     assert _rows(out)["total_token_throughput"][2:6] == ["2,200", "1,500", "-31.8%", "regression"]
-    assert "Welch on log values, 3 vs 3 samples" in out
+    assert "a new session predicted from the baseline's 3 sessions" in out  # each file a session
+    assert "rest on the repeats of fewer than 3 sessions" not in out
     run_set = load_runs(old)
     (run,) = run_set.runs.values()
     assert run.samples is not None and sorted(run.samples["total_token_throughput"]) == [2190.0, 2200.0, 2210.0]
+    assert run.sessions is not None and run.sessions["total_token_throughput"] == (1, 1, 1)
 
 
 def test_session_files_in_a_directory_pool_by_config_and_workload(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:

@@ -9,15 +9,17 @@ import msgspec
 import pytest
 
 from pytest_qwenperf.core.environment import Environment
-from pytest_qwenperf.core.run import Loss, Run
+from pytest_qwenperf.core.run import Loss, Run, decode_run
 from pytest_qwenperf.gate.baseline import Baseline, BaselineError
 from pytest_qwenperf.gate.history_store import HistoryStore
-from pytest_qwenperf.gate.judge import judge_run, render_judgements
+from pytest_qwenperf.gate.judge import judge_against_run, judge_run, render_judgements
+from pytest_qwenperf.history.declines import judged_by_history
 from pytest_qwenperf.history.reference import history_baseline, history_reference
 from tests.test_history_store import night
 
 
 def store_of(tmp_path: Path, runs: list[Run]) -> Path:
+    tmp_path.mkdir(exist_ok=True)
     path = tmp_path / "history.sqlite"
     with HistoryStore.open(path) as store:
         store.append(runs, source="test")
@@ -138,3 +140,29 @@ def test_an_improvement_against_a_history_of_one_run_is_not_confirmed_either(tmp
     (judged,) = [j for j in judge_run(baseline, now) if j.metric == "output_throughput"]
     assert judged.verdict == "underpowered"
     assert judged.detail.startswith("better than the tolerance, but the history holds 1 run(s) of 3 needed")
+
+
+def test_a_session_keeps_its_runners_noise_so_two_single_sessions_compare_on_it(tmp_path: Path) -> None:
+    """Seven past sessions whose repeats agree within 1 % and whose levels differ by ~8 %: the run
+    keeps that spread in its JSON, and a later comparison of it with one other session cannot call
+    a 12 % gap a regression, as their repeats alone would; on a quiet runner a 20 % slowdown still fails."""
+    wandering = store_of(tmp_path, [night(day, level) for day, level in enumerate([5_000.0, 5_600.0, 4_700.0, 5_400.0, 5_100.0, 4_650.0, 5_300.0], 1)])
+    now = judged_by_history(str(wandering), night(20, 4_400.0), valid=True, window=7)
+    spread = now.runner_noise["output_throughput"]
+    assert spread.sessions == 7 and 0.06 < spread.fraction < 0.10
+    assert decode_run(msgspec.json.decode(msgspec.json.encode(now))).runner_noise == now.runner_noise  # kept in its JSON
+    other = night(21, 5_000.0)
+    (told,) = [j for j in judge_against_run(other, now) if j.metric == "output_throughput"]
+    assert told.verdict in ("noisy", "underpowered") and "this runner's sessions differing by SD" in told.detail
+    (alone,) = [j for j in judge_against_run(other, night(20, 4_400.0)) if j.metric == "output_throughput"]
+    assert alone.verdict == "regression" and "how far sessions differ is unknown" in alone.detail
+    (either,) = [j for j in judge_against_run(now, other) if j.metric == "output_throughput"]  # the reference's history counts too
+    assert either.verdict in ("underpowered", "noisy") and either.between == pytest.approx(spread.fraction)
+    quiet = store_of(tmp_path / "quiet", [night(day, 5_000.0 + 15 * (day % 3)) for day in range(1, 8)])
+    slowed = judged_by_history(str(quiet), night(20, 4_000.0), valid=True, window=7)
+    (caught,) = [j for j in judge_against_run(other, slowed) if j.metric == "output_throughput"]
+    assert caught.verdict == "regression" and caught.between is not None and caught.between < 0.01
+    absent = tmp_path / "absent.sqlite"
+    assert judged_by_history(str(absent), other, valid=True, window=7) == other and not absent.exists()
+    few = store_of(tmp_path / "few", [night(1, 5_000.0), night(2, 5_500.0)])
+    assert judged_by_history(str(few), other, valid=True, window=7).runner_noise == {}  # two sessions tell nothing yet

@@ -10,7 +10,7 @@ from hypothesis import strategies as st
 
 from pytest_qwenperf.core.stats import centre
 from pytest_qwenperf.core.summary import Direction
-from pytest_qwenperf.core.verdict import Judgement, judge, t_quantile
+from pytest_qwenperf.core.verdict import Judgement, SessionSpread, judge, session_spread, t_quantile
 from pytest_qwenperf.gate.baseline import baseline_from_run
 from pytest_qwenperf.gate.judge import judge_against_run, judge_run, render_judgements
 from tests.test_baseline import make_run, run_of
@@ -216,8 +216,36 @@ def test_fewer_than_three_sessions_leave_the_repeats_to_decide() -> None:
     with_counts = judge("output_throughput", two, [90.0, 91.0, 89.0], direction="higher", tolerance=0.10, sessions=counts)
     without = judge("output_throughput", two, [90.0, 91.0, 89.0], direction="higher", tolerance=0.10)
     assert with_counts == without
-    with pytest.raises(ValueError, match=r"sessions \[3, 3, 2\] do not divide the 9 baseline samples"):
+    with pytest.raises(ValueError, match=r"sessions \[3, 3, 2\] do not divide the 9 samples"):
         judge("output_throughput", [100.0] * 9, [90.0] * 3, direction="higher", tolerance=0.1, sessions=[3, 3, 2])
+
+
+def test_two_single_sessions_are_judged_on_the_runners_known_spread_between_sessions() -> None:
+    """One session a side, tight repeats: the repeats alone call an 11 % gap a regression and
+    say how far sessions differ is unknown. On a runner whose history shows sessions 10 % apart
+    the same pair cannot tell (never a pass), and on one 2 % apart a 20 % slowdown still fails."""
+    reference = [5700.0, 5697.0, 5690.0]
+    aa = [5074.0, 5044.0, 5060.0]  # -11 %, as an A/A pair of sessions on the 2-vCPU runner
+    slowed = [4560.0, 4570.0, 4550.0]  # -20 %
+    alone = judge("output_throughput", reference, aa, direction="higher", tolerance=0.10)
+    assert alone.verdict == "regression" and "how far sessions differ is unknown" in alone.detail
+    wandering = session_spread(*sessions_at([100.0, 112.0, 95.0, 108.0, 90.0, 104.0, 99.0]))
+    quiet = session_spread(*sessions_at([100.0, 102.0, 99.0, 101.0, 98.0, 100.5, 99.5]))
+    assert wandering is not None and quiet is not None and wandering.sessions == quiet.sessions == 7
+    assert 0.07 < wandering.fraction < 0.09 and quiet.fraction < 0.015
+    for now in (aa, slowed):
+        judged = judge("output_throughput", reference, now, direction="higher", tolerance=0.10, runner=wandering)
+        assert judged.verdict in ("noisy", "underpowered"), judged
+        assert judged.mde is not None and judged.mde > 0.10 and judged.between == pytest.approx(wandering.fraction)
+        assert "this runner's sessions differing by SD" in judged.detail
+    caught = judge("output_throughput", reference, slowed, direction="higher", tolerance=0.10, runner=quiet)
+    assert caught.verdict == "regression" and caught.mde is not None and caught.mde < 0.10
+    # The baseline's own sessions, where there are enough, win over the runner's.
+    own, counts = sessions_at([100.0, 101.0, 99.0])
+    tight = judge("output_throughput", own, [80.0, 80.5, 79.5], direction="higher", tolerance=0.10, sessions=counts, runner=wandering)
+    assert tight.verdict == "regression" and "predicted from the baseline's 3 sessions" in tight.detail
+    assert session_spread([100.0, 101.0], [1, 1]) is None
+    assert SessionSpread(log_sd=0.0, sessions=3).fraction == 0.0
 
 
 def test_one_sample_each_side_is_decided_on_the_tolerance_alone_and_says_so() -> None:

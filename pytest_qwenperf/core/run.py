@@ -25,6 +25,7 @@ from pytest_qwenperf.core.environment import Environment
 from pytest_qwenperf.core.formats import show
 from pytest_qwenperf.core.identity import Context, Count, Identity, Text, argv_digest
 from pytest_qwenperf.core.metrics import GATED, find, gate_order
+from pytest_qwenperf.core.verdict import SessionSpread
 
 Number = int | float | None
 """A metric's value as a run holds it: null (or NaN, in memory) where it was not measured."""
@@ -205,6 +206,8 @@ class Run(msgspec.Struct, frozen=True, kw_only=True):
     conditions: tuple[Loss, ...] = ()  # what was wrong with the device while it ran (``core.validity``)
     reference: str | None = None  # what its verdicts were judged against ("stored baseline", "history: 5 runs, ..."); None: nothing
     declines: tuple[Decline, ...] = ()  # gated metrics the history shows worse than their last good level (no boiling frog)
+    runner_noise: dict[str, SessionSpread] = msgspec.field(default_factory=dict)  # gated metric -> how far this runner's sessions differ, from its history
+    sessions: dict[str, tuple[int, ...]] | None = None  # gated metric -> how many of its samples each pooled session measured; None: one session
 
     @property
     def config_key(self) -> str:
@@ -234,6 +237,12 @@ class Run(msgspec.Struct, frozen=True, kw_only=True):
         None where the run has none."""
         info = find(name)
         return None if info is None else _number(_leaf(self, info.path))
+
+    def sessions_of(self, name: str, samples: int) -> tuple[int, ...]:
+        """How many of the run's ``samples`` samples of ``name`` each session measured: one session
+        unless the run pooled several whose counts still add up."""
+        counts = (self.sessions or {}).get(name)
+        return counts if counts and sum(counts) == samples else (samples,)
 
     def gated_samples(self) -> dict[str, tuple[float, ...]]:
         """Every gated metric the run has a number for: ``samples.<name>`` when the run carries
@@ -296,13 +305,18 @@ def combined(parts: Sequence[Run], chosen: Run, samples: Mapping[str, tuple[floa
 
 
 def pooled(parts: Sequence[Run], chosen: Run, unit: str) -> Run:
-    """``parts`` as one run whose samples are all of theirs, ``chosen`` standing for them (see
-    :func:`combined`): a part without a number for a metric the others have is a null among the
-    samples, so the lost value stays visible."""
+    """``parts``, each a session (or sessions already pooled), as one run whose samples are all of
+    theirs, ``chosen`` standing for them (see :func:`combined`): a part without a number for a
+    metric the others have is a null among the samples, so the lost value stays visible.
+    :attr:`Run.sessions` says how many samples each session gave, for the verdicts."""
     gated = [part.gated_samples() for part in parts]
     names = {name for part, found in zip(parts, gated, strict=True) for name in (*found, *part.lost_values())}
     samples = {name: tuple(s for found in gated for s in found.get(name, (None,))) for name in names}
-    return combined(parts, chosen, samples, unit)
+    sessions = {
+        name: tuple(n for part, found in zip(parts, gated, strict=True) for n in part.sessions_of(name, len(found.get(name, (None,)))))
+        for name in names
+    }
+    return msgspec.structs.replace(combined(parts, chosen, samples, unit), sessions=sessions)
 
 
 def context_of(

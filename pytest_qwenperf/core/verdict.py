@@ -39,8 +39,11 @@ measured in another session can sit away from the run by more than either side's
 reference, a promoted baseline), it knows how much sessions differ: the run is one more session,
 and the interval is also the prediction interval for a new session's mean from the baseline's
 session means (``t(k-1) × s × √(1 + 1/k)`` on the log scale, ``k`` sessions spread ``s``); the
-wider of that and Welch's is used. With fewer, how much sessions differ is unknown and Welch's
-interval on the repeats alone decides; the detail says so.
+wider of that and Welch's is used. With fewer, a run may know how far its runner's sessions differ
+from its history (:class:`SessionSpread`, kept in the run's JSON): the prediction interval then
+uses that spread and its degrees of freedom against the baseline's sessions, so two single
+sessions compared later are judged on the runner's noise. Where neither is known, Welch's
+interval on the repeats alone decides, and the detail says how far sessions differ is unknown.
 
 Sample sizes: with one sample on one side (a published figure) its spread is taken to
 be the other side's per-sample spread, with that side's degrees of freedom. With one
@@ -73,12 +76,15 @@ One verdict is not on a metric but on what a config answered (:func:`~pytest_qwe
 
 from __future__ import annotations
 
+import dataclasses
 import itertools
 import math
 import statistics
 from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import ClassVar, Literal
+
+import msgspec
 
 from pytest_qwenperf.core.metrics import Direction
 from pytest_qwenperf.core.stats import centre, t_quantile
@@ -97,6 +103,8 @@ Verdict = Literal[
 ]
 UNDECIDED: tuple[Verdict, ...] = ("noisy", "underpowered")
 """Verdicts more repeats can settle: the data point at a regression, or could not have seen one."""
+COMPARED: tuple[Verdict, ...] = ("pass", "regression", "improvement", *UNDECIDED)
+"""Verdicts that compared the numbers (not a run, a reference or an identity missing or unfit)."""
 
 DEFAULT_CONFIDENCE = 0.95
 MIN_SESSIONS = 3
@@ -172,26 +180,64 @@ class _Interval:
     between: float | None = None  # how far the baseline's sessions differ (SD of their means, a fraction); None: unknown
 
 
-def _log_interval(
-    baseline: Sequence[float], current: Sequence[float], confidence: float, sessions: Sequence[int] | None
-) -> _Interval:
-    """The wider of Welch's interval on the repeats and, where the baseline has enough sessions,
-    the prediction interval for a new session's mean (see the module docstring)."""
-    repeats = _repeats_interval(baseline, current, confidence)
-    if not sessions or len(sessions) < MIN_SESSIONS or min(*baseline, *current) <= 0:
-        return repeats
-    if sum(sessions) != len(baseline) or min(sessions) < 1:
-        raise ValueError(f"sessions {list(sessions)} do not divide the {len(baseline)} baseline samples")
-    logs = [math.log(s) for s in baseline]
+class SessionSpread(msgspec.Struct, frozen=True, kw_only=True):
+    """How far one runner's sessions differ on a metric: the SD of the sessions' mean logs, and how
+    many sessions show it (at least :data:`MIN_SESSIONS`). A run carries its history's
+    (:attr:`~pytest_qwenperf.core.run.Run.runner_noise`), so that a later comparison of single
+    sessions knows what their repeats cannot show."""
+
+    log_sd: float  # natural-log scale
+    sessions: int
+
+    @property
+    def fraction(self) -> float:
+        """The SD as a fraction of the level (``0.10``: sessions differ by about 10 %)."""
+        return math.expm1(self.log_sd)
+
+
+def session_spread(samples: Sequence[float], sessions: Sequence[int] | None) -> SessionSpread | None:
+    """How far the sessions that measured ``samples`` (``sessions``: how many each measured, in
+    order) differ; None with fewer than :data:`MIN_SESSIONS` of them or a sample of zero."""
+    if not sessions or len(sessions) < MIN_SESSIONS or min(samples) <= 0:
+        return None
+    if sum(sessions) != len(samples) or min(sessions) < 1:
+        raise ValueError(f"sessions {list(sessions)} do not divide the {len(samples)} samples")
+    logs = [math.log(s) for s in samples]
     starts = [0, *itertools.accumulate(sessions)]
     means = [statistics.fmean(logs[a:b]) for a, b in itertools.pairwise(starts)]
-    k = len(means)
-    half = t_quantile(1 - (1 - confidence) / 2, k - 1) * statistics.stdev(means) * math.sqrt(1 + 1 / k)
-    spread = math.expm1(statistics.stdev(means))
-    between = f"a new session predicted from the baseline's {k} sessions (SD {spread:.1%}), {k - 1} df"
+    return SessionSpread(log_sd=statistics.stdev(means), sessions=len(means))
+
+
+def _log_interval(
+    baseline: Sequence[float],
+    current: Sequence[float],
+    confidence: float,
+    sessions: Sequence[int] | None,
+    runner: SessionSpread | None,
+) -> _Interval:
+    """The wider of Welch's interval on the repeats and, where it is known how far sessions differ
+    (the baseline's own sessions, else the runner's), the prediction interval for a new session's
+    mean (see the module docstring)."""
+    repeats = _repeats_interval(baseline, current, confidence)
+    if min(*baseline, *current) <= 0:
+        return repeats
+    own = session_spread(baseline, sessions)
+    spread = own or runner
+    if spread is None:
+        unknown = "how far sessions differ is unknown (fewer than 3 sessions, no history of this runner's)"
+        return dataclasses.replace(repeats, how=f"{repeats.how}; {unknown}")
+    k = len(sessions) if sessions else 1  # the baseline's sessions
+    half = t_quantile(1 - (1 - confidence) / 2, spread.sessions - 1) * spread.log_sd * math.sqrt(1 + 1 / k)
+    if own is not None:
+        between = f"a new session predicted from the baseline's {k} sessions (SD {spread.fraction:.1%}), {k - 1} df"
+    else:
+        between = (
+            f"a new session against the baseline's {k}, this runner's sessions differing by SD {spread.fraction:.1%} "
+            f"in its history ({spread.sessions} sessions, {spread.sessions - 1} df)"
+        )
     if repeats.half is not None and repeats.half >= half:
-        return _Interval(repeats.half, f"{repeats.how}; wider than {between}", spread)
-    return _Interval(half, f"{between}; wider than the repeats alone", spread)
+        return _Interval(repeats.half, f"{repeats.how}; wider than {between}", spread.fraction)
+    return _Interval(half, f"{between}; wider than the repeats alone", spread.fraction)
 
 
 def _repeats_interval(baseline: Sequence[float], current: Sequence[float], confidence: float) -> _Interval:
@@ -245,9 +291,11 @@ def judge(
     unit: str = "",
     confidence: float = DEFAULT_CONFIDENCE,
     sessions: Sequence[int] | None = None,
+    runner: SessionSpread | None = None,
 ) -> Judgement:
     """The verdict on one metric (the rule is in the module docstring). ``sessions``: how many
-    of ``baseline_samples`` each session measured, in order; None: one session."""
+    of ``baseline_samples`` each session measured, in order; None: one session. ``runner``: how
+    far this runner's sessions differ, known from its history, for a baseline of fewer sessions."""
     _check(metric, baseline_samples, "baseline")
     _check(metric, current_samples, "current")
     if not 0 <= tolerance < 1:
@@ -270,7 +318,7 @@ def judge(
     ratio = now / base
     if direction == "none":
         return verdict("pass", "not gated: neither direction is better", ratio)
-    interval = _log_interval(baseline_samples, current_samples, confidence, sessions)
+    interval = _log_interval(baseline_samples, current_samples, confidence, sessions, runner)
     between = interval.between
     sign = 1 if direction == "higher" else -1  # log ratio times sign: positive is better
     change = sign * (math.log(ratio) if ratio > 0 else -math.inf)

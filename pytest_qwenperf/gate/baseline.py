@@ -227,15 +227,22 @@ def project_commit() -> str | None:
 
 def baseline_from_run(run: Run, *, source: str, git_commit: str | None = None) -> Baseline:
     """A measured baseline holding ``run``'s gated metrics, with the tolerances the run
-    carries (its suite's ``tolerances`` table) or the defaults (no checks: see :func:`write_baseline`)."""
+    carries (its suite's ``tolerances`` table) or the defaults (no checks: see :func:`write_baseline`),
+    and the sessions of a pooled run (:func:`~pytest_qwenperf.core.run.pooled`)."""
     tolerances = run.tolerances or {}
     samples = run.gated_samples()
     if not samples:
         raise RunJsonError("run: metrics: expected at least one gated metric (" + ", ".join(GATED) + ")")
+
+    def stored(name: str, values: tuple[float, ...]) -> StoredMetric:
+        sessions = run.sessions_of(name, len(values))
+        found = StoredMetric.of(name, values, tolerances.get(name))
+        return msgspec.structs.replace(found, sessions=sessions) if len(sessions) > 1 else found
+
     return Baseline(
         identity=run.identity.baseline(),
         context=msgspec.structs.replace(run.baseline_context, git_commit=git_commit),
-        metrics={name: StoredMetric.of(name, values, tolerances.get(name)) for name, values in samples.items()},
+        metrics={name: stored(name, values) for name, values in samples.items()},
         provenance=Provenance(kind="measured", source=source),
         history=(),
     )

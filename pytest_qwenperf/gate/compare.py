@@ -27,10 +27,15 @@ utilization from the run's ``telemetry`` block (shown, not judged: utilization e
 a throughput change, it is not a goal). Only the rows shown are judged.
 
 Runs of the same config × workload that appear more than once in one column (one file, or
-the files of one directory) are pooled as repeats (their samples joined), so rounds recorded
-separately still give a spread; the pool has every repeat's failed requests, token mismatch
-and client-bound reason, and a metric that one repeat lacks has no value in the pool.
-Repeats must be of one setup: runs that differ are an error naming the files and the field.
+the files of one directory) are pooled (their samples joined), so rounds recorded separately
+still give a spread; the pool has every repeat's failed requests, token mismatch and
+client-bound reason, and a metric that one repeat lacks has no value in the pool. Repeats must
+be of one setup: runs that differ are an error naming the files and the field. **A file is one
+session** (its runs of a key are that session's repeats) and a directory's files are sessions:
+against a reference of 3 or more, a verdict knows how far sessions differ
+(:func:`~pytest_qwenperf.core.verdict.judge`); against fewer, it knows only where a run's
+history told it (:attr:`~pytest_qwenperf.core.run.Run.runner_noise`), and the output counts the
+verdicts that rest on one session's repeats alone.
 
 Canary answers (session JSON's ``canaries``) follow the tables: per config, each later file's
 answer against the reference's (:func:`~pytest_qwenperf.core.canary.judge_canary`, within the
@@ -109,7 +114,16 @@ def _pooled(path: Path, key: RunKey, results: list[Result]) -> Run:
             subject = f"runs of {'/'.join(key[:2])} on {key[2]}{files}"
         if differences:
             raise CompareError(f"{path}: {subject}: expected repeats of one setup, but they differ (" + "; ".join(differences) + ")")
-    return pooled([run for run, _ in distinct], first, "runs pooled")
+    by_file: dict[Path, list[Run]] = {}
+    for run, where in distinct:
+        by_file.setdefault(where.file, []).append(run)
+    sessions = [_repeats(runs) for runs in by_file.values()]
+    return sessions[0] if len(sessions) == 1 else pooled(sessions, first, "runs pooled")
+
+
+def _repeats(runs: list[Run]) -> Run:
+    """The runs of one key in one file as one session's repeats."""
+    return runs[0] if len(runs) == 1 else msgspec.structs.replace(pooled(runs, runs[0], "runs pooled"), sessions=None)
 
 
 def load_runs(path: Path) -> RunSet:

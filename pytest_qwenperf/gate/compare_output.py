@@ -12,7 +12,7 @@ import msgspec
 from pytest_qwenperf.core.canary import CanaryJudgement
 from pytest_qwenperf.core.formats import json_safe
 from pytest_qwenperf.core.tables import format_table
-from pytest_qwenperf.core.verdict import Judgement, Verdict, format_mde, format_value
+from pytest_qwenperf.core.verdict import COMPARED, Judgement, Verdict, format_mde, format_value
 from pytest_qwenperf.gate.compare import CompareError, Comparison, Group, Row
 from pytest_qwenperf.gate.judge import environment_notes
 from pytest_qwenperf.gate.sources import BENCH_KEY
@@ -45,7 +45,8 @@ def _mde(judgement: Judgement) -> float | None:
 
 def render(comparison: Comparison, *, markdown: bool = False) -> str:
     """The tables, each followed by the detail of every verdict that is not a pass (metrics with the
-    same verdict and detail on one line), then a line counting every verdict."""
+    same verdict and detail on one line), then how many verdicts rest on one session's repeats,
+    then a line counting every verdict."""
     labels = comparison.labels
     header = ["metric", labels[0]]
     for label in labels[1:]:
@@ -75,6 +76,13 @@ def render(comparison: Comparison, *, markdown: bool = False) -> str:
     lines += _render_canaries(comparison, markdown)
     counts = comparison.verdicts()
     summary = ", ".join(f"{n} {verdict}" for verdict, n in sorted(counts.items())) or "nothing judged"
+    alone = sum(1 for _, _, j in comparison.judgements() if j.verdict in COMPARED and j.between is None)
+    if alone:
+        lines.append(
+            f"{alone} verdict(s) rest on the repeats of fewer than 3 sessions: how far this runner's sessions differ is "
+            "unknown, and sessions can differ by more than their repeats (give the reference as a directory of 3 or "
+            "more session files, or compare sessions recorded with a history)"
+        )
     lines.append(f"verdicts against {labels[0]}: {summary}")
     return "\n".join(lines)
 
@@ -113,7 +121,8 @@ def as_json(comparison: Comparison) -> dict[str, object]:
     """Every group, row, value and judgement: ``files`` in column order (the first is the
     reference), per row ``values`` one per file and ``judgements`` one per later file (null
     where a row is shown, not judged; ``mde`` a fraction of the baseline, null where unknown or the
-    verdict is not decided on the numbers), and
+    verdict is not decided on the numbers; ``between`` how far sessions differ, a fraction, null
+    where fewer than 3 sessions and no history told it), and
     ``verdicts`` counted as the summary line does. ``canaries``: per config, one judgement of its
     canary answer per later file (null where the file has no answers), with the match rate, the
     drift and the floor. A group of bench results has no suite, config,
@@ -124,7 +133,7 @@ def as_json(comparison: Comparison) -> dict[str, object]:
     def judgement(label: str, j: Judgement | None) -> dict[str, object] | None:
         if j is None:
             return None
-        numbers = {key: getattr(j, key) for key in ("baseline", "now", "ratio", "tolerance", "direction")} | {"mde": _mde(j)}
+        numbers = {key: getattr(j, key) for key in ("baseline", "now", "ratio", "tolerance", "direction", "between")} | {"mde": _mde(j)}
         return {"file": label, "verdict": j.verdict, "reason": j.reason or None, "detail": j.detail} | numbers
 
     document = {

@@ -7,12 +7,14 @@ import datetime
 import re
 from collections.abc import Sequence
 
+import msgspec
+
 from pytest_qwenperf.core.environment import Environment, must_match_violations
 from pytest_qwenperf.core.metrics import SCALING, gate_order, metric
 from pytest_qwenperf.core.run import CLIENT_BOUND, FAILED_REQUESTS, NO_VALUE, TOKEN_MISMATCH, Loss, Run
 from pytest_qwenperf.core.stats import centre
 from pytest_qwenperf.core.tables import format_table
-from pytest_qwenperf.core.verdict import DEFAULT_CONFIDENCE, MIN_SESSIONS, Judgement, Verdict, judge
+from pytest_qwenperf.core.verdict import DEFAULT_CONFIDENCE, MIN_SESSIONS, Judgement, SessionSpread, Verdict, judge
 from pytest_qwenperf.gate.baseline import Baseline, PooledBaseline, StoredMetric, baseline_from_run
 
 # ------------------------------------------------------------------ a run
@@ -107,6 +109,7 @@ def judge_run(baseline: Baseline | None, run: Run, *, confidence: float = DEFAUL
                 unit=stored.unit,
                 confidence=confidence,
                 sessions=stored.sessions,
+                runner=run.runner_noise.get(name),
             )
             judgements.append(_few_sessions(judged, baseline, stored))
     named = reference_name(baseline, run) if baseline is not None else ""
@@ -195,10 +198,11 @@ def judge_against_run(reference: Run, run: Run, *, confidence: float = DEFAULT_C
     As :func:`judge_run`, and the reference's own losses count too: a reference that lost
     data makes every comparison with it ``invalid`` (the reason says "(reference)"), and
     so does a metric the run has and the reference names without a value. A metric the
-    reference does not name at all stays ``no-baseline``.
+    reference does not name at all stays ``no-baseline``. Where the two runs' histories both
+    say how far their runner's sessions differ, the wider spread is taken.
     """
     baseline = baseline_from_run(reference, source="reference run") if reference.gated_samples() else None
-    judgements = judge_run(baseline, run, confidence=confidence)
+    judgements = judge_run(baseline, msgspec.structs.replace(run, runner_noise=_wider(reference, run)), confidence=confidence)
     found = losses(reference, "reference")
     reference_lost = reference.lost_values()
     comparable = reference.identity.baseline() == run.identity.baseline()
@@ -213,6 +217,12 @@ def judge_against_run(reference: Run, run: Run, *, confidence: float = DEFAULT_C
         else:
             judged.append(j)
     return tuple(judged)
+
+
+def _wider(reference: Run, run: Run) -> dict[str, SessionSpread]:
+    """Per metric, the wider of the two runs' :attr:`~pytest_qwenperf.core.run.Run.runner_noise`."""
+    both = {**reference.runner_noise, **run.runner_noise}
+    return {name: max((s for s in (reference.runner_noise.get(name), run.runner_noise.get(name)) if s), key=lambda s: s.log_sd) for name in both}
 
 
 def render_judgements(judgements: Sequence[Judgement], *, markdown: bool = False) -> str:

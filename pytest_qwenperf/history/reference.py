@@ -22,6 +22,7 @@ import msgspec
 from pytest_qwenperf.core.environment import must_match_violations
 from pytest_qwenperf.core.metrics import GATED
 from pytest_qwenperf.core.run import Run, pooled
+from pytest_qwenperf.core.verdict import SessionSpread, session_spread
 from pytest_qwenperf.gate.baseline import Baseline, BaselineError, PooledBaseline, baseline_from_run
 from pytest_qwenperf.gate.history_store import HistoryError, HistoryStore, SeriesPoint, is_url
 from pytest_qwenperf.gate.judge import environment_differences
@@ -52,15 +53,15 @@ class HistoryReference:
         """The pooled runs as the baseline a verdict names by :attr:`name`."""
         return PooledBaseline(**msgspec.structs.asdict(self.pooled("the history store")), name=self.name)
 
+    def noise(self) -> dict[str, SessionSpread]:
+        """How far these runs (each a session) differ, per gated metric that at least
+        :data:`~pytest_qwenperf.core.verdict.MIN_SESSIONS` of them measured."""
+        found = {name: session_spread(stored.samples, stored.sessions) for name, stored in self.pooled("").metrics.items()}
+        return {name: spread for name, spread in found.items() if spread is not None}
+
     def pooled(self, source: str, git_commit: str | None = None) -> Baseline:
         """The runs as one baseline: every run's repeats are its samples, each run a session."""
-        whole = baseline_from_run(pooled(self.runs, self.runs[-1], "runs of the history"), source=source, git_commit=git_commit)
-        gated = [run.gated_samples() for run in self.runs]
-        metrics = {
-            name: msgspec.structs.replace(stored, sessions=tuple(len(found.get(name, (None,))) for found in gated))
-            for name, stored in whole.metrics.items()
-        }
-        return msgspec.structs.replace(whole, metrics=metrics)
+        return baseline_from_run(pooled(self.runs, self.runs[-1], "runs of the history"), source=source, git_commit=git_commit)
 
 
 def history_baseline(where: str, run: Run, window: int) -> Baseline | None:

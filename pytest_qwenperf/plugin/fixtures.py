@@ -11,7 +11,6 @@ from contextlib import nullcontext
 from functools import partial
 from pathlib import Path
 
-import msgspec
 import pytest
 
 from pytest_qwenperf.core.canary import Canary, CanaryJudgement, judge_canary
@@ -20,7 +19,7 @@ from pytest_qwenperf.core.verdict import Judgement
 from pytest_qwenperf.gate.baseline import Baseline, BaselineError, find_baseline
 from pytest_qwenperf.gate.canary import canary_path, find_canary
 from pytest_qwenperf.gate.judge import losses
-from pytest_qwenperf.history.declines import history_declines
+from pytest_qwenperf.history.declines import judged_by_history
 from pytest_qwenperf.history.reference import history_baseline
 from pytest_qwenperf.measure.canary import canary_of
 from pytest_qwenperf.measure.method import Method
@@ -147,9 +146,9 @@ def qwenperf_measure(
     It is judged against its baseline as it is measured, and takes extra repeats while the
     verdicts cannot decide (:func:`~pytest_qwenperf.measure.sequential.measure_point`, up to
     the suite's plan: :func:`~pytest_qwenperf.plugin.settings.repeat_plan`); with a history
-    store, its series there, the run included, is judged for a slide
-    (:mod:`~pytest_qwenperf.history.declines`). The session's report keeps the run with those
-    verdicts and declines. With a candidate, the point is measured on the
+    store, its series there, the run included, is judged for a slide, and the run keeps how far
+    this runner's sessions differ (:mod:`~pytest_qwenperf.history.declines`). The session's report
+    keeps the run with those verdicts and declines. With a candidate, the point is measured on the
     launcher's server and the candidate's, repeats interleaved, and the candidate's run is
     judged against the launcher's (:func:`~pytest_qwenperf.measure.sequential.measure_interleaved`).
     Tests comparing two rungs use it for the rung they are not parametrized with; the test
@@ -185,7 +184,7 @@ def qwenperf_measure(
         run, unreadable = decided.run, decided.unreadable
         if settings.history is not None and unreadable is None:
             try:
-                run = msgspec.structs.replace(run, declines=history_declines(settings.history.where, run, valid=not losses(run)))
+                run = judged_by_history(settings.history.where, run, valid=not losses(run), window=suite.history_window)
             except BaselineError as exc:
                 unreadable = str(exc)
         return report.add(run, decided.judgements, unreadable=unreadable)
