@@ -13,7 +13,14 @@ Then ``qwenperf compare A.json A2.json --fail-on regression`` and ``… A.json B
 its exit status and output throughput verdict, ratio and MDE. The order of the three sessions
 rotates between rounds. Files and a summary go to ``--out`` (a folder).
 
+``--history N`` runs as a user with the default history does: ``N`` plain sessions first record
+into ``OUT/history.sqlite``, and ``A`` and ``A2`` record into it too, so each carries how far this
+runner's sessions differ (``runner_noise`` in its JSON) and ``qwenperf compare`` judges the pairs
+on it. ``B`` runs without a history, so the slowed sessions never enter it; its pair is judged
+on ``A``'s spread (compare takes the wider of the two runs').
+
     python -m benchmarks.session_pairs --rounds 2 --out benchmarks/results/session-pairs-<date>
+    python -m benchmarks.session_pairs --rounds 4 --history 3 --out benchmarks/results/session-pairs-history-<date>
 
 Needs the CPU build of vLLM, and root (or a delegated cgroup) for ``B``. A session takes about
 two minutes on the 2-vCPU machine (a boot, 3-6 repeats of ~16 s).
@@ -34,8 +41,10 @@ NODE = "perf_tests/test_baseline.py::test_no_regression_against_baseline[cpu-bas
 VLLM = [sys.executable, "-m", "vllm.entrypoints.openai.api_server"]
 
 
-def session(out: Path, name: str, launcher: list[str] | None) -> dict[str, object]:
-    argv = [sys.executable, "-m", "pytest", NODE, "-p", "no:cacheprovider", "--qwenperf-no-history",
+def session(out: Path, name: str, launcher: list[str] | None, history: str | None = None) -> dict[str, object]:
+    """One whole ``pytest`` session; ``history``: the store it records into (None: none)."""
+    argv = [sys.executable, "-m", "pytest", NODE, "-p", "no:cacheprovider",
+            f"--qwenperf-history={history}" if history else "--qwenperf-no-history",
             f"--qwenperf-baselines={out / 'no-baselines'}", f"--qwenperf-json={out / f'{name}.json'}",
             f"--qwenperf-log-dir={out / 'logs' / name}"]  # fmt: skip
     if launcher:
@@ -57,7 +66,7 @@ def compare(out: Path, reference: str, other: str) -> dict[str, object]:
     (out / f"compare-{reference}-{other}.txt").write_text(failing.stdout + failing.stderr)
     first = judged[0] if judged else {}
     return {"pair": f"{reference} vs {other}", "exit": failing.returncode, "verdict": first.get("verdict"),
-            "ratio": first.get("ratio"), "mde": first.get("mde")}  # fmt: skip
+            "ratio": first.get("ratio"), "mde": first.get("mde"), "between": first.get("between")}  # fmt: skip
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -65,17 +74,20 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--rounds", type=int, default=2)
     parser.add_argument("--b-cores", type=float, default=0.85)
     parser.add_argument("--out", type=Path, required=True)
+    parser.add_argument("--history", type=int, metavar="N", help="N plain sessions seed a history that A and A2 record into")
     args = parser.parse_args(argv)
     args.out.mkdir(parents=True, exist_ok=False)
+    store = str(args.out / "history.sqlite") if args.history is not None else None
+    seeds = [session(args.out, f"H-{i + 1}", None, store) for i in range(args.history or 0)]
     quota = ["env", f"PYTHONPATH={ROOT}", sys.executable, "-m", "benchmarks.quota_launcher", "--cores", str(args.b_cores), "--"]
     arms = {"A": None, "A2": None, "B": [*quota, *VLLM]}
     rounds = []
     for r in range(args.rounds):
         order = list(arms)[r % 3 :] + list(arms)[: r % 3]
-        sessions = [session(args.out, f"{arm}-{r + 1}", arms[arm]) for arm in order]
+        sessions = [session(args.out, f"{arm}-{r + 1}", arms[arm], store if arm != "B" else None) for arm in order]
         pairs = [compare(args.out, f"A-{r + 1}", f"A2-{r + 1}"), compare(args.out, f"A-{r + 1}", f"B-{r + 1}")]
         rounds.append({"round": r + 1, "order": order, "sessions": sessions, "pairs": pairs})
-        (args.out / "summary.json").write_text(json.dumps({"b_cores": args.b_cores, "rounds": rounds}, indent=2))
+        (args.out / "summary.json").write_text(json.dumps({"b_cores": args.b_cores, "seeds": seeds, "rounds": rounds}, indent=2))
         for pair in pairs:
             print(json.dumps(pair), flush=True)
     return 0
