@@ -1,0 +1,153 @@
+"""The capacity search against a stand-in with a known latency model: found within the stated
+resolution, a stopped (over-saturated) probe fails, noisy non-monotone probes give a stable
+answer, bounds, cliffs, and the over-saturation rule on growing and flat windows."""
+
+from __future__ import annotations
+
+import math
+import random
+import statistics
+from collections.abc import Callable
+
+import pytest
+
+from pytest_qwenperf.measure.slo_capacity import (
+    Probe,
+    ProbeWindow,
+    SearchPlan,
+    Slo,
+    find_capacity,
+    oversaturated,
+)
+
+SLO = Slo({"p99_ttft_ms": 1_000.0, "p99_tpot_ms": 40.0})
+
+
+def server(*, tpot_knee: float = 32.0, saturation: float = 64.0, noise: float = 0.0, seed: int = 0) -> Callable[[float], Probe]:
+    """A stand-in whose p99 TPOT is 20 ms × (1 + load / ``tpot_knee``) (40 ms, the SLO's target, at
+    the knee) and whose p99 TTFT is 100 ms / (1 - load / ``saturation``) (1 s at 90 % of
+    saturation); at or past saturation the probe is stopped. ``noise``: a lognormal factor on both."""
+    rng = random.Random(seed)
+
+    def probe(load: float) -> Probe:
+        factor = math.exp(rng.gauss(0.0, noise)) if noise else 1.0
+        if load >= saturation:
+            return Probe(load, {"p99_ttft_ms": 1e9, "p99_tpot_ms": 1e9}, 0.0, stopped="over-saturated: queue rising")
+        latencies = {"p99_ttft_ms": factor * 100.0 / (1 - load / saturation), "p99_tpot_ms": factor * 20.0 * (1 + load / tpot_knee)}
+        return Probe(load, latencies, output_throughput=load / (latencies["p99_tpot_ms"] / 1000))
+
+    return probe
+
+
+def test_capacity_is_found_within_the_resolution_and_names_the_binding_term() -> None:
+    plan = SearchPlan("concurrency", start=4, lowest=1, highest=256, resolution=0.10)
+    found = find_capacity(server(), SLO, plan)
+    assert found.bound == "found" and found.load is not None
+    assert abs(found.load - 32) <= 0.10 * 32, found  # TPOT reaches 40 ms at 32
+    assert found.binding == "p99_tpot_ms" and not found.cliff
+    assert found.interval is not None and found.interval[0] <= 32 <= found.interval[1]
+    assert len(found.probes) <= plan.max_probes and all(p.load == int(p.load) for p in found.probes)
+    assert found.output_throughput == pytest.approx(32 / 0.040, rel=0.10)
+
+
+def test_a_rate_search_finds_where_ttft_binds() -> None:
+    """TPOT never binds here (knee far away); TTFT reaches 1 s at 90 % of the saturating rate, 9 requests/s."""
+    plan = SearchPlan("rate", start=1.0, lowest=0.25, highest=100.0, resolution=0.05)
+    found = find_capacity(server(tpot_knee=1e6, saturation=10.0), SLO, plan)
+    assert found.load is not None and abs(found.load - 9.0) <= 0.05 * 9.0, found
+    assert found.binding == "p99_ttft_ms"
+
+
+def test_an_over_saturated_probe_fails_its_slo_whatever_it_measured() -> None:
+    """Past 40 the stand-in stops every probe early; its latencies look fine, but it counts as failing."""
+    fine = server(tpot_knee=1e6, saturation=1e6)
+
+    def stopping(load: float) -> Probe:
+        probe = fine(load)
+        return Probe(load, probe.latencies, probe.output_throughput, stopped="over-saturated" if load > 40 else None)
+
+    found = find_capacity(stopping, SLO, SearchPlan("concurrency", start=8, lowest=1, highest=512))
+    assert found.load is not None and 36 <= found.load <= 41 and found.bound == "found"
+    assert any(p.stopped for p in found.probes)
+
+
+def test_noisy_probes_out_of_order_still_give_a_stable_answer() -> None:
+    """10 % lognormal noise on every probe, twenty seeds. The stand-in's TPOT grows as the square
+    root of load near the knee, so one probe's crossing alone would wander by ~20 %; the fit pools
+    the probes that break the order and re-probes the bracket, and the answers stay near the truth
+    (32). The interval is the search's own uncertainty (the noise two repeated probes show): it
+    holds the truth in most searches, not 95 % of them; repeats of the search are what a verdict on
+    capacity judges."""
+    plan = SearchPlan("concurrency", start=4, lowest=1, highest=256, resolution=0.05, max_probes=14)
+    found = [find_capacity(server(noise=0.10, seed=seed), SLO, plan) for seed in range(20)]
+    loads = [f.load for f in found if f.load is not None]
+    assert len(loads) == 20
+    assert 30 <= statistics.median(loads) <= 34, loads
+    assert statistics.stdev(loads) / statistics.median(loads) < 0.16, loads
+    assert any(len({p.load for p in f.probes}) < len(f.probes) for f in found)  # the bracket was probed again
+    covered = [f for f in found if f.interval is not None and f.interval[0] <= 32 <= f.interval[1]]
+    assert len(covered) >= 10, [f.interval for f in found]
+    again = find_capacity(server(noise=0.10, seed=3), SLO, plan)
+    assert again == found[3]  # one set of probes, one answer
+
+
+def test_a_probe_that_breaks_the_order_is_pooled_not_believed() -> None:
+    """Probes at 16 and 24 meet the SLO, 20 misses it (noise), 32 misses: the monotone fit pools
+    20 and 24, and the answer is decided by the pooled level, not by the violator alone."""
+    table = {16.0: 0.8, 20.0: 1.3, 24.0: 0.9, 32.0: 1.5, 8.0: 0.5, 64.0: 3.0, 28.0: 1.2}
+
+    def probe(load: float) -> Probe:
+        ratio = table.get(load, 0.5 if load < 16 else 3.0)
+        return Probe(load, {"p99_tpot_ms": 40.0 * ratio}, 100.0)
+
+    found = find_capacity(probe, Slo({"p99_tpot_ms": 40.0}), SearchPlan("concurrency", start=8, lowest=1, highest=64, max_probes=8))
+    assert found.load is not None and 16 <= found.load <= 24, found
+    assert {p.load for p in found.probes} >= {8.0, 16.0, 32.0}
+
+
+def test_bounds_below_the_lowest_and_above_the_highest_load() -> None:
+    plan = SearchPlan("concurrency", start=4, lowest=1, highest=16)
+    above = find_capacity(server(), SLO, plan)
+    assert (above.bound, above.load, above.binding) == ("above-highest", 16.0, None)
+    below = find_capacity(server(tpot_knee=0.01), SLO, plan)
+    assert (below.bound, below.load, below.interval) == ("below-lowest", None, None)
+    assert below.binding == "p99_tpot_ms" and [p.load for p in below.probes][:3] == [4.0, 2.0, 1.0]
+
+
+def test_a_server_that_falls_over_is_a_cliff() -> None:
+    def probe(load: float) -> Probe:
+        return Probe(load, {"p99_ttft_ms": 300.0 if load <= 30 else 5_000.0}, 10.0 * load)
+
+    found = find_capacity(probe, Slo({"p99_ttft_ms": 1_000.0}), SearchPlan("concurrency", start=4, lowest=1, highest=256))
+    assert found.cliff and found.load is not None and 30 <= found.load <= 31
+    assert not find_capacity(server(), SLO, SearchPlan("concurrency", start=4, lowest=1, highest=256)).cliff
+
+
+def test_plans_and_slos_that_cannot_search_are_refused() -> None:
+    with pytest.raises(ValueError, match="lowest <= start <= highest"):
+        SearchPlan("rate", start=10, lowest=1, highest=5)
+    with pytest.raises(ValueError, match="resolution"):
+        SearchPlan("rate", start=1, lowest=1, highest=5, resolution=0)
+    with pytest.raises(ValueError, match="positive numbers"):
+        Slo({"p99_ttft_ms": -1.0})
+    with pytest.raises(ValueError, match="at least one target"):
+        Slo({})
+
+
+def window(seconds: int, queue_growth: float, ttft_growth: float) -> ProbeWindow:
+    rng = random.Random(1)
+    sent = [i * 0.5 for i in range(seconds * 2)]
+    ttft = [0.2 + ttft_growth * t + rng.uniform(-0.02, 0.02) for t in sent]
+    in_flight = [(t, 8 + queue_growth * t + rng.uniform(-1, 1)) for t in sent]
+    return ProbeWindow(sent, ttft, in_flight)
+
+
+def test_over_saturation_needs_both_the_queue_and_ttft_rising() -> None:
+    assert oversaturated(window(30, queue_growth=0.5, ttft_growth=0.05)) is not None
+    assert oversaturated(window(30, queue_growth=0.0, ttft_growth=0.0)) is None
+    assert oversaturated(window(30, queue_growth=0.5, ttft_growth=0.0)) is None  # a queue that TTFT does not feel
+    assert oversaturated(window(5, queue_growth=0.5, ttft_growth=0.05)) is None  # too few requests to tell
+    short = ProbeWindow([], [], [], requested_rate=10.0, achieved_rate=8.0)
+    reason = oversaturated(short)
+    assert reason is not None and "8 requests/s of 10 asked (20% behind)" in reason
+    assert oversaturated(ProbeWindow([], [], [], requested_rate=10.0, achieved_rate=9.5)) is None
