@@ -183,7 +183,8 @@ def _known(probes: Sequence[Probe], load: float) -> bool:
 
 def _fit(probes: Sequence[Probe], slo: Slo) -> tuple[np.ndarray, np.ndarray]:
     """Distinct loads (ascending) and the non-decreasing fit of the mean log worst ratio at each."""
-    from scipy.optimize import isotonic_regression  # here: a process importing scipy.optimize took 0.31-0.33 s (numpy alone 0.07 s), and only a search needs it
+    # Imported here: a process importing scipy.optimize took 0.31-0.33 s (numpy alone 0.07 s), and only a search needs it.
+    from scipy.optimize import isotonic_regression
 
     by_load: dict[float, list[float]] = {}
     for p in probes:
