@@ -1,0 +1,123 @@
+"""Traces: Mooncake JSONL and CSV read with clear errors, send times in milliseconds, prompts of
+exactly the traced length whose shared hash ids share exactly their blocks' tokens, the share a
+prefix cache could hit, and the synthetic trace's shape."""
+
+from __future__ import annotations
+
+import itertools
+import json
+import math
+import statistics
+from pathlib import Path
+
+import pytest
+
+from pytest_qwenperf.suite.traces import (
+    BLOCK_TOKENS,
+    SyntheticShape,
+    TraceEntry,
+    TraceError,
+    cacheable_share,
+    prompt_ids,
+    read_trace,
+    send_offsets,
+    synthetic_trace,
+    write_jsonl,
+)
+
+
+def mooncake(path: Path, *rows: dict[str, object]) -> Path:
+    path.write_text("".join(json.dumps(row) + "\n" for row in rows))
+    return path
+
+
+def test_a_mooncake_trace_is_read_with_milliseconds_and_512_token_blocks(tmp_path: Path) -> None:
+    path = mooncake(
+        tmp_path / "trace.jsonl",
+        {"timestamp": 27482, "input_length": 6955, "output_length": 52, "hash_ids": list(range(14))},
+        {"timestamp": 30535, "input_length": 6472, "output_length": 26, "hash_ids": [*range(12), 46, 47, 48]},
+    )
+    first, second = read_trace(path)
+    assert first == TraceEntry(27482.0, 6955, 52, tuple(range(14)))
+    assert second.hash_ids[:12] == first.hash_ids[:12]
+    assert send_offsets([first, second]) == pytest.approx([0.0, 3.053])  # milliseconds, from the first request
+    assert send_offsets([first, second], time_scale=0.5) == pytest.approx([0.0, 1.5265])
+
+
+def test_a_csv_trace_has_lengths_and_times(tmp_path: Path) -> None:
+    path = tmp_path / "trace.csv"
+    path.write_text("timestamp,input_len,output_len\n0,100,10\n250.5,2000,20\n\n")
+    assert read_trace(path) == (TraceEntry(0.0, 100, 10), TraceEntry(250.5, 2000, 20))
+
+
+@pytest.mark.parametrize(
+    ("name", "text", "message"),
+    [
+        ("t.jsonl", '{"timestamp": 0, "input_length": 10, "output_length": 1}\nnot json\n', r"t\.jsonl: line 2: expected one JSON object per line"),
+        ("t.jsonl", '{"timestamp": -1, "input_length": 10, "output_length": 1}\n', r"line 1: timestamp: expected milliseconds from the trace's start \(a number >= 0\), got -1"),
+        ("t.jsonl", '{"timestamp": 0, "output_length": 1}\n', r"line 1: input_length: expected a whole number of tokens >= 1, got None"),
+        ("t.jsonl", '{"timestamp": 0, "input_length": 10, "output_length": 1, "hash_ids": [1, "x"]}\n', r"line 1: hash_ids: expected a list of whole numbers >= 0"),
+        ("t.jsonl", '[1, 2]\n', r"line 1: expected a JSON object, got list"),
+        ("t.jsonl", '{"timestamp": 5, "input_length": 1, "output_length": 1}\n{"timestamp": 4, "input_length": 1, "output_length": 1}\n', r"request 2: timestamp: expected requests in the order sent, got 4.0 after 5.0"),
+        ("t.jsonl", "\n", r"t\.jsonl: the trace has no requests"),
+        ("t.csv", "time,in,out\n0,1,1\n", r"t\.csv: line 1: expected the header timestamp,input_len,output_len"),
+        ("t.csv", "timestamp,input_len,output_len\n0,1\n", r"t\.csv: line 2: expected 3 fields"),
+        ("t.csv", "timestamp,input_len,output_len\n0,ten,1\n", r"line 2: input_len: expected a whole number of tokens >= 1, got 'ten'"),
+        ("t.txt", "", r"t\.txt: expected a \.jsonl \(Mooncake\) or \.csv"),
+    ],
+)
+def test_a_trace_that_cannot_be_replayed_names_the_file_line_and_field(tmp_path: Path, name: str, text: str, message: str) -> None:
+    path = tmp_path / name
+    path.write_text(text)
+    with pytest.raises(TraceError, match=message):
+        read_trace(path)
+
+
+def block(hash_id: int) -> list[int]:
+    return [hash_id * 10_000 + i for i in range(BLOCK_TOKENS)]
+
+
+def tail(index: int, n: int) -> list[int]:
+    return [-(index * 10_000 + i) for i in range(n)]
+
+
+def test_prompts_have_exactly_the_traced_length_and_share_exactly_their_shared_blocks() -> None:
+    cut = TraceEntry(0, 700, 1, (1, 2))  # two blocks, the second cut to 188 tokens
+    longer = TraceEntry(0, 1_300, 1, (1, 2, 3))  # shares two blocks, the third of its own
+    short = TraceEntry(0, 600, 1, (9,))  # one block, 88 tokens of its own after it
+    plain = TraceEntry(0, 40, 1)  # a CSV request: no blocks at all
+    prompts = [prompt_ids(entry, i, block, tail) for i, entry in enumerate((cut, longer, short, plain))]
+    assert [len(p) for p in prompts] == [700, 1_300, 600, 40]
+    assert prompts[1][:700] == prompts[0]  # the cut request is a prefix of the longer one: both open with blocks 1 and 2
+    assert prompts[1][:1_024] == tuple(block(1) + block(2)) and prompts[1][1_024:] == tuple(block(3)[:276])
+    assert prompts[2][:512] == tuple(block(9)) and prompts[2][512:] == tuple(tail(2, 88))
+    assert prompts[3] == tuple(tail(3, 40))
+
+
+def test_the_cacheable_share_counts_tokens_of_blocks_sent_before() -> None:
+    entries = [TraceEntry(0, 1_024, 1, (1, 2)), TraceEntry(1, 700, 1, (1, 3)), TraceEntry(2, 600, 1, (1, 2))]
+    # second: block 1 seen (512 of 700); third: blocks 1 and 2 seen (512 + 88 of 600)
+    assert cacheable_share(entries) == pytest.approx((512 + 600) / (1_024 + 700 + 600))
+    assert cacheable_share([TraceEntry(0, 10, 1)]) == 0.0
+
+
+def test_the_synthetic_trace_is_bursty_long_tailed_shares_prefixes_and_reads_back(tmp_path: Path) -> None:
+    shape = SyntheticShape(requests=400, seed=3)
+    entries = synthetic_trace(shape)
+    assert entries == synthetic_trace(shape)  # the same everywhere
+    assert entries != synthetic_trace(SyntheticShape(requests=400, seed=4))
+    times = [e.timestamp_ms for e in entries]
+    assert times[0] == 0.0 and times == sorted(times)
+    gaps = [b - a for a, b in itertools.pairwise(times)]
+    assert statistics.stdev(gaps) / statistics.fmean(gaps) > 1.3  # burstier than Poisson (CV 1)
+    assert 0.8 * 400 / shape.rate <= times[-1] / 1000 <= 1.2 * 400 / shape.rate
+    inputs = sorted(e.input_length for e in entries)
+    assert inputs[int(0.99 * len(inputs))] > 4 * statistics.median(inputs)  # a long tail
+    assert all(len(e.hash_ids) == math.ceil(e.input_length / BLOCK_TOKENS) for e in entries)
+    assert {e.hash_ids[0] for e in entries} == set(range(shape.prefixes))  # each opens with a shared prefix
+    assert 0.1 < cacheable_share(entries) < 0.9
+    path = tmp_path / "synthetic.jsonl"
+    write_jsonl(entries, path)
+    assert read_trace(path) == entries
+    with pytest.raises(TraceError, match="a file is already there; not overwritten"):
+        write_jsonl(entries, path)
