@@ -36,9 +36,10 @@ from typing import Annotated, Literal, TypeVar
 import msgspec
 
 from pytest_qwenperf.core import schema
+from pytest_qwenperf.core.canary import CANARY
 from pytest_qwenperf.core.files import write_atomically
 from pytest_qwenperf.core.formats import show
-from pytest_qwenperf.core.identity import Context, Identity, Text
+from pytest_qwenperf.core.identity import Context, Identity, Text, slug
 from pytest_qwenperf.core.metrics import GATED, Direction, find, gate_order
 from pytest_qwenperf.core.run import MISSING, Run, RunJsonError
 from pytest_qwenperf.core.stats import centre
@@ -175,15 +176,17 @@ def load_baseline(path: Path) -> Baseline:
 
 
 def stored_baselines(root: Path) -> list[tuple[Path, Baseline | BaselineError]]:
-    """Every baseline file under ``root`` (``<hardware>/<model>/<config>/<workload>.json``; stored
-    canary answers, of another schema, are not baselines), each read, or the error that says why not."""
+    """Every baseline file under ``root`` (``<hardware>/<model>/<config>/<workload>.json``; a
+    config's stored canary answer, at the path of the workload :data:`~pytest_qwenperf.core.canary.CANARY`,
+    is not one), each read, or the error that says why not."""
     found: list[tuple[Path, Baseline | BaselineError]] = []
     for path in sorted(root.glob("*/*/*/*.json")):
+        if path.name == f"{slug(CANARY)}.json":
+            continue
         try:
             found.append((path, load_baseline(path)))
         except BaselineError as exc:
-            if f"expected {SCHEMA!r}, got 'qwenperf-canary/" not in str(exc):
-                found.append((path, exc))
+            found.append((path, exc))
     return found
 
 
