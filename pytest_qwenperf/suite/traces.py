@@ -31,8 +31,14 @@ import math
 from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Annotated
 
+import msgspec
 import numpy as np
+
+from pytest_qwenperf.core import schema
+from pytest_qwenperf.core.formats import show
+from pytest_qwenperf.core.run import MISSING
 
 BLOCK_TOKENS = 512
 """Tokens per hash id in Mooncake's traces."""
@@ -74,51 +80,53 @@ def read_trace(path: Path) -> tuple[TraceEntry, ...]:
     return tuple(entries)
 
 
+class _MooncakeLine(msgspec.Struct, frozen=True):
+    """One line of a Mooncake trace; fields it does not name are allowed (newer traces add some)."""
+
+    timestamp: Annotated[float, msgspec.Meta(ge=0, description="milliseconds from the trace's start (a number >= 0)")]
+    input_length: Annotated[int, msgspec.Meta(ge=1, description="a whole number of tokens >= 1")]
+    output_length: Annotated[int, msgspec.Meta(ge=1, description="a whole number of tokens >= 1")]
+    hash_ids: tuple[Annotated[int, msgspec.Meta(ge=0)], ...] = ()
+
+
+class _CsvRow(msgspec.Struct, frozen=True):
+    timestamp: Annotated[float, msgspec.Meta(ge=0, description="milliseconds from the trace's start (a number >= 0)")]
+    input_len: Annotated[int, msgspec.Meta(ge=1, description="a whole number of tokens >= 1")]
+    output_len: Annotated[int, msgspec.Meta(ge=1, description="a whole number of tokens >= 1")]
+
+
 def _jsonl_entries(path: Path, text: str) -> Iterator[TraceEntry]:
     for number, line in enumerate(text.splitlines(), start=1):
         if not line.strip():
             continue
         where = f"{path}: line {number}"
         try:
-            data = json.loads(line)
-        except json.JSONDecodeError as exc:
-            raise TraceError(f"{where}: expected one JSON object per line ({exc.msg})") from None
-        if not isinstance(data, dict):
-            raise TraceError(f"{where}: expected a JSON object, got {type(data).__name__}")
-        hash_ids = data.get("hash_ids", [])
-        if not isinstance(hash_ids, list) or not all(_whole(h, 0) for h in hash_ids):
-            raise TraceError(f"{where}: hash_ids: expected a list of whole numbers >= 0, got {hash_ids!r}")
-        yield _entry(where, data.get("timestamp"), data.get("input_length"), data.get("output_length"), tuple(hash_ids), "input_length", "output_length")
+            data = msgspec.json.decode(line)
+        except msgspec.DecodeError as exc:
+            raise TraceError(f"{where}: expected one JSON object per line ({exc})") from None
+        row = schema.convert(data, _MooncakeLine, _failure(where), null=True)
+        yield TraceEntry(row.timestamp, row.input_length, row.output_length, row.hash_ids)
 
 
 def _csv_entries(path: Path, text: str) -> Iterator[TraceEntry]:
     rows = csv.reader(text.splitlines())
     header = next(rows, None)
-    if header is None or [h.strip() for h in header] != ["timestamp", "input_len", "output_len"]:
-        raise TraceError(f"{path}: line 1: expected the header timestamp,input_len,output_len, got {header!r}")
-    for number, row in enumerate(rows, start=2):
-        if not row:
+    fields = list(_CsvRow.__struct_fields__)
+    if header is None or [h.strip() for h in header] != fields:
+        raise TraceError(f"{path}: line 1: expected the header {','.join(fields)}, got {header!r}")
+    for number, cells in enumerate(rows, start=2):
+        if not cells:
             continue
         where = f"{path}: line {number}"
-        if len(row) != 3:
-            raise TraceError(f"{where}: expected 3 fields (timestamp,input_len,output_len), got {len(row)}")
-        values = [_number(cell) for cell in row]
-        yield _entry(where, values[0], values[1], values[2], (), "input_len", "output_len")
+        if len(cells) != len(fields):
+            raise TraceError(f"{where}: expected {len(fields)} fields ({','.join(fields)}), got {len(cells)}")
+        data = {name: _number(cell) for name, cell in zip(fields, cells, strict=True)}
+        row = schema.convert(data, _CsvRow, _failure(where))
+        yield TraceEntry(row.timestamp, row.input_len, row.output_len)
 
 
-def _entry(where: str, timestamp: object, input_length: object, output_length: object, hash_ids: tuple[int, ...], inputs: str, outputs: str) -> TraceEntry:
-    if not (isinstance(timestamp, (int, float)) and not isinstance(timestamp, bool) and math.isfinite(timestamp) and timestamp >= 0):
-        raise TraceError(f"{where}: timestamp: expected milliseconds from the trace's start (a number >= 0), got {timestamp!r}")
-    if not _whole(input_length, 1):
-        raise TraceError(f"{where}: {inputs}: expected a whole number of tokens >= 1, got {input_length!r}")
-    if not _whole(output_length, 1):
-        raise TraceError(f"{where}: {outputs}: expected a whole number of tokens >= 1, got {output_length!r}")
-    assert isinstance(input_length, int) and isinstance(output_length, int)
-    return TraceEntry(float(timestamp), input_length, output_length, hash_ids)
-
-
-def _whole(value: object, minimum: int) -> bool:
-    return isinstance(value, int) and not isinstance(value, bool) and value >= minimum
+def _failure(where: str) -> Callable[[schema.Mismatch], Exception]:
+    return lambda mismatch: TraceError(f"{where}: {mismatch.text(show=show, absent=MISSING)}")
 
 
 def _number(cell: str) -> object:
