@@ -224,7 +224,7 @@ def _log_interval(
     own = session_spread(baseline, sessions)
     spread = own or runner
     if spread is None:
-        unknown = "how far sessions differ is unknown (fewer than 3 sessions, no history of this runner's)"
+        unknown = f"how far sessions differ is unknown (fewer than {MIN_SESSIONS} sessions, no history of this runner's)"
         return dataclasses.replace(repeats, how=f"{repeats.how}; {unknown}")
     k = len(sessions) if sessions else 1  # the baseline's sessions
     half = t_quantile(1 - (1 - confidence) / 2, spread.sessions - 1) * spread.log_sd * math.sqrt(1 + 1 / k)

@@ -12,7 +12,7 @@ import msgspec
 from pytest_qwenperf.core.canary import CanaryJudgement
 from pytest_qwenperf.core.formats import json_safe
 from pytest_qwenperf.core.tables import format_table
-from pytest_qwenperf.core.verdict import COMPARED, Judgement, Verdict, format_mde, format_value
+from pytest_qwenperf.core.verdict import COMPARED, MIN_SESSIONS, Judgement, Verdict, format_mde, format_value
 from pytest_qwenperf.gate.compare import CompareError, Comparison, Group, Row
 from pytest_qwenperf.gate.judge import environment_notes
 from pytest_qwenperf.gate.sources import BENCH_KEY
@@ -79,9 +79,9 @@ def render(comparison: Comparison, *, markdown: bool = False) -> str:
     alone = sum(1 for _, _, j in comparison.judgements() if j.verdict in COMPARED and j.between is None)
     if alone:
         lines.append(
-            f"{alone} verdict(s) rest on the repeats of fewer than 3 sessions: how far this runner's sessions differ is "
-            "unknown, and sessions can differ by more than their repeats (give the reference as a directory of 3 or "
-            "more session files, or compare sessions recorded with a history)"
+            f"{alone} verdict(s) rest on the repeats of fewer than {MIN_SESSIONS} sessions: how far this runner's sessions "
+            f"differ is unknown, and sessions can differ by more than their repeats (give the reference as a directory of "
+            f"{MIN_SESSIONS} or more session files, or compare sessions recorded with a history)"
         )
     lines.append(f"verdicts against {labels[0]}: {summary}")
     return "\n".join(lines)

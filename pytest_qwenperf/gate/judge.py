@@ -221,8 +221,8 @@ def judge_against_run(reference: Run, run: Run, *, confidence: float = DEFAULT_C
 
 def _wider(reference: Run, run: Run) -> dict[str, SessionSpread]:
     """Per metric, the wider of the two runs' :attr:`~pytest_qwenperf.core.run.Run.runner_noise`."""
-    both = {**reference.runner_noise, **run.runner_noise}
-    return {name: max((s for s in (reference.runner_noise.get(name), run.runner_noise.get(name)) if s), key=lambda s: s.log_sd) for name in both}
+    names = reference.runner_noise.keys() | run.runner_noise.keys()
+    return {name: max((s for s in (reference.runner_noise.get(name), run.runner_noise.get(name)) if s), key=lambda s: s.log_sd) for name in names}
 
 
 def render_judgements(judgements: Sequence[Judgement], *, markdown: bool = False) -> str:

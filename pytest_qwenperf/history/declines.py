@@ -16,13 +16,14 @@ cannot show.
 
 from __future__ import annotations
 
+from collections.abc import Sequence
+
 import msgspec
 
 from pytest_qwenperf.core.metrics import metric
 from pytest_qwenperf.core.run import Decline, Run
-from pytest_qwenperf.gate.history_store import HistoryStore
 from pytest_qwenperf.history.changes import change_points, decline
-from pytest_qwenperf.history.reference import comparable_runs, gated_series, history_reference, reading
+from pytest_qwenperf.history.reference import comparable_runs, gated_series, reading, window_of
 
 
 def judged_by_history(where: str, run: Run, *, valid: bool, window: int) -> Run:
@@ -33,16 +34,16 @@ def judged_by_history(where: str, run: Run, *, valid: bool, window: int) -> Run:
     with reading(where) as store:  # its errors, and a missing change-point detection, raised as one
         if store is None:
             return run
-        found = _declines(store, run, valid=valid)
-        reference = history_reference(store, run, window)
+        past = comparable_runs(store, run)
+        found = _declines(past, run, valid=valid)
+        reference = window_of(past, window)
     return msgspec.structs.replace(run, declines=found, runner_noise=reference.noise() if reference else {})
 
 
-def _declines(store: HistoryStore, run: Run, *, valid: bool) -> tuple[Decline, ...]:
-    """The gated metrics of ``run``'s history (with ``run`` when it is ``valid``) that are worse
-    than their last good level."""
-    past = comparable_runs(store, run)
-    runs = [*past, run] if valid else past
+def _declines(past: Sequence[Run], run: Run, *, valid: bool) -> tuple[Decline, ...]:
+    """The gated metrics of ``run``'s history ``past`` (with ``run`` when it is ``valid``) that are
+    worse than their last good level."""
+    runs = [*past, run] if valid else list(past)
     tolerances = run.tolerances or {}
     found = []
     for name, _valued, points in gated_series(runs):

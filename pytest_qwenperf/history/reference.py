@@ -100,7 +100,11 @@ def comparable_runs(store: HistoryStore, run: Run) -> list[Run]:
 
 def history_reference(store: HistoryStore, run: Run, window: int) -> HistoryReference | None:
     """The reference for ``run`` from ``store``; None when the store holds no run that may serve."""
-    matching = comparable_runs(store, run)
+    return window_of(comparable_runs(store, run), window)
+
+
+def window_of(matching: Sequence[Run], window: int) -> HistoryReference | None:
+    """The reference drawn from ``matching`` (:func:`comparable_runs`, oldest first); None when empty."""
     if not matching:
         return None
     start = latest_level(matching)
