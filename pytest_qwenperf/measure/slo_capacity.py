@@ -163,7 +163,7 @@ def find_capacity(probe: Callable[[float], Probe], slo: Slo, plan: SearchPlan) -
         if run(load).meets(slo) != meets:
             break
     while len(probes) < plan.max_probes:
-        bracket = _bracket(probes, slo)
+        bracket = _bracket(_fit(probes, slo))
         if bracket is None:
             break
         middle = plan.load(math.sqrt(bracket[0] * bracket[1]))
@@ -181,19 +181,33 @@ def _known(probes: Sequence[Probe], load: float) -> bool:
     return any(p.load == load for p in probes)
 
 
-def _fit(probes: Sequence[Probe], slo: Slo) -> tuple[np.ndarray, np.ndarray]:
-    """Distinct loads (ascending) and the non-decreasing fit of the mean log worst ratio at each."""
+def _by_load(probes: Sequence[Probe], value: Callable[[Probe], float]) -> dict[float, list[float]]:
+    """``value`` of each probe, grouped by its load (loads probed again have several)."""
+    found: dict[float, list[float]] = {}
+    for p in probes:
+        found.setdefault(p.load, []).append(value(p))
+    return found
+
+
+@dataclass(frozen=True)
+class _Fit:
+    """Distinct loads (ascending), how many probes each had, and the non-decreasing fit of their mean log worst ratio."""
+
+    loads: np.ndarray
+    counts: np.ndarray
+    fitted: np.ndarray
+
+
+def _fit(probes: Sequence[Probe], slo: Slo) -> _Fit:
+    """The monotone fit of every probe (isotonic regression, each load weighted by its probes)."""
     # Imported here: a process importing scipy.optimize took 0.31-0.33 s (numpy alone 0.07 s), and only a search needs it.
     from scipy.optimize import isotonic_regression
 
-    by_load: dict[float, list[float]] = {}
-    for p in probes:
-        by_load.setdefault(p.load, []).append(_log_ratio(p.worst(slo)[1]))
+    by_load = _by_load(probes, lambda p: _log_ratio(p.worst(slo)[1]))
     loads = np.array(sorted(by_load))
     values = np.array([statistics.fmean(by_load[x]) for x in loads])
-    weights = np.array([len(by_load[x]) for x in loads], dtype=float)
-    fitted = isotonic_regression(values, weights=weights, increasing=True).x
-    return loads, np.asarray(fitted)
+    counts = np.array([len(by_load[x]) for x in loads], dtype=float)
+    return _Fit(loads, counts, np.asarray(isotonic_regression(values, weights=counts, increasing=True).x))
 
 
 def _log_ratio(ratio: float) -> float:
@@ -215,24 +229,23 @@ def _crossing(loads: np.ndarray, fitted: np.ndarray) -> tuple[float | None, Boun
     return math.exp(x0 + share * (x1 - x0)), "found"
 
 
-def _bracket(probes: Sequence[Probe], slo: Slo) -> tuple[float, float] | None:
+def _bracket(fit: _Fit) -> tuple[float, float] | None:
     """The highest load meeting the SLO on the fit and the next load above it; None without both."""
-    loads, fitted = _fit(probes, slo)
-    meeting = [float(x) for x, y in zip(loads, fitted, strict=True) if y <= 0]
-    failing = [float(x) for x, y in zip(loads, fitted, strict=True) if y > 0]
+    meeting = [float(x) for x, y in zip(fit.loads, fit.fitted, strict=True) if y <= 0]
+    failing = [float(x) for x, y in zip(fit.loads, fit.fitted, strict=True) if y > 0]
     if not meeting or not failing:
         return None
     return meeting[-1], min(x for x in failing if x > meeting[-1])
 
 
 def _capacity(probes: Sequence[Probe], slo: Slo, plan: SearchPlan) -> Capacity:
-    loads, fitted = _fit(probes, slo)
-    load, bound = _crossing(loads, fitted)
+    fit = _fit(probes, slo)
+    load, bound = _crossing(fit.loads, fit.fitted)
     if load is None:
         return Capacity(plan.search, None, None, None, _binding(probes, slo, 0.0), False, bound, tuple(probes))
-    bracket = _bracket(probes, slo)
+    bracket = _bracket(fit)
     low, high = bracket if bracket else (load, load)
-    resampled = _bootstrap(probes, slo, loads, fitted)
+    resampled = _bootstrap(fit, _noise(probes, slo))
     if resampled:
         low, high = min(low, resampled[0]), max(high, resampled[1])
     cliff = False
@@ -248,10 +261,7 @@ def _capacity(probes: Sequence[Probe], slo: Slo, plan: SearchPlan) -> Capacity:
 def _noise(probes: Sequence[Probe], slo: Slo) -> float | None:
     """The SD of a probe's log worst ratio, pooled over loads probed more than once (the bracket's
     confirmations); None where no load was, or a repeated load was stopped (no finite ratio)."""
-    by_load: dict[float, list[float]] = {}
-    for p in probes:
-        by_load.setdefault(p.load, []).append(p.worst(slo)[1])
-    repeated = [ratios for ratios in by_load.values() if len(ratios) > 1]
+    repeated = [ratios for ratios in _by_load(probes, lambda p: p.worst(slo)[1]).values() if len(ratios) > 1]
     if not repeated or any(not math.isfinite(r) for ratios in repeated for r in ratios):
         return None
     logs = [[math.log(r) for r in ratios] for ratios in repeated]
@@ -259,22 +269,20 @@ def _noise(probes: Sequence[Probe], slo: Slo) -> float | None:
     return math.sqrt(sum(statistics.variance(group) * (len(group) - 1) for group in logs) / df)
 
 
-def _bootstrap(probes: Sequence[Probe], slo: Slo, loads: np.ndarray, fitted: np.ndarray) -> tuple[float, float] | None:
+def _bootstrap(fit: _Fit, noise: float | None) -> tuple[float, float] | None:
     """The 2.5th and 97.5th percentiles of the crossing over refits of the fit plus, at every
-    probe, a normal error of the SD its repeated loads show (:func:`_noise`); None without one."""
+    probe, a normal error of SD ``noise`` (what the repeated loads show: :func:`_noise`); None without one."""
     from scipy.optimize import isotonic_regression
 
-    noise = _noise(probes, slo)
     if noise is None or noise == 0:
         return None
-    counts = np.array([sum(p.load == x for p in probes) for x in loads], dtype=float)
-    spreads = noise / np.sqrt(counts)
+    spreads = noise / np.sqrt(fit.counts)
     rng = np.random.default_rng(0)
     found = []
     for _ in range(BOOTSTRAP):
-        means = fitted + rng.normal(0.0, spreads)
-        crossing, _ = _crossing(loads, np.asarray(isotonic_regression(means, weights=counts, increasing=True).x))
-        found.append(float(loads[0]) if crossing is None else crossing)
+        means = fit.fitted + rng.normal(0.0, spreads)
+        crossing, _ = _crossing(fit.loads, np.asarray(isotonic_regression(means, weights=fit.counts, increasing=True).x))
+        found.append(float(fit.loads[0]) if crossing is None else crossing)
     cuts = statistics.quantiles(found, n=40)
     return cuts[0], cuts[-1]
 
@@ -290,10 +298,7 @@ def _binding(probes: Sequence[Probe], slo: Slo, load: float) -> str | None:
 
 def _throughput_at(probes: Sequence[Probe], load: float) -> float | None:
     """Output tok/s at ``load``, linear in log load between the probes around it (their mean where repeated)."""
-    by_load: dict[float, list[float]] = {}
-    for p in probes:
-        if not p.stopped:
-            by_load.setdefault(p.load, []).append(p.output_throughput)
+    by_load = _by_load([p for p in probes if not p.stopped], lambda p: p.output_throughput)
     if not by_load:
         return None
     xs = sorted(by_load)
