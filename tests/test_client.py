@@ -8,6 +8,7 @@ CPUs.
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 import json
 import os
 import socket
@@ -22,7 +23,7 @@ from hypothesis import strategies as st
 
 from benchmarks.fidelity import STREAMS, TOKENS, streams_run
 from pytest_qwenperf.core.records import RequestRecord
-from pytest_qwenperf.loadgen.arrivals import Arrival, ClosedLoop, OpenLoop
+from pytest_qwenperf.loadgen.arrivals import Arrival, ArrivalError, ClosedLoop, OpenLoop, Replay
 from pytest_qwenperf.loadgen.client import ROUTINGS, LoadOptions, Progress, run_load_sync
 from pytest_qwenperf.loadgen.http import Connection
 from pytest_qwenperf.loadgen.request import Api, RequestSpec
@@ -384,6 +385,33 @@ def test_open_loop_follows_its_schedule(source: StreamSource, distribution: str)
     # 5 ms) is measured in benchmarks/fidelity.py; half a second late would be the schedule ignored.
     assert lag_ms.min() >= 0 and lag_ms.max() < 500, lag_ms
     assert load.requested_rate == 40 and all(r.ok for r in load.records)
+
+
+def test_a_replay_sends_each_request_at_its_traced_time_scaled(source: StreamSource) -> None:
+    """After the warm-up, request i goes at (at_i - at_warmup) x time_scale: the traced gaps, bursts
+    (equal times) included; the requested rate is the schedule's, as the achieved one is measured."""
+    ats = [0.0, 0.010, 0.200, 0.200, 0.200, 0.450, 0.800]
+    specs = [dataclasses.replace(spec(i, max_tokens=2, itl_ms=5), at=at) for i, at in enumerate(ats)]
+    load = run_load_sync(source.urls, MODEL, specs, Replay(time_scale=0.5), LoadOptions(warmup=2))
+    measured = [r for r in load.records if not r.warmup]
+    assert [r.index for r in measured] == [2, 3, 4, 5, 6]
+    assert [r.scheduled_at - load.started_at for r in measured] == pytest.approx([0.0, 0.0, 0.0, 0.125, 0.3], abs=1e-9)
+    assert min(r.scheduling_lag for r in measured) >= 0 and all(r.ok for r in load.records)
+    assert load.requested_rate == pytest.approx(4 / 0.3)
+
+
+def test_a_replay_needs_traced_times_and_a_positive_scale() -> None:
+    with pytest.raises(ArrivalError, match="replay: expected a workload whose requests carry their traced send times"):
+        Replay().offsets_of([0.0, None])
+    with pytest.raises(ArrivalError, match=r"time_scale: expected a finite number > 0 \(0.5 replays twice as fast\), got 0"):
+        Replay(time_scale=0)
+    assert Replay(time_scale=2).offsets_of([5.0, 5.5, 7.0]) == [0.0, 1.0, 4.0]
+
+
+def test_the_record_keeps_the_prompt_length_sent_as_ids(source: StreamSource) -> None:
+    ids, text = spec(0, max_tokens=2), dataclasses.replace(spec(1, max_tokens=2), prompt="some text")
+    records = {r.index: r for r in run(source, [ids, text])}
+    assert (records[0].expected_prompt_tokens, records[1].expected_prompt_tokens) == (3, None)
 
 
 def test_open_loop_max_concurrency_holds_requests_back(source: StreamSource) -> None:

@@ -19,6 +19,7 @@ from pytest_qwenperf.core.summary import (
     client_bound_reason,
     cross_check,
     inter_token_latencies,
+    prompt_lengths_off,
     steady_window,
     summarize,
     summarize_window,
@@ -562,3 +563,15 @@ def test_pegged_client_process_is_client_bound():
 def test_warmup_lag_does_not_make_a_run_client_bound():
     records = [*open_loop(10.0), rec(999, -5.0, [(-4.0, 1)], lag=5.0, warmup=True)]
     assert client_bound_reason(records) is None
+
+
+def test_prompt_lengths_other_than_the_ids_sent_are_named() -> None:
+    """Only requests sent as token ids and answered with usage are held to their length."""
+    sent = [dataclasses.replace(rec(i, float(i), [(i + 0.1, 1)], prompt=10), expected_prompt_tokens=10) for i in range(4)]
+    text = rec(4, 4.0, [(4.1, 1)], prompt=99)  # a text prompt: the server's count is the only one
+    no_usage = dataclasses.replace(rec(5, 5.0, status=None, error="refused", prompt=0), expected_prompt_tokens=10)
+    assert prompt_lengths_off([*sent, text, no_usage]) is None
+    off = dataclasses.replace(sent[2], prompt_tokens=11)
+    assert prompt_lengths_off([sent[0], sent[1], off, sent[3], text]) == (
+        "1 of 4 request(s) counted other prompt lengths than the token ids sent (request 2: 10 sent, 11 counted)"
+    )

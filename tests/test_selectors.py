@@ -36,10 +36,13 @@ def test_each_selector_keeps_its_kind_of_pair() -> None:
         "cpu/seqs-32/isl128-osl128",
         "cpu/replicas-2/scaling-isl128-osl128",
         "cpu/prefix-cache/shared-prefix-p4x24",
+        "cpu/prefix-cache-2k/trace-synthetic",
     ]
     # fp8kv has a canary table; ngram-spec is speculative, so it must give its parent's tokens.
     assert _ids("canary-floor") == ["cpu/fp8kv/isl128-osl128", "cpu/ngram-spec/isl128-osl128"]
-    unchecked = [i for i in _ids("all") if not i.endswith("/shared-prefix-p4x24")]  # that workload has no SLO, no CPU floor
+    assert _ids("trace") == ["cpu/prefix-cache-2k/trace-synthetic"]
+    # the shared-prefix and trace workloads have no SLO and no CPU floor
+    unchecked = [i for i in _ids("all") if not i.endswith(("/shared-prefix-p4x24", "/trace-synthetic"))]
     assert _ids("slo") == unchecked and _ids("utilization") == unchecked
 
 

@@ -1,11 +1,11 @@
 """The session table's closing lines: how the runner's noise compares with the tolerance, said
-once, and the points whose history slid."""
+once, the traces replayed, and the points whose history slid."""
 
 from __future__ import annotations
 
 import msgspec
 
-from pytest_qwenperf.core.run import Decline
+from pytest_qwenperf.core.run import Decline, ServerCounters, TraceReplay
 from pytest_qwenperf.core.verdict import judge
 from pytest_qwenperf.measure.report import SessionReport
 from pytest_qwenperf.measure.session_table import noise_line, session_table
@@ -49,3 +49,24 @@ def test_a_slid_point_is_marked_and_its_decline_listed_after_the_table() -> None
         "  cpu/base / isl128-osl128: output_throughput: the level is -18.0% from the last good level 5,000 tok/s "
         "(before the step at run #21), beyond the tolerance 10%"
     )
+
+
+def test_a_replayed_trace_says_how_late_it_went_and_what_the_cache_could_hit_against_what_it_hit() -> None:
+    report = SessionReport()
+    run = night(20, 5_000.0)
+    lags = {**run.metrics, "p50_scheduling_lag_ms": 0.41, "p99_scheduling_lag_ms": 1.93}
+    cached = ServerCounters.of({"prefix_cache_hits": 640.0, "prefix_cache_queries": 1_000.0})
+    report.add(msgspec.structs.replace(run, metrics=lags, server=cached, trace=TraceReplay(cacheable_share=0.679, time_scale=1.0)))
+    report.add(msgspec.structs.replace(night(20, 5_000.0, config="ctx-short"), trace=TraceReplay(cacheable_share=0.5)))
+    lines = session_table(report)
+    at = lines.index("traces replayed:")
+    assert lines[at + 1 : at + 3] == [
+        (
+            "  cpu/base / isl128-osl128: sent at the traced times x1, late by p50 0.41 ms, p99 1.93 ms; "
+            "67.9% of prompt tokens could hit a prefix cache, the server hit 64.0%"
+        ),
+        (
+            "  cpu/ctx-short / isl128-osl128: sent by a loop, not at the traced times; "
+            "50.0% of prompt tokens could hit a prefix cache, prefix caching off or not counted"
+        ),
+    ]

@@ -1,17 +1,25 @@
 """Traces: Mooncake JSONL and CSV read with clear errors, send times in milliseconds, prompts of
 exactly the traced length whose shared hash ids share exactly their blocks' tokens, the share a
-prefix cache could hit, and the synthetic trace's shape."""
+prefix cache could hit, the synthetic trace's shape; the trace workload, its replay in a suite
+file, and the trace the CPU suite ships."""
 
 from __future__ import annotations
 
 import itertools
 import json
 import math
+import re
+import shlex
 import statistics
 from pathlib import Path
 
 import pytest
 
+from pytest_qwenperf.cli.main import main
+from pytest_qwenperf.loadgen.arrivals import Replay
+from pytest_qwenperf.loadgen.tokenizer import PromptTokenizer
+from pytest_qwenperf.suite.config import SuiteError, load_suite
+from pytest_qwenperf.suite.tiny_model import ensure_tiny_model
 from pytest_qwenperf.suite.traces import (
     BLOCK_TOKENS,
     SyntheticShape,
@@ -24,6 +32,9 @@ from pytest_qwenperf.suite.traces import (
     synthetic_trace,
     write_jsonl,
 )
+from pytest_qwenperf.suite.workloads import TraceWorkload
+
+ROOT = Path(__file__).resolve().parent.parent
 
 
 def mooncake(path: Path, *rows: dict[str, object]) -> Path:
@@ -41,7 +52,6 @@ def test_a_mooncake_trace_is_read_with_milliseconds_and_512_token_blocks(tmp_pat
     assert first == TraceEntry(27482.0, 6955, 52, tuple(range(14)))
     assert second.hash_ids[:12] == first.hash_ids[:12]
     assert send_offsets([first, second]) == pytest.approx([0.0, 3.053])  # milliseconds, from the first request
-    assert send_offsets([first, second], time_scale=0.5) == pytest.approx([0.0, 1.5265])
 
 
 def test_a_csv_trace_has_lengths_and_times(tmp_path: Path) -> None:
@@ -121,3 +131,107 @@ def test_the_synthetic_trace_is_bursty_long_tailed_shares_prefixes_and_reads_bac
     assert read_trace(path) == entries
     with pytest.raises(TraceError, match="a file is already there; not overwritten"):
         write_jsonl(entries, path)
+
+
+# --------------------------------------------------------------------------- #
+# The trace workload, its replay in a suite file, and the shipped trace
+# --------------------------------------------------------------------------- #
+
+SUITE = """
+[suite]
+name = "demo"
+hardware = "cpu"
+model = "embedded:tiny"
+
+[[config]]
+id = "base"
+
+[[workload]]
+name = "replayed"
+kind = "trace"
+path = "traces/t.jsonl"
+warmup = 1
+load = { replay = true, time_scale = 0.5 }
+"""
+
+
+@pytest.fixture(scope="module")
+def tiny() -> PromptTokenizer:
+    return PromptTokenizer.load(ensure_tiny_model())
+
+
+def test_a_trace_workload_builds_traced_lengths_times_and_shared_blocks(tmp_path: Path, tiny: PromptTokenizer) -> None:
+    path = mooncake(
+        tmp_path / "t.jsonl",
+        {"timestamp": 1000, "input_length": 700, "output_length": 5, "hash_ids": [1, 2]},
+        {"timestamp": 1250, "input_length": 600, "output_length": 3, "hash_ids": [1, 3]},
+        {"timestamp": 1250, "input_length": 40, "output_length": 2},
+    )
+    first, second, third = TraceWorkload(str(path)).build(tiny)
+    assert [len(s.prompt) for s in (first, second, third)] == [700, 600, 40]
+    assert [s.expected_prompt_tokens for s in (first, second, third)] == [700, 600, 40]
+    assert [s.max_tokens for s in (first, second, third)] == [5, 3, 2]
+    assert [s.at for s in (first, second, third)] == pytest.approx([0.0, 0.25, 0.25])  # milliseconds, from the first
+    assert first.prompt[:BLOCK_TOKENS] == second.prompt[:BLOCK_TOKENS]  # hash id 1
+    assert first.prompt[BLOCK_TOKENS:600] != second.prompt[BLOCK_TOKENS:600]  # hash ids 2 and 3
+    assert set(first.prompt) <= set(range(tiny.vocab_size)) - set(tiny.special_ids)
+    assert TraceWorkload(str(path), seed=1).build(tiny)[0].prompt != first.prompt
+    assert TraceWorkload(str(path), num_prompts=2).build(tiny) == (first, second)
+    with pytest.raises(ValueError, match=r"t\.jsonl: num_prompts: expected at most the trace's 3 requests, got 4"):
+        TraceWorkload(str(path), num_prompts=4).build(tiny)
+
+
+def test_a_trace_workloads_fingerprint_is_its_content_not_its_path(tmp_path: Path) -> None:
+    row = {"timestamp": 0, "input_length": 10, "output_length": 1}
+    here, there = mooncake(tmp_path / "a.jsonl", row), mooncake(tmp_path / "b.jsonl", row)
+    assert TraceWorkload(str(here)).fingerprint() == TraceWorkload(str(there)).fingerprint()
+    changed = mooncake(tmp_path / "c.jsonl", {**row, "output_length": 2})
+    assert TraceWorkload(str(changed)).fingerprint() != TraceWorkload(str(here)).fingerprint()
+
+
+def test_a_suite_replays_a_trace_beside_it_at_a_scaled_time(tmp_path: Path) -> None:
+    (tmp_path / "traces").mkdir()
+    mooncake(tmp_path / "traces" / "t.jsonl", {"timestamp": 0, "input_length": 10, "output_length": 1})
+    (tmp_path / "suite.toml").write_text(SUITE)
+    (workload,) = load_suite(tmp_path / "suite.toml").workloads
+    assert workload.arrival == Replay(time_scale=0.5)
+    assert isinstance(workload.workload, TraceWorkload)
+    assert workload.workload.path == str(tmp_path / "traces" / "t.jsonl")
+
+
+@pytest.mark.parametrize(
+    ("change", "message"),
+    [
+        (("replay = true, time_scale = 0.5", "replay = false"), r"workload 'replayed'.load.replay: expected true \(replay the trace at its recorded times\), got False$"),
+        (("time_scale = 0.5", "time_scale = -1"), r"workload 'replayed'.load.time_scale: expected a finite number > 0 \(0.5 replays twice as fast\), got -1$"),
+        (("time_scale = 0.5", "rate = 2"), r"workload 'replayed'.load.replay: unknown key for an open loop \(rate = R\)"),
+        (("time_scale = 0.5", "speed = 2"), r"workload 'replayed'.load.speed: unknown key for a replay \(replay = true\); expected only \['replay', 'time_scale'\]$"),
+        (('kind = "trace"\npath = "traces/t.jsonl"', 'kind = "random"\ninput_len = 4\noutput_len = 2\nnum_prompts = 4'), r"workload 'replayed'.load.replay: expected a workload of kind 'trace' \(only a trace has send times to replay\), got 'random'$"),
+    ],
+)
+def test_a_bad_replay_names_the_file_key_and_expectation(tmp_path: Path, change: tuple[str, str], message: str) -> None:
+    (tmp_path / "suite.toml").write_text(SUITE.replace(*change, 1))
+    with pytest.raises(SuiteError, match=message):
+        load_suite(tmp_path / "suite.toml")
+
+
+def test_the_shipped_cpu_trace_is_what_the_command_in_the_suite_writes(tmp_path: Path) -> None:
+    """The command in cpu.toml's comment, run again, writes the shipped trace byte for byte."""
+    suite = (ROOT / "perf_tests" / "suites" / "cpu.toml").read_text()
+    command = re.search(r"#   (qwenperf trace .*?\\\n#\s+.*?)\n", suite)
+    assert command is not None, "cpu.toml names the command that wrote its trace"
+    argv = shlex.split(command.group(1).replace("\\\n#", " "))
+    shipped = ROOT / argv[2]
+    assert main(["trace", str(tmp_path / "again.jsonl"), *argv[3:]]) == 0
+    assert (tmp_path / "again.jsonl").read_bytes() == shipped.read_bytes()
+
+
+def test_the_trace_command_refuses_an_existing_file_and_bad_shapes(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    target = tmp_path / "t.jsonl"
+    target.write_text("mine\n")
+    assert main(["trace", str(target)]) == 2
+    assert main(["trace", str(tmp_path / "u.jsonl"), "--max-input", "10"]) == 2
+    err = capsys.readouterr().err
+    assert f"{target}: a file is already there; not overwritten" in err
+    assert "max_input, max_output: expected at least their medians (1024, 64), got 10, 512" in err
+    assert target.read_text() == "mine\n" and not (tmp_path / "u.jsonl").exists()

@@ -10,7 +10,7 @@ import json
 import sys
 from pathlib import Path
 
-from pytest_qwenperf.gate import compare, compare_output
+from pytest_qwenperf.gate import compare, compare_output, pareto
 
 HELP = "compare runs across vLLM versions (or config changes), with verdicts against the first file"
 DESCRIPTION = (
@@ -50,6 +50,14 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     output.add_argument("--markdown", action="store_true", help="GitHub-flavoured markdown (for $GITHUB_STEP_SUMMARY)")
     output.add_argument("--json", action="store_true", help=f"machine-readable output (schema {compare_output.SCHEMA})")
     parser.add_argument("--plot", type=Path, metavar="PNG", help="also write total tok/s per rung and file as a PNG")
+    parser.add_argument(
+        "--pareto",
+        type=Path,
+        metavar="PNG",
+        help="also write one chart per rung of output tok/s per device (GPUs: TP x PP x DP x replicas; CPU build: server "
+        "cores) against output tok/s per user (1000 / mean TPOT), every repeat of every run a point, each file's points "
+        "joined along its Pareto frontier; with --json, the points under 'pareto'",
+    )
     parser.add_argument("--metric", action="append", metavar="NAME", help="only these metrics (repeatable)")
 
 
@@ -61,14 +69,18 @@ def run(args: argparse.Namespace) -> int:
         print(f"qwenperf: --allow {both} contradicts --fail-on {both}: give one of them", file=sys.stderr)
         return 2
     try:
-        comparison = compare.compare([compare.load_runs(p) for p in (args.reference, *args.files)], args.metric or ())
+        sets = [compare.load_runs(p) for p in (args.reference, *args.files)]
+        comparison = compare.compare(sets, args.metric or ())
+        points = pareto.points_of(sets, comparison.labels) if args.pareto else None
         if args.plot:
             compare_output.plot_throughput(comparison, args.plot)
+        if points is not None:
+            compare_output.plot_pareto(points, args.pareto)
     except compare.CompareError as exc:
         print(f"qwenperf: {exc}", file=sys.stderr)
         return 2
     if args.json:
-        print(json.dumps(compare_output.as_json(comparison), indent=2))
+        print(json.dumps(compare_output.as_json(comparison, points), indent=2))
     else:
         print(compare_output.render(comparison, markdown=args.markdown))
     failing_on = named | (set(compare.LOST_DATA) - allowed) if named else set()

@@ -17,6 +17,7 @@ from types import FrameType, ModuleType
 
 COMMANDS = {
     "tiny-model": "tiny_model",
+    "trace": "trace",
     "lint": "lint",
     "show": "show",
     "render-k8s": "render_k8s",

@@ -29,6 +29,7 @@ class RequestRecord:
     prompt_tokens: int = 0  # usage.prompt_tokens
     completion_tokens: int = 0  # usage.completion_tokens
     expected_output_tokens: int | None = None  # max_tokens when ignore_eos: anything less is truncated
+    expected_prompt_tokens: int | None = None  # the ids sent when the prompt is token ids: usage must say as many
     status: int | None = None  # HTTP status; None when no response arrived
     error: str | None = None
     warmup: bool = False

@@ -122,6 +122,7 @@ class TokenCheck(msgspec.Struct, frozen=True, kw_only=True):
 FAILED_REQUESTS = "failed-requests"
 TOKEN_MISMATCH = "token-mismatch"
 CLIENT_BOUND = "client-bound"
+PROMPT_LENGTHS = "prompt-lengths"
 NO_VALUE = "no-value"
 
 
@@ -185,6 +186,25 @@ class Scaling(msgspec.Struct, frozen=True, kw_only=True):
         return {int(n): figures.efficiency for n, figures in self.replicas.items() if figures.efficiency}
 
 
+class TraceReplay(msgspec.Struct, frozen=True, kw_only=True):
+    """A trace's run, for what its replay is held against. The send lag is in ``metrics``
+    (``p50/p99_scheduling_lag_ms``; a replay that fell behind is ``client-bound``) and prompt lengths
+    other than the trace's are a condition (``prompt-lengths``)."""
+
+    cacheable_share: float  # of the trace's prompt tokens, in blocks an earlier request sent: against ``server.prefix_cache_hit_rate``
+    time_scale: float | None = None  # the replay's; None: sent by a loop, not at the traced times
+
+    def describe(self, lag_p50_ms: Number, lag_p99_ms: Number, hit_rate: float | None) -> str:
+        """One line: when the requests went against the trace, and the cache it allowed against the cache hit."""
+        when = (
+            "sent by a loop, not at the traced times"
+            if self.time_scale is None
+            else f"sent at the traced times x{self.time_scale:g}, late by p50 {show(lag_p50_ms)} ms, p99 {show(lag_p99_ms)} ms"
+        )
+        hits = "prefix caching off or not counted" if hit_rate is None else f"the server hit {hit_rate:.1%}"
+        return f"{when}; {self.cacheable_share:.1%} of prompt tokens could hit a prefix cache, {hits}"
+
+
 class Run(msgspec.Struct, frozen=True, kw_only=True):
     """One measured run; its fields are the blocks of a run's JSON, in order."""
 
@@ -208,6 +228,7 @@ class Run(msgspec.Struct, frozen=True, kw_only=True):
     declines: tuple[Decline, ...] = ()  # gated metrics the history shows worse than their last good level (no boiling frog)
     runner_noise: dict[str, SessionSpread] = msgspec.field(default_factory=dict)  # gated metric -> how far this runner's sessions differ, from its history
     sessions: dict[str, tuple[int, ...]] | None = None  # gated metric -> how many of its samples each pooled session measured; None: one session
+    trace: TraceReplay | None = None  # set when the workload is a trace
 
     @property
     def config_key(self) -> str:

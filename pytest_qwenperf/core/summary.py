@@ -412,6 +412,21 @@ def cross_check(
     )
 
 
+def prompt_lengths_off(records: Iterable[RequestRecord]) -> str | None:
+    """Why the prompts the server counted are not the ones sent, or None: a request sent as token
+    ids whose usage counts another number of prompt tokens (a server that adds or drops tokens,
+    or a proxy that rewrote the body) measured other work than the workload asked for."""
+    answered = [r for r in records if r.expected_prompt_tokens is not None and r.prompt_tokens]
+    off = [r for r in answered if r.prompt_tokens != r.expected_prompt_tokens]
+    if not off:
+        return None
+    first = off[0]
+    return (
+        f"{len(off)} of {len(answered)} request(s) counted other prompt lengths than the token ids sent "
+        f"(request {first.index}: {first.expected_prompt_tokens} sent, {first.prompt_tokens} counted)"
+    )
+
+
 def client_bound_reason(
     records: Iterable[RequestRecord],
     *,

@@ -92,6 +92,7 @@ class RunSet:
     runs: Mapping[RunKey, Run]
     setups: Mapping[RunKey, Setup] = dataclasses.field(default_factory=dict)
     canaries: Mapping[str, tuple[Canary, ...]] = dataclasses.field(default_factory=dict)  # by config key, distinct answers
+    results: tuple[Result, ...] = ()  # every run as read, unpooled, with its file (the Pareto view's points)
 
 
 # ------------------------------------------------------------------ reading
@@ -146,7 +147,8 @@ def load_runs(path: Path) -> RunSet:
     label = ", ".join(sorted(versions)) or Path(path).name
     setups = {key: found[0].setup for key, found in by_key.items() if found[0].setup is not None}
     runs = {key: _pooled(Path(path), key, found) for key, found in by_key.items()}
-    return RunSet(Path(path), label, runs, setups, {key: tuple(found) for key, found in answers.items()})
+    canaries = {key: tuple(found) for key, found in answers.items()}
+    return RunSet(Path(path), label, runs, setups, canaries, results)
 
 
 # ------------------------------------------------------------------ comparing

@@ -4,8 +4,9 @@
 from __future__ import annotations
 
 import math
+from collections.abc import Sequence
 from pathlib import Path
-from typing import cast
+from typing import TYPE_CHECKING, cast
 
 import msgspec
 
@@ -15,7 +16,11 @@ from pytest_qwenperf.core.tables import format_table
 from pytest_qwenperf.core.verdict import COMPARED, MIN_SESSIONS, Judgement, Verdict, format_mde, format_value
 from pytest_qwenperf.gate.compare import CompareError, Comparison, Group, Row
 from pytest_qwenperf.gate.judge import environment_notes
+from pytest_qwenperf.gate.pareto import ParetoPoint, by_rung, frontier
 from pytest_qwenperf.gate.sources import BENCH_KEY
+
+if TYPE_CHECKING:
+    from matplotlib.figure import Figure
 
 SCHEMA = "qwenperf-compare/1"
 
@@ -117,7 +122,7 @@ def _render_canaries(comparison: Comparison, markdown: bool) -> list[str]:
     return [*lines, ""]
 
 
-def as_json(comparison: Comparison) -> dict[str, object]:
+def as_json(comparison: Comparison, pareto: Sequence[ParetoPoint] | None = None) -> dict[str, object]:
     """Every group, row, value and judgement: ``files`` in column order (the first is the
     reference), per row ``values`` one per file and ``judgements`` one per later file (null
     where a row is shown, not judged; ``mde`` a fraction of the baseline, null where unknown or the
@@ -127,6 +132,9 @@ def as_json(comparison: Comparison) -> dict[str, object]:
     canary answer per later file (null where the file has no answers), with the match rate, the
     drift and the floor. A group of bench results has no suite, config,
     workload or hardware (nulls) but ``setups``, one per file (null where a file has none).
+    ``pareto``, only where ``pareto`` points are given (``--pareto``): each point's file label,
+    suite, config, workload, ``per_user`` and ``per_device`` output tok/s, ``device`` (``GPU`` or
+    ``core``), ``source`` and whether it is on its column's ``frontier`` on its rung.
     JSON-safe (:func:`~pytest_qwenperf.core.formats.json_safe`), as every file this package writes."""
     labels = comparison.labels
 
@@ -160,7 +168,18 @@ def as_json(comparison: Comparison) -> dict[str, object]:
         ],
         "verdicts": dict(sorted(comparison.verdicts().items())),
     }
+    if pareto is not None:
+        document["pareto"] = _pareto_json(pareto)
     return cast(dict[str, object], json_safe(document))
+
+
+def _pareto_json(points: Sequence[ParetoPoint]) -> list[dict[str, object]]:
+    edges = {p for columns in by_rung(points).values() for mine in columns.values() for p in frontier(mine)}
+    return [
+        {"file": p.label, "suite": p.rung[0], "config": p.rung[1], "workload": p.workload, "per_user": p.per_user}
+        | {"per_device": p.per_device, "device": p.device, "source": p.source, "frontier": p in edges}
+        for p in points
+    ]
 
 
 def _canary_json(label: str, j: CanaryJudgement | None) -> dict[str, object] | None:
@@ -187,17 +206,11 @@ def _where(group: Group) -> dict[str, object]:
 
 def plot_throughput(comparison: Comparison, path: Path) -> None:
     """A PNG of total tok/s per rung, one bar per file, one panel per workload."""
-    try:
-        from matplotlib.backends.backend_agg import FigureCanvasAgg
-        from matplotlib.figure import Figure
-    except ImportError:
-        raise CompareError("--plot needs matplotlib: pip install 'pytest-qwenperf[plot]'") from None
     by_workload: dict[str, list[Group]] = {}
     for group in comparison.groups:
         by_workload.setdefault("bench results" if group.key == BENCH_KEY else group.key[2], []).append(group)
     labels = comparison.labels
-    figure = Figure(figsize=(max(6.0, 1.2 * max(len(g) for g in by_workload.values()) * len(labels)), 3.5 * len(by_workload)))
-    FigureCanvasAgg(figure)
+    figure = _figure("--plot", max(6.0, 1.2 * max(len(g) for g in by_workload.values()) * len(labels)), 3.5 * len(by_workload))
     axes = figure.subplots(len(by_workload), 1, squeeze=False)[:, 0]
     width = 0.8 / len(labels)
     for ax, (workload, groups) in zip(axes, by_workload.items(), strict=True):
@@ -210,6 +223,55 @@ def plot_throughput(comparison: Comparison, path: Path) -> None:
         ax.set_title(workload)
         ax.legend(title="vLLM", fontsize="small", loc="upper left", bbox_to_anchor=(1.01, 1.0))
     figure.tight_layout()
+    _save(figure, path)
+
+
+def plot_pareto(points: Sequence[ParetoPoint], path: Path) -> None:
+    """A PNG of :func:`pareto_figure`."""
+    _save(pareto_figure(points), path)
+
+
+def pareto_figure(points: Sequence[ParetoPoint]) -> Figure:
+    """One chart per rung: output tok/s per device against per user, every point coloured by its
+    column, each column's points joined along its Pareto frontier. Up to 3 charts a row."""
+    rungs = by_rung(points)
+    if not rungs:
+        raise CompareError("--pareto: the inputs hold no runs to plot")
+    labels = list(dict.fromkeys(point.label for point in points))  # one colour per column on every chart
+    across = min(3, len(rungs))
+    down = -(-len(rungs) // across)
+    figure = _figure("--pareto", 5.0 * across + 1.5, 4.0 * down)
+    axes = figure.subplots(down, across, squeeze=False).flatten()
+    for ax in axes[len(rungs) :]:
+        figure.delaxes(ax)
+    for ax, (rung, columns) in zip(axes, rungs.items(), strict=False):
+        for label, mine in columns.items():
+            colour = f"C{labels.index(label)}"
+            ax.scatter([p.per_user for p in mine], [p.per_device for p in mine], color=colour, alpha=0.5, s=18, label=label)
+            edge = frontier(mine)
+            ax.plot([p.per_user for p in edge], [p.per_device for p in edge], color=colour, marker="o")
+        devices = " or ".join(sorted({p.device for mine in columns.values() for p in mine}))
+        ax.set_title("/".join(rung))
+        ax.set_xlabel("output tok/s per user (1000 / mean TPOT)")
+        ax.set_ylabel(f"output tok/s per {devices}")
+        ax.legend(title="vLLM", fontsize="small")
+    figure.tight_layout()
+    return figure
+
+
+def _figure(option: str, width: float, height: float) -> Figure:
+    """An empty figure drawn by Agg (no display needed); :class:`CompareError` naming ``option`` without matplotlib."""
+    try:
+        from matplotlib.backends.backend_agg import FigureCanvasAgg
+        from matplotlib.figure import Figure
+    except ImportError:
+        raise CompareError(f"{option} needs matplotlib: pip install 'pytest-qwenperf[plot]'") from None
+    figure = Figure(figsize=(width, height))
+    FigureCanvasAgg(figure)
+    return figure
+
+
+def _save(figure: Figure, path: Path) -> None:
     try:
         figure.savefig(path, format="png", dpi=110)
     except OSError as exc:

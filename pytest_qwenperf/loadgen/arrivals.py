@@ -1,4 +1,5 @@
-"""When requests are sent: a closed loop (fixed concurrency) or an open loop (an arrival process).
+"""When requests are sent: a closed loop (fixed concurrency), an open loop (an arrival process) or
+a replay (each request at its traced time).
 
 A run sends the workload's requests in order and stops at the end of the workload or,
 when ``duration_s`` is given to the client, once that much time has passed (requests in
@@ -9,6 +10,7 @@ flight then complete and count). Warm-up requests always go as a closed loop fir
 from __future__ import annotations
 
 import math
+from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Literal, get_args
 
@@ -96,15 +98,52 @@ class OpenLoop:
         return (times * (n / self.rate / times[-1])).tolist()
 
 
-Arrival = ClosedLoop | OpenLoop
+@dataclass(frozen=True)
+class Replay:
+    """Send each request at the time its trace recorded (:attr:`RequestSpec.at`), times
+    ``time_scale`` (0.5 replays twice as fast), from the first measured request's time.
+
+    There is no cap on requests in flight: a replay that holds requests back is no replay, and
+    a request sent late shows as scheduling lag, which makes a run that fell behind
+    ``client-bound``.
+    """
+
+    time_scale: float = 1.0
+
+    def __post_init__(self) -> None:
+        if not _finite_positive(self.time_scale):
+            raise ArrivalError("time_scale", "a finite number > 0 (0.5 replays twice as fast)", self.time_scale)
+
+    def offsets_of(self, times: Sequence[float | None]) -> list[float]:
+        """Send times, in seconds from the start, of requests traced at ``times``."""
+        if any(at is None for at in times):
+            raise ArrivalError("replay", "a workload whose requests carry their traced send times (kind 'trace')", "requests without them")
+        stamps = [at for at in times if at is not None]
+        start = stamps[0] if stamps else 0.0
+        return [(at - start) * self.time_scale for at in stamps]
+
+
+Arrival = ClosedLoop | OpenLoop | Replay
 
 
 def warmup_concurrency(arrival: Arrival, warmup: int) -> int:
     """Concurrency of the warm-up phase: the closed loop's own, else the open loop's cap.
 
-    An uncapped open loop warms up with all ``warmup`` requests at once, which opens as
-    many connections as the measured phase is likely to need.
+    An uncapped open loop or a replay warms up with all ``warmup`` requests at once, which opens
+    as many connections as the measured phase is likely to need.
     """
     if isinstance(arrival, ClosedLoop):
         return arrival.concurrency
-    return arrival.max_concurrency or max(warmup, 1)
+    cap = arrival.max_concurrency if isinstance(arrival, OpenLoop) else None
+    return cap or max(warmup, 1)
+
+
+def requested_rate(arrival: Arrival, offsets: Sequence[float] | None) -> float | None:
+    """The send rate ``arrival`` asks for, in requests/s; None for a closed loop. A replay's is its
+    schedule's, measured the way the achieved rate is: (requests - 1) / send span."""
+    if isinstance(arrival, OpenLoop):
+        return arrival.rate
+    if isinstance(arrival, ClosedLoop) or not offsets or len(offsets) < 2:
+        return None
+    span = offsets[-1] - offsets[0]
+    return (len(offsets) - 1) / span if span > 0 else math.inf

@@ -36,6 +36,8 @@ from pytest_qwenperf.loadgen.arrivals import (
     Arrival,
     ClosedLoop,
     OpenLoop,
+    Replay,
+    requested_rate,
     warmup_concurrency,
 )
 from pytest_qwenperf.loadgen.http import Connection, Endpoint
@@ -93,7 +95,8 @@ class LoadResult:
 
     ``started_at``/``ended_at`` bound the measured phase: from after the warm-up to the
     last measured request's end. ``client_cpus`` is the CPU affinity of each client
-    process (one per worker).
+    process (one per worker). ``requested_rate``: the send rate the arrival asked for
+    (:func:`~pytest_qwenperf.loadgen.arrivals.requested_rate`), None for a closed loop.
     """
 
     records: tuple[RequestRecord, ...]
@@ -102,15 +105,12 @@ class LoadResult:
     arrival: Arrival
     options: LoadOptions
     client_cpus: tuple[tuple[int, ...], ...]
+    requested_rate: float | None = None
 
     def __repr__(self) -> str:
         """Short: asyncio.Runner formats its task's result on exit (Python 3.11), and a full
         repr of every record of a long run costs seconds."""
         return f"LoadResult({len(self.records)} records, {self.ended_at - self.started_at:.3f} s, {self.arrival!r})"
-
-    @property
-    def requested_rate(self) -> float | None:
-        return self.arrival.rate if isinstance(self.arrival, OpenLoop) else None
 
 
 class _SendTurns:
@@ -199,6 +199,7 @@ class _Client:
             prompt_tokens=prompt_tokens,
             completion_tokens=completion_tokens,
             expected_output_tokens=spec.max_tokens if spec.ignore_eos else None,
+            expected_prompt_tokens=len(spec.prompt) if isinstance(spec.prompt, tuple) else None,
             status=conn.status if conn is not None else None,
             error=parser.error,
             warmup=warmup,
@@ -261,7 +262,7 @@ async def _open(
 @dataclass(frozen=True)
 class Assignment:
     """What one event loop sends: to which endpoints and as which model, its warm-up and measured
-    jobs, by which arrival (``offsets``: the open loop's send times for ``jobs``) and how."""
+    jobs, by which arrival (``offsets``: the open loop's or the replay's send times for ``jobs``) and how."""
 
     endpoints: tuple[str, ...]
     model: str
@@ -280,8 +281,16 @@ class Assignment:
         warmup = options.warmup
         if warmup < 0 or warmup > len(jobs):
             raise ValueError(f"warmup must be between 0 and the number of requests ({len(jobs)}), got {warmup}")
-        offsets = tuple(arrival.offsets(len(jobs) - warmup)) if isinstance(arrival, OpenLoop) else None
+        offsets: tuple[float, ...] | None = None
+        if isinstance(arrival, OpenLoop):
+            offsets = tuple(arrival.offsets(len(jobs) - warmup))
+        elif isinstance(arrival, Replay):
+            offsets = tuple(arrival.offsets_of([spec.at for _, spec in jobs[warmup:]]))
         return cls(tuple(endpoints), model, jobs[:warmup], jobs[warmup:], arrival, offsets, options)
+
+    @property
+    def requested_rate(self) -> float | None:
+        return requested_rate(self.arrival, self.offsets)
 
 
 async def run_jobs(
@@ -311,7 +320,8 @@ async def run_jobs(
             records += await _closed(client, assignment.jobs, arrival.concurrency, deadline, False)
         else:
             assert assignment.offsets is not None
-            records += await _open(client, assignment.jobs, assignment.offsets, arrival.max_concurrency, started_at, deadline)
+            cap = arrival.max_concurrency if isinstance(arrival, OpenLoop) else None
+            records += await _open(client, assignment.jobs, assignment.offsets, cap, started_at, deadline)
         ended_at = perf_counter()
     finally:
         client.close()
@@ -336,9 +346,10 @@ async def run_load(
     by ``arrival``, until the workload or ``options.duration_s`` is exhausted (requests in
     flight then finish and count). ``progress`` is called with each finished record.
     """
-    records, started_at, ended_at = await run_jobs(Assignment.of(endpoints, model, requests, arrival, options), progress=progress)
+    assignment = Assignment.of(endpoints, model, requests, arrival, options)
+    records, started_at, ended_at = await run_jobs(assignment, progress=progress)
     cpus = (tuple(sorted(os.sched_getaffinity(0))),)
-    return LoadResult(tuple(records), started_at, ended_at, arrival, options, cpus)
+    return LoadResult(tuple(records), started_at, ended_at, arrival, options, cpus, assignment.requested_rate)
 
 
 def new_event_loop() -> asyncio.AbstractEventLoop:

@@ -25,6 +25,7 @@ class RequestSpec:
     ignore_eos: bool = True
     expected_prompt_tokens: int | None = None  # known when the prompt is token ids
     sampling: tuple[tuple[str, Any], ...] = (("temperature", 0.0),)
+    at: float | None = None  # a traced request's send time, seconds from the trace's start (``Replay`` sends it then)
 
     def body(self, model: str, *, continuous_usage: bool = False) -> dict[str, Any]:
         """The JSON body for ``model``, always streamed with usage included."""

@@ -36,7 +36,7 @@ from types import FrameType
 from typing import Any
 
 from pytest_qwenperf.core.records import RequestRecord
-from pytest_qwenperf.loadgen.arrivals import Arrival, ClosedLoop
+from pytest_qwenperf.loadgen.arrivals import Arrival, ClosedLoop, OpenLoop
 from pytest_qwenperf.loadgen.client import (
     Assignment,
     LoadOptions,
@@ -125,7 +125,7 @@ def _share_of(whole: Assignment, n: int, k: int) -> Assignment:
     arrival = whole.arrival
     if isinstance(arrival, ClosedLoop):
         arrival = ClosedLoop(_share(arrival.concurrency, n, k))
-    elif arrival.max_concurrency is not None:
+    elif isinstance(arrival, OpenLoop) and arrival.max_concurrency is not None:
         arrival = replace(arrival, max_concurrency=max(1, _share(arrival.max_concurrency, n, k)))
     offsets = whole.offsets[k::n] if whole.offsets is not None else None
     return replace(whole, warmup_jobs=whole.warmup_jobs[k::n], jobs=whole.jobs[k::n], arrival=arrival, offsets=offsets)
@@ -237,4 +237,5 @@ def run_load_in_workers(
         arrival=arrival,
         options=options,
         client_cpus=tuple(span[2] for span in spans),
+        requested_rate=whole.requested_rate,
     )

@@ -101,7 +101,7 @@ def bench_result(plan: BenchPlan, seen: Observation, *, detailed: bool, max_fail
         ),
         client=ClientLoad(bound=seen.client_bound, cpu_busy=seen.client_cpu_busy),
         telemetry=seen.telemetry.as_json(),
-        conditions=conditions(seen.telemetry, ValidityLimits()),
+        conditions=conditions(seen.telemetry, ValidityLimits()) + seen.record_losses(),
         requests=tuple(_request(r, origin) for r in seen.load.records if not r.warmup) if detailed else None,
     )
 

@@ -15,12 +15,14 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from types import MappingProxyType
 
+from pytest_qwenperf.core.run import PROMPT_LENGTHS, Loss
 from pytest_qwenperf.core.summary import (
     GoodputSLO,
     RunSummary,
     TokenCrossCheck,
     client_bound_reason,
     cross_check,
+    prompt_lengths_off,
     steady_window,
     summarize,
     summarize_window,
@@ -86,6 +88,12 @@ class Observation:
     client_cpu_busy: float  # the CPU the client used per second per client process
     started: str  # ISO 8601, UTC
     telemetry: TelemetrySummary
+
+    def record_losses(self) -> tuple[Loss, ...]:
+        """What the client's records show was not the work asked for (the telemetry's conditions
+        are :func:`~pytest_qwenperf.measure.validity.conditions`)."""
+        off = prompt_lengths_off(self.load.records)
+        return (Loss(reason=PROMPT_LENGTHS, detail=off),) if off else ()
 
     @property
     def client_cpus(self) -> tuple[int, ...]:

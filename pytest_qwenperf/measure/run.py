@@ -16,7 +16,18 @@ import msgspec
 from pytest_qwenperf.core.apikey import redact_argv
 from pytest_qwenperf.core.environment import Environment
 from pytest_qwenperf.core.http import http_post
-from pytest_qwenperf.core.run import ClientLoad, Run, RunContext, RunHardware, RunIdentity, ServerCounters, TokenCheck, combined
+from pytest_qwenperf.core.run import (
+    ClientLoad,
+    Run,
+    RunContext,
+    RunHardware,
+    RunIdentity,
+    ServerCounters,
+    TokenCheck,
+    TraceReplay,
+    combined,
+)
+from pytest_qwenperf.loadgen.arrivals import Replay
 from pytest_qwenperf.loadgen.client import LoadOptions
 from pytest_qwenperf.loadgen.tokenizer import PromptTokenizer
 from pytest_qwenperf.measure.method import Method
@@ -33,6 +44,8 @@ from pytest_qwenperf.serving.hardware import Hardware, detect
 from pytest_qwenperf.serving.server import Server, ServerError, ServerInfo
 from pytest_qwenperf.suite import embedded
 from pytest_qwenperf.suite.config import ServingConfig, SuiteWorkload
+from pytest_qwenperf.suite.traces import cacheable_share
+from pytest_qwenperf.suite.workloads import TraceWorkload
 
 
 def build_run(
@@ -75,8 +88,17 @@ def build_run(
         requests_per_server=dict(seen.requests_per_server),
         samples={},
         tolerances=dict(method.tolerances),
-        conditions=conditions(seen.telemetry, method.validity),
+        conditions=conditions(seen.telemetry, method.validity) + seen.record_losses(),
+        trace=_trace(workload),
     )
+
+
+def _trace(workload: SuiteWorkload) -> TraceReplay | None:
+    """What a trace's replay is held against; None for the other workloads."""
+    if not isinstance(workload.workload, TraceWorkload):
+        return None
+    scale = workload.arrival.time_scale if isinstance(workload.arrival, Replay) else None
+    return TraceReplay(cacheable_share=cacheable_share(workload.workload.entries()), time_scale=scale)
 
 
 def _environment(servers: Sequence[ServerInfo], hardware: Hardware) -> Environment | None:

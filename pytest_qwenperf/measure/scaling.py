@@ -18,7 +18,7 @@ from dataclasses import dataclass
 from types import MappingProxyType
 
 from pytest_qwenperf.core.run import ReplicaScaling, Scaling
-from pytest_qwenperf.loadgen.arrivals import Arrival, ClosedLoop
+from pytest_qwenperf.loadgen.arrivals import Arrival, ClosedLoop, Replay
 from pytest_qwenperf.loadgen.request import RequestSpec
 from pytest_qwenperf.loadgen.tokenizer import PromptTokenizer
 from pytest_qwenperf.serving.endpoints import EndpointSets
@@ -58,9 +58,12 @@ def copies_of(workload: Workload, copies: int, tokenizer: PromptTokenizer | None
 
 
 def times_arrival(arrival: Arrival, factor: int) -> Arrival:
-    """The same arrival process carrying ``factor`` times the load."""
+    """The same arrival process carrying ``factor`` times the load. A replay is unchanged: the
+    ``factor`` copies of the trace (:func:`copies_of`) go at the same traced times."""
     if isinstance(arrival, ClosedLoop):
         return ClosedLoop(arrival.concurrency * factor)
+    if isinstance(arrival, Replay):
+        return arrival
     return dataclasses.replace(
         arrival,
         rate=arrival.rate * factor,

@@ -39,6 +39,15 @@ def session_table(report: SessionReport) -> list[str]:
     noise = noise_line(report)
     if noise:
         lines.append(noise)
+    replays = [
+        f"  {run.config_key} / {run.identity.workload}: "
+        + run.trace.describe(run.metrics.get("p50_scheduling_lag_ms"), run.metrics.get("p99_scheduling_lag_ms"), run.server.prefix_cache_hit_rate)
+        for run in report.runs
+        if run.trace is not None
+    ]
+    if replays:
+        lines.append("traces replayed:")
+        lines += replays
     slid = [f"  {run.config_key} / {run.identity.workload}: {d.detail}" for run in report.runs for d in run.declines]
     if slid:
         lines.append("below the last good level in the history (a slide the reference slid with):")

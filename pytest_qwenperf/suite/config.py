@@ -11,6 +11,7 @@ and its errors name file, table and key through one set of helpers.
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import math
 import re
@@ -34,9 +35,9 @@ from pytest_qwenperf.core.metrics import FLOORED, GATED, SCALING, find
 from pytest_qwenperf.core.summary import GoodputSLO
 from pytest_qwenperf.core.textfiles import read_text
 from pytest_qwenperf.core.validity import ValidityLimits
-from pytest_qwenperf.loadgen.arrivals import Arrival, ArrivalError, ClosedLoop, OpenLoop
+from pytest_qwenperf.loadgen.arrivals import Arrival, ArrivalError, ClosedLoop, OpenLoop, Replay
 from pytest_qwenperf.suite import embedded
-from pytest_qwenperf.suite.workloads import Workload, workload_from_dict
+from pytest_qwenperf.suite.workloads import TraceWorkload, Workload, workload_from_dict
 
 FlagValue = str | int | float | bool | dict[str, Any] | list[Any]
 
@@ -318,7 +319,7 @@ _Flags = Annotated[
     dict[str, Annotated[FlagValue, Meta(description="a string, number, boolean, table or array")]],
     Meta(description="a table of vLLM flags"),
 ]
-_LOAD = "a table such as { concurrency = 32 } or { rate = 10 }"
+_LOAD = "a table such as { concurrency = 32 }, { rate = 10 } or { replay = true }"
 _CANARY = "a table such as { match_rate = 0.5, logprob_drift = 0.2 }"
 
 
@@ -479,7 +480,11 @@ def _suite_workload(path: Path, entry: Mapping[str, Any], where: str, config_ids
         workload = workload_from_dict({k: v for k, v in entry.items() if k not in _RunTable.__struct_fields__}, source=source)
     except ValueError as exc:
         raise SuiteError(str(exc)) from None
+    if isinstance(workload, TraceWorkload) and not Path(workload.path).is_absolute():
+        workload = dataclasses.replace(workload, path=str(path.parent / workload.path))  # beside the suite file
     arrival = _arrival(path, run.load, f"{where}.load")
+    if isinstance(arrival, Replay) and not isinstance(workload, TraceWorkload):
+        raise _fail(path, f"{where}.load.replay", "a workload of kind 'trace' (only a trace has send times to replay)", workload.kind)
     # A JSONL workload without num_prompts sends every line: the count is known once the file is read.
     if workload.num_prompts is not None and run.warmup >= workload.num_prompts:
         raise _fail(path, f"{where}.warmup", f"a whole number of requests below num_prompts ({workload.num_prompts})", run.warmup)
@@ -496,21 +501,32 @@ def _suite_workload(path: Path, entry: Mapping[str, Any], where: str, config_ids
     return SuiteWorkload(workload, arrival, run.warmup, run.configs, slo, floors)
 
 
-_OPEN_LOOP_KEYS = ("rate", "distribution", "burstiness", "seed", "max_concurrency")
+#: The keys of each kind of load, by the key that names the kind.
+_LOAD_KEYS = {
+    "concurrency": ("a closed loop (concurrency = N)", ("concurrency",)),
+    "rate": ("an open loop (rate = R)", ("rate", "distribution", "burstiness", "seed", "max_concurrency")),
+    "replay": ("a replay (replay = true)", ("replay", "time_scale")),
+}
 
 
 def _arrival(path: Path, load: dict[str, Any], key: str) -> Arrival:
-    """``{ concurrency = N }`` (a closed loop) or ``{ rate = R, ... }`` (an open loop, :class:`OpenLoop`'s fields)."""
-    if not {"concurrency", "rate"} & set(load):
+    """``{ concurrency = N }`` (a closed loop), ``{ rate = R, ... }`` (an open loop, :class:`OpenLoop`'s
+    fields) or ``{ replay = true, time_scale = S }`` (a trace at its own times, :class:`Replay`)."""
+    named = next((k for k in _LOAD_KEYS if k in load), None)
+    if named is None:
         raise _fail(path, key, _LOAD, load)
-    closed = "concurrency" in load
-    allowed = ("concurrency",) if closed else _OPEN_LOOP_KEYS
+    kind, allowed = _LOAD_KEYS[named]
     unknown = sorted(set(load) - set(allowed))
     if unknown:
-        kind = "a closed loop (concurrency = N)" if closed else "an open loop (rate = R)"
         raise SuiteError(f"{path}: {key}.{unknown[0]}: unknown key for {kind}; expected only {list(allowed)}")
     try:
-        return ClosedLoop(load["concurrency"]) if closed else OpenLoop(**load)
+        if "concurrency" in load:
+            return ClosedLoop(load["concurrency"])
+        if "rate" in load:
+            return OpenLoop(**load)
+        if load["replay"] is not True:
+            raise ArrivalError("replay", "true (replay the trace at its recorded times)", load["replay"])
+        return Replay(**{k: v for k, v in load.items() if k != "replay"})
     except ArrivalError as exc:
         raise _fail(path, f"{key}.{exc.field}", exc.expected, exc.got) from None
 

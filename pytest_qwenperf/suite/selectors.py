@@ -10,7 +10,7 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 
 from pytest_qwenperf.suite.config import ServingConfig, Suite, SuiteWorkload
-from pytest_qwenperf.suite.workloads import SharedPrefixWorkload
+from pytest_qwenperf.suite.workloads import SharedPrefixWorkload, TraceWorkload
 
 
 def _first_workload(suite: Suite, cfg: ServingConfig, wl: SuiteWorkload) -> bool:
@@ -33,10 +33,11 @@ SELECTORS: dict[str, Callable[[Suite, ServingConfig, SuiteWorkload], bool]] = {
         and cfg.inherits is not None
         and wl.runs_on(cfg.inherits)
     ),
+    "trace": lambda suite, cfg, wl: isinstance(wl.workload, TraceWorkload),
 }
 """``ladder`` compares a rung with the one it inherits from, ``prefix-cache`` a cached rung with
 its uncached parent on a shared-prefix workload, ``utilization`` pairs with a utilization floor,
-``scaling`` configs of several replicas (every config when deployed endpoint sets are measured),
+``trace`` the pairs that replay a trace, ``scaling`` configs of several replicas (every config when deployed endpoint sets are measured),
 ``canary`` every config once and ``canary-floor`` once each rung held to the canary answer of the
 one it inherits (a speculative rung, or one with a ``canary`` table: see
 :attr:`~pytest_qwenperf.suite.config.ServingConfig.canary_floor`), on its first workload: the

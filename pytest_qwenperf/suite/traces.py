@@ -140,13 +140,11 @@ def _number(cell: str) -> object:
     return cell
 
 
-def send_offsets(entries: Sequence[TraceEntry], time_scale: float = 1.0) -> list[float]:
-    """When each request goes, in seconds from the replay's start: the traced times from the first
-    request's, times ``time_scale`` (0.5 replays twice as fast)."""
-    if not (math.isfinite(time_scale) and time_scale > 0):
-        raise TraceError(f"time_scale: expected a number > 0, got {time_scale!r}")
+def send_offsets(entries: Sequence[TraceEntry]) -> list[float]:
+    """When each request was sent, in seconds from the first request (a replay scales them:
+    :class:`~pytest_qwenperf.loadgen.arrivals.Replay`)."""
     start = entries[0].timestamp_ms if entries else 0.0
-    return [(entry.timestamp_ms - start) / 1000 * time_scale for entry in entries]
+    return [(entry.timestamp_ms - start) / 1000 for entry in entries]
 
 
 def prompt_ids(entry: TraceEntry, index: int, block: Callable[[int], Sequence[int]], tail: Callable[[int, int], Sequence[int]]) -> tuple[int, ...]:
@@ -199,6 +197,22 @@ class SyntheticShape:
     max_input: int = 8_192
     max_output: int = 512
     seed: int = 0
+
+    def __post_init__(self) -> None:
+        for name, low in (("requests", 1), ("input_median", 1), ("output_median", 1), ("prefixes", 1), ("prefix_blocks", 0), ("seed", 0)):
+            value = getattr(self, name)
+            if not (isinstance(value, int) and value >= low):
+                raise TraceError(f"{name}: expected a whole number >= {low}, got {value!r}")
+        for name in ("rate", "burstiness"):
+            if not (math.isfinite(getattr(self, name)) and getattr(self, name) > 0):
+                raise TraceError(f"{name}: expected a finite number > 0, got {getattr(self, name)!r}")
+        if not (math.isfinite(self.sigma) and self.sigma >= 0):
+            raise TraceError(f"sigma: expected a finite number >= 0 (the lognormal's spread), got {self.sigma!r}")
+        if self.max_input < self.input_median or self.max_output < self.output_median:
+            raise TraceError(
+                f"max_input, max_output: expected at least their medians ({self.input_median}, {self.output_median}), "
+                f"got {self.max_input}, {self.max_output}"
+            )
 
 
 def synthetic_trace(shape: SyntheticShape) -> tuple[TraceEntry, ...]:

@@ -32,6 +32,7 @@ import msgspec
 from pytest_qwenperf.core import schema
 from pytest_qwenperf.loadgen.request import Api, RequestSpec
 from pytest_qwenperf.loadgen.tokenizer import PromptTokenizer
+from pytest_qwenperf.suite import traces
 
 #: Part of every fingerprint: bump when the requests built for the same fields change.
 ALGORITHM_VERSION = 1
@@ -296,9 +297,73 @@ class JsonlWorkload(Workload):
         return prompt, output_len
 
 
+@dataclass(frozen=True)
+class TraceWorkload(Workload):
+    """A recorded trace (:mod:`~pytest_qwenperf.suite.traces`: Mooncake JSONL or CSV), each request
+    with exactly its traced input and output lengths and its traced send time (``RequestSpec.at``,
+    which a ``Replay`` load keeps).
+
+    Each hash id's 512-token block is drawn from ``seed`` and the id alone, so requests that share
+    leading hash ids share exactly those tokens and the prefix cache sees what production saw;
+    what the blocks do not cover is drawn for that request alone. ``num_prompts`` replays the first
+    that many requests (a trace is not cycled: its times would not mean anything twice).
+    Token ids are sent as ids, so only the completions API keeps the lengths exact.
+    """
+
+    kind: ClassVar[str] = "trace"
+    path: str
+    num_prompts: int | None = None
+    seed: int = 0
+    _: KW_ONLY
+    name: str = ""
+
+    def __post_init__(self) -> None:
+        _check(bool(self.path), "path", "a non-empty path to a .jsonl (Mooncake) or .csv trace", self.path)
+        if self.num_prompts is not None:
+            _check_positive(self, "num_prompts")
+
+    def _default_id(self) -> str:
+        base = f"trace-{Path(self.path).stem}"
+        return f"{base}-n{self.num_prompts}" if self.num_prompts else base
+
+    def _identity(self) -> dict[str, Any]:
+        # The content, not the path: the same trace elsewhere is the same workload.
+        fields = super()._identity()
+        fields["path"] = hashlib.sha256(Path(self.path).read_bytes()).hexdigest()
+        return fields
+
+    def entries(self) -> tuple[traces.TraceEntry, ...]:
+        """The traced requests this workload replays."""
+        entries = traces.read_trace(Path(self.path))
+        if self.num_prompts is not None and self.num_prompts > len(entries):
+            raise ValueError(f"{self.path}: num_prompts: expected at most the trace's {len(entries)} requests, got {self.num_prompts}")
+        return entries[: self.num_prompts]
+
+    def build(self, tokenizer: PromptTokenizer | None = None) -> tuple[RequestSpec, ...]:
+        tok = self._tokenizer(tokenizer)
+        allowed = _allowed_ids(tok)
+        blocks: dict[int, tuple[int, ...]] = {}
+
+        def block(hash_id: int) -> tuple[int, ...]:
+            if hash_id not in blocks:
+                draws = _uint64_stream(self.seed, "block", hash_id)
+                blocks[hash_id] = tuple(allowed[_below(next(draws), len(allowed))] for _ in range(traces.BLOCK_TOKENS))
+            return blocks[hash_id]
+
+        def tail(index: int, n: int) -> tuple[int, ...]:
+            draws = _uint64_stream(self.seed, "tail", index)
+            return tuple(allowed[_below(next(draws), len(allowed))] for _ in range(n))
+
+        entries = self.entries()
+        return tuple(
+            dataclasses.replace(_spec(i, entry.output_length, "completions", traces.prompt_ids(entry, i, block, tail), tok), at=at)
+            for i, (entry, at) in enumerate(zip(entries, traces.send_offsets(entries), strict=True))
+        )
+
+
 #: Suite files name kinds with these strings.
 KINDS: dict[str, type[Workload]] = {
-    cls.kind: cls for cls in (RandomWorkload, SharedPrefixWorkload, FixedWorkload, JsonlWorkload)
+    cls.kind: cls for cls in (RandomWorkload, SharedPrefixWorkload, FixedWorkload, JsonlWorkload, TraceWorkload)
 }
 
 
