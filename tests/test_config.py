@@ -79,7 +79,7 @@ def test_ladder_inherits_one_change_per_rung(tmp_path: Path) -> None:
         (('id = "spec"', 'id = "base"'), r"config 'base': id used twice"),
         (('description = "shorter context"', 'descripton = "x"'), r"config 'short'.descripton: unknown key; expected one of \[.*'description', 'env'.*\]$"),
         ((LADDER, "config = [1]\n" + LADDER[: LADDER.index("[[config]]")]), r"config\[0\]: expected a \[\[config\]\] table, got 1$"),
-        (('name = "demo"', 'name = "demo"\ntolerances = { p99_ttft = 0.3 }'), r"suite.tolerances.p99_ttft: expected a gated metric, one of \[.*'tokens_per_joule', 'tokens_per_server_cpu_s'\] or scaling_efficiency_n<N>, got 'p99_ttft'$"),
+        (('name = "demo"', 'name = "demo"\ntolerances = { p99_ttft = 0.3 }'), r"suite.tolerances.p99_ttft: expected a gated metric, one of \[.*'tokens_per_joule', 'tokens_per_server_cpu_s', 'capacity_at_slo'\] or scaling_efficiency_n<N>, got 'p99_ttft'$"),
         (('name = "demo"', 'name = "demo"\ntolerances = { completed = 0.3 }'), r"suite.tolerances.completed: expected a gated metric"),
         (('id = "base"', 'id = "base"\ncanary = { match_rate = 0.5 }'), r"config 'base'.canary: expected a canary floor only on a rung that inherits from another, got \{'match_rate': 0.5, 'logprob_drift': None\}$"),
         (('description = "shorter context"', "canary = { match_rate = 1.5 }"), r"config 'short'.canary.match_rate: expected a fraction between 0 and 1 \(the least share of prompts\), got 1.5$"),

@@ -11,14 +11,8 @@ from collections.abc import Callable
 
 import pytest
 
-from pytest_qwenperf.measure.slo_capacity import (
-    Probe,
-    ProbeWindow,
-    SearchPlan,
-    Slo,
-    find_capacity,
-    oversaturated,
-)
+from pytest_qwenperf.core.capacity import SearchPlan, Slo
+from pytest_qwenperf.measure.slo_capacity import Probe, ProbeWindow, find_capacity, oversaturated
 
 SLO = Slo({"p99_ttft_ms": 1_000.0, "p99_tpot_ms": 40.0})
 

@@ -120,6 +120,10 @@ _ENTRIES = (
         "tokens_per_server_cpu_s", "tok/CPU-s", "higher", ("telemetry", "cpu", "tokens_per_server_cpu_s"), tolerance=0.05, floor=True,
         row="shown",
     ),
+    # A search workload's highest load meeting its SLO, the median of its searches' (one per repeat):
+    # concurrent requests or requests/s, as the workload searches. 10 %: about a search's resolution.
+    MetricInfo("capacity_at_slo", "load", "higher", ("metrics", "capacity_at_slo"), tolerance=0.10, floor=True, row="first"),
+    MetricInfo("capacity_output_throughput", "tok/s", "higher", ("metrics", "capacity_output_throughput"), row="shown"),
     _client("completed", "count", "higher"),
     _client("failed", "count", "lower"),
     _client("total_input_tokens", "count", "none"),
@@ -140,6 +144,8 @@ METRICS: Mapping[str, MetricInfo] = MappingProxyType({info.name: info for info i
 """Every metric but the families' members, by name, gated ones first."""
 GATED = tuple(name for name, info in METRICS.items() if info.gated)
 """The gated metrics besides :data:`SCALING`, in gate order."""
+CAPACITY_GATED = ("capacity_at_slo",)
+"""What is gated on a capacity search's run, and only there (``Run.gated_samples``)."""
 FLOORED = tuple(name for name, info in METRICS.items() if info.floor)
 """The metrics a suite may hold to a floor besides :data:`SCALING`."""
 

@@ -24,7 +24,7 @@ from pytest_qwenperf.core import schema
 from pytest_qwenperf.core.environment import Environment
 from pytest_qwenperf.core.formats import show
 from pytest_qwenperf.core.identity import Context, Count, Identity, Text, argv_digest
-from pytest_qwenperf.core.metrics import GATED, find, gate_order
+from pytest_qwenperf.core.metrics import CAPACITY_GATED, GATED, find, gate_order
 from pytest_qwenperf.core.verdict import SessionSpread
 
 Number = int | float | None
@@ -205,6 +205,35 @@ class TraceReplay(msgspec.Struct, frozen=True, kw_only=True):
         return f"{when}; {self.cacheable_share:.1%} of prompt tokens could hit a prefix cache, {hits}"
 
 
+class CapacityProbe(msgspec.Struct, frozen=True, kw_only=True):
+    """One load a capacity search measured: its SLO latencies, output tok/s, and why it was
+    stopped or failed, if it was (it then failed the SLO whatever its latencies)."""
+
+    load: float
+    latencies: dict[str, float]
+    output_throughput: float
+    stopped: str | None = None
+
+
+class CapacitySearch(msgspec.Struct, frozen=True, kw_only=True):
+    """The highest load meeting the SLO that one search found (``measure.slo_capacity``), with what
+    it rests on: every probe, the binding term, a cliff, and the search's own interval."""
+
+    search: str  # "concurrency" or "rate" (requests/s)
+    slo: dict[str, float]  # metric -> the most it may be
+    load: float | None  # None: not even the lowest load met the SLO
+    interval: tuple[float, float] | None
+    output_throughput: float | None  # at the capacity
+    binding: str | None
+    cliff: bool
+    bound: str  # "found", "below-lowest" or "above-highest"
+    probes: tuple[CapacityProbe, ...]
+
+    @property
+    def unit(self) -> str:
+        return "concurrent requests" if self.search == "concurrency" else "requests/s"
+
+
 class Run(msgspec.Struct, frozen=True, kw_only=True):
     """One measured run; its fields are the blocks of a run's JSON, in order."""
 
@@ -229,6 +258,7 @@ class Run(msgspec.Struct, frozen=True, kw_only=True):
     runner_noise: dict[str, SessionSpread] = msgspec.field(default_factory=dict)  # gated metric -> how far this runner's sessions differ, from its history
     sessions: dict[str, tuple[int, ...]] | None = None  # gated metric -> how many of its samples each pooled session measured; None: one session
     trace: TraceReplay | None = None  # set when the workload is a trace
+    capacity: tuple[CapacitySearch, ...] = ()  # a search workload's: one search per repeat; ``metrics`` are then its chosen probe's
 
     @property
     def config_key(self) -> str:
@@ -276,12 +306,16 @@ class Run(msgspec.Struct, frozen=True, kw_only=True):
         return self._gated()[1]
 
     def _gated(self) -> tuple[dict[str, tuple[float, ...]], dict[str, str]]:
+        """A capacity search's probes ran at loads the search chose, which differ from one search to
+        the next: only the capacity itself compares, so it alone is gated on such a run."""
         repeats = self.samples or {}
         found: dict[str, tuple[float, ...]] = {}
         lost: dict[str, str] = {}
         for name in {*self.metrics, *GATED, *repeats}:
             info = find(name)
-            if info is None or not info.gated:
+            if info is None or not info.gated or (self.capacity and name not in CAPACITY_GATED):
+                continue
+            if not self.capacity and name in CAPACITY_GATED:
                 continue
             if name in repeats:
                 values = repeats[name]

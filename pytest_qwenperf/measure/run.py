@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import json
 from collections.abc import Mapping, Sequence
+from functools import partial
 from types import MappingProxyType
 
 import msgspec
@@ -39,6 +40,7 @@ from pytest_qwenperf.measure.scaling import (
     copies_of,
     times_arrival,
 )
+from pytest_qwenperf.measure.search import CAPACITY, search_once
 from pytest_qwenperf.measure.validity import conditions
 from pytest_qwenperf.serving.hardware import Hardware, detect
 from pytest_qwenperf.serving.server import Server, ServerError, ServerInfo
@@ -163,8 +165,11 @@ def measure_repeat(server: Server, config: ServingConfig, workload: SuiteWorkloa
     prefix caches (see :func:`measure`)."""
     runs: dict[int, Run] = {}
     for route in sorted(method.routes or routes_of(server, config.replicas), key=lambda route: route.replicas):
-        reset_prefix_caches(route.metrics_urls)
-        runs[route.replicas] = _measure_once(server, route, config, workload, method)
+        if workload.search is None:
+            reset_prefix_caches(route.metrics_urls)
+            runs[route.replicas] = _measure_once(server, route, config, workload, method)
+        else:
+            runs[route.replicas] = search_once(partial(_probe_once, server, route, config, method=method), workload)
         server.check_alive()
     return MappingProxyType(runs)
 
@@ -178,7 +183,7 @@ def combine_repeats(repeats: Sequence[Repeat], replicas: int, method: Method) ->
     counts = sorted(repeats[0])
     runs = {n: [repeat[n] for repeat in repeats] for n in counts}
     own = runs.get(replicas) or runs[counts[-1]]
-    ranked = sorted(own, key=lambda run: _throughput(run, "total_token_throughput"))
+    ranked = sorted(own, key=lambda run: _throughput(run, CAPACITY if run.capacity else "total_token_throughput"))
     chosen = ranked[(len(ranked) - 1) // 2]
     per_run = [_scalar_metrics(run) for run in own]
     samples: dict[str, tuple[float | None, ...]] = {
@@ -197,6 +202,7 @@ def combine_repeats(repeats: Sequence[Repeat], replicas: int, method: Method) ->
         must_match=method.must_match,
         baseline_max_age_days=method.baseline_max_age_days,
         scaling=scaling.record() if scaling else None,
+        capacity=tuple(search for run in own for search in run.capacity),
     )
 
 
@@ -263,6 +269,14 @@ def _measure_once(server: Server, route: Route, config: ServingConfig, workload:
         ClientSetup(cpus=method.client_cpus, workers=method.workers),
     )
     return build_run(config, workload, seen, method, server.info, hardware)
+
+
+def _probe_once(server: Server, route: Route, config: ServingConfig, workload: SuiteWorkload, *, method: Method) -> Run:
+    """One probe of a search: a load run on empty prefix caches, the server checked after it."""
+    reset_prefix_caches(route.metrics_urls)
+    run = _measure_once(server, route, config, workload, method)
+    server.check_alive()
+    return run
 
 
 def _client_routing(routing: str) -> str:

@@ -39,6 +39,10 @@ def session_table(report: SessionReport) -> list[str]:
     noise = noise_line(report)
     if noise:
         lines.append(noise)
+    searched = [f"  {run.config_key} / {run.identity.workload}: {_capacity(run)}" for run in report.runs if run.capacity]
+    if searched:
+        lines.append("capacity at the SLO (the highest load meeting it; one search per repeat):")
+        lines += searched
     replays = [
         f"  {run.config_key} / {run.identity.workload}: "
         + run.trace.describe(run.metrics.get("p50_scheduling_lag_ms"), run.metrics.get("p99_scheduling_lag_ms"), run.server.prefix_cache_hit_rate)
@@ -85,6 +89,20 @@ def _cv(samples: Sequence[float | None]) -> float | None:
     if len(values) < 2 or not statistics.fmean(values):
         return None
     return statistics.stdev(values) / statistics.fmean(values)
+
+
+def _capacity(run: Run) -> str:
+    """A search workload's capacity: each search's, with its interval, binding term and probes."""
+    searches = []
+    for search in run.capacity:
+        if search.load is None:
+            searches.append(f"none: even the lowest load failed the SLO ({len(search.probes)} probes)")
+            continue
+        interval = f" [{search.interval[0]:.3g}, {search.interval[1]:.3g}]" if search.interval else ""
+        edge = {"above-highest": ", at the highest load searched", "below-lowest": ""}.get(search.bound, "")
+        cliff = ", a cliff" if search.cliff else ""
+        searches.append(f"{search.load:.3g}{interval} ({search.binding or 'no term'} binds{cliff}{edge}, {len(search.probes)} probes)")
+    return f"{run.capacity[0].unit}: " + "; ".join(searches)
 
 
 def _slid(run: Run) -> str:

@@ -44,9 +44,9 @@ from typing import Literal
 
 import numpy as np
 
+from pytest_qwenperf.core.capacity import Search, SearchPlan, Slo
 from pytest_qwenperf.core.stats import t_quantile
 
-Search = Literal["concurrency", "rate"]
 Bound = Literal["found", "below-lowest", "above-highest"]
 """Where the capacity lies: between two probed loads, or beyond the plan's lowest or highest one."""
 
@@ -57,25 +57,6 @@ CONFIRMATIONS = 2
 measured again, the fit pools the two, and the bisection resumes where the pooled level says."""
 BOOTSTRAP = 400
 """Resamples of the fit's residuals for the interval."""
-
-
-@dataclass(frozen=True)
-class Slo:
-    """Latency targets a load must meet: a metric (``p99_ttft_ms``, ``p99_tpot_ms``,
-    ``p99_e2el_ms``) and the most it may be, in its unit."""
-
-    targets: Mapping[str, float]
-
-    def __post_init__(self) -> None:
-        if not self.targets:
-            raise ValueError("an SLO needs at least one target")
-        bad = {name: value for name, value in self.targets.items() if not (math.isfinite(value) and value > 0)}
-        if bad:
-            raise ValueError(f"SLO targets must be positive numbers, got {bad}")
-
-    def ratios(self, latencies: Mapping[str, float]) -> dict[str, float]:
-        """Each term's measured value over its target (above 1: missed); a term not measured is missed by infinity."""
-        return {name: latencies.get(name, math.inf) / target for name, target in self.targets.items()}
 
 
 @dataclass(frozen=True)
@@ -96,37 +77,6 @@ class Probe:
 
     def meets(self, slo: Slo) -> bool:
         return self.worst(slo)[1] <= 1.0
-
-
-@dataclass(frozen=True)
-class SearchPlan:
-    """How to search: over concurrency (integer loads) or request rate, from ``start`` within
-    [``lowest``, ``highest``], until the bracket is within ``resolution`` (a fraction of the
-    load) or ``max_probes`` are spent."""
-
-    search: Search
-    start: float
-    lowest: float
-    highest: float
-    resolution: float = 0.10
-    max_probes: int = 12
-
-    def __post_init__(self) -> None:
-        if not 0 < self.lowest <= self.start <= self.highest:
-            raise ValueError(f"expected 0 < lowest <= start <= highest, got {self.lowest}, {self.start}, {self.highest}")
-        if not 0 < self.resolution < 1:
-            raise ValueError(f"resolution must be a fraction in (0, 1), got {self.resolution}")
-        if self.max_probes < 2:
-            raise ValueError(f"max_probes must be at least 2, got {self.max_probes}")
-
-    def load(self, value: float) -> float:
-        """``value`` as a load this search can probe: within bounds, a whole number for concurrency."""
-        value = min(max(value, self.lowest), self.highest)
-        return float(max(1, round(value))) if self.search == "concurrency" else value
-
-    def settled(self, meeting: float, failing: float) -> bool:
-        """Whether a bracket is as tight as asked: within the resolution, or adjacent concurrencies."""
-        return failing - meeting <= max(self.resolution * meeting, 1.0 if self.search == "concurrency" else 0.0)
 
 
 @dataclass(frozen=True)

@@ -59,7 +59,7 @@ MARKERS = {
     "hopper": "sized for one Hopper GPU (H100, H200 or GH200): the one-GPU ladder on the generated embedded:gpu model",
     "scaling": "multi-replica scaling-efficiency tests",
     "qwenperf_select(name)": "only (config, workload) pairs of this kind: ladder, slo, speculative, prefix-cache, utilization, "
-    "scaling, canary, canary-floor, trace",
+    "scaling, canary, canary-floor, trace, capacity, capacity-order",
 }
 
 

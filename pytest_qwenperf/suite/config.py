@@ -29,6 +29,7 @@ from msgspec import Meta
 from pytest_qwenperf.core import schema
 from pytest_qwenperf.core.apikey import SERVER_ENV, is_api_key_option
 from pytest_qwenperf.core.canary import CANARY, EXACT, CanaryFloor
+from pytest_qwenperf.core.capacity import Search, SearchPlan, Slo
 from pytest_qwenperf.core.environment import check_must_match
 from pytest_qwenperf.core.identity import Identity, argv_digest
 from pytest_qwenperf.core.metrics import FLOORED, GATED, SCALING, find
@@ -98,6 +99,12 @@ class ServingConfig:
         return self.canary or (EXACT if self.speculative else None)
 
 
+PROBE_ROUNDS = 2
+"""Requests a concurrency search's probe measures per stream (:meth:`SuiteWorkload.at_load`)."""
+PROBE_MIN_REQUESTS = 64
+"""The fewest requests a concurrency search's probe measures: enough for its p99 to mean something."""
+
+
 @dataclass(frozen=True)
 class SuiteWorkload:
     """A workload as a suite runs it: what to send, how, on which rungs, and what must hold.
@@ -112,10 +119,36 @@ class SuiteWorkload:
     configs: tuple[str, ...] = ()  # empty: every config of the suite
     slo: GoodputSLO | None = None
     floors: tuple[tuple[str, tuple[tuple[str, float], ...]], ...] = ()
+    search: SearchPlan | None = None  # find the highest load meeting ``slo`` instead of measuring ``arrival``'s
+    capacity_order: tuple[tuple[str, float], ...] = ()  # configs by rising capacity, each with its factor over the one before
 
     @property
     def id(self) -> str:
         return self.workload.id
+
+    def capacity_slo(self) -> Slo:
+        """The search's targets: the p99 of each latency the workload's SLO limits."""
+        if self.slo is None:
+            raise ValueError(f"workload {self.id!r} has no slo to search against")
+        return Slo({f"p99_{key}_ms": limit for key, limit in self.slo.limits().items()})
+
+    def at_load(self, load: float) -> SuiteWorkload:
+        """This workload at another load of its search: a concurrency, or a request rate.
+
+        At concurrency c a probe measures :data:`PROBE_ROUNDS` rounds of every stream (c x
+        :data:`PROBE_ROUNDS` requests, at least :data:`PROBE_MIN_REQUESTS`, at most what the workload
+        measures): a probe of a low load then takes as long as one of a high load, not several times
+        longer, and every probe keeps its concurrency to the end."""
+        if isinstance(self.arrival, ClosedLoop):
+            probe = dataclasses.replace(self, arrival=ClosedLoop(int(load)))
+            total = self.workload.num_prompts
+            if total is None or "num_prompts" not in self.workload.__dataclass_fields__:
+                return probe
+            measured = min(total - self.warmup, max(PROBE_MIN_REQUESTS, PROBE_ROUNDS * int(load)))
+            return dataclasses.replace(probe, workload=dataclasses.replace(self.workload, num_prompts=self.warmup + measured))
+        if isinstance(self.arrival, OpenLoop):
+            return dataclasses.replace(self, arrival=dataclasses.replace(self.arrival, rate=load))
+        raise ValueError(f"workload {self.id!r}: a replay has no load to search over")
 
     def runs_on(self, config_id: str) -> bool:
         return not self.configs or config_id in self.configs
@@ -359,6 +392,19 @@ class _ConfigTable(schema.Shape, frozen=True):
     canary: Annotated[CanaryFloor, Meta(description=_CANARY)] | None = None  # not inherited: it is about this rung's change
 
 
+_SEARCH = 'a table such as { by = "concurrency", lowest = 1, highest = 64 }'
+
+
+class _SearchTable(schema.Shape, frozen=True):
+    """A [[workload]]'s ``search``: the load it varies and the range (the start is its ``load``)."""
+
+    by: Annotated[Search, Meta(description='"concurrency" or "rate"')]
+    lowest: Annotated[float, Meta(gt=0, description="a load > 0")]
+    highest: Annotated[float, Meta(gt=0, description="a load > 0")]
+    resolution: Annotated[float, Meta(gt=0, lt=1, description="a fraction of the load in (0, 1)")] = 0.10
+    max_probes: Annotated[int, Meta(ge=2, description="a whole number of probes >= 2")] = 12
+
+
 class _RunTable(schema.Shape, frozen=True):
     """A [[workload]] table's keys that say how the suite runs it (the others describe the workload)."""
 
@@ -375,6 +421,12 @@ class _RunTable(schema.Shape, frozen=True):
             ],
         ],
         Meta(description="a table of metric = { config = minimum }"),
+    ] = msgspec.field(default_factory=dict)
+    search: Annotated[_SearchTable, Meta(description=_SEARCH)] | None = None
+    capacity_order: _Strings = ()
+    capacity_factors: Annotated[
+        dict[str, Annotated[float, Meta(ge=1.0, description="a factor >= 1 over the config before it")]],
+        Meta(description="a table of config id = factor"),
     ] = msgspec.field(default_factory=dict)
 
 
@@ -498,7 +550,57 @@ def _suite_workload(path: Path, entry: Mapping[str, Any], where: str, config_ids
         except ValueError as exc:
             raise _fail(path, f"{where}.slo", str(exc), run.slo) from None
     floors = _floors(path, run.floors, f"{where}.floors", run.configs or sorted(config_ids))
-    return SuiteWorkload(workload, arrival, run.warmup, run.configs, slo, floors)
+    search = _search(path, run, f"{where}", arrival, workload)
+    order = _capacity_order(path, run, where, run.configs or sorted(config_ids), search)
+    return SuiteWorkload(workload, arrival, run.warmup, run.configs, slo, floors, search, order)
+
+
+def _search(path: Path, run: _RunTable, where: str, arrival: Arrival, workload: Workload) -> SearchPlan | None:
+    """The search plan of a workload's ``search`` table, starting at its ``load``; it needs an ``slo``
+    and a load of the kind it varies."""
+    if run.search is None:
+        return None
+    table, key = run.search, f"{where}.search"
+    if run.slo is None:
+        raise _fail(path, f"{where}.slo", "an SLO to search against (a search needs one)", None)
+    if any(value == 0 for value in GoodputSLO.parse(run.slo).limits().values()):
+        raise _fail(path, f"{where}.slo", "limits > 0 (a capacity search holds the p99 of each to it)", run.slo)
+    if table.by == "concurrency" and isinstance(arrival, ClosedLoop):
+        start = float(arrival.concurrency)
+    elif table.by == "rate" and isinstance(arrival, OpenLoop):
+        start = arrival.rate
+    else:
+        wanted = "{ concurrency = N }" if table.by == "concurrency" else "{ rate = R }"
+        raise _fail(path, f"{where}.load", f"a load of the kind the search varies, {wanted}", run.load)
+    try:
+        plan = SearchPlan(table.by, start, table.lowest, table.highest, table.resolution, table.max_probes)
+    except ValueError as exc:
+        raise _fail(path, key, f"lowest <= the load's {start:g} <= highest", f"{table.lowest:g}, {table.highest:g}") from exc
+    measured = None if workload.num_prompts is None else workload.num_prompts - run.warmup
+    if table.by == "concurrency" and measured is not None and table.highest > measured / PROBE_ROUNDS:
+        raise _fail(
+            path, f"{key}.highest", f"at most 1/{PROBE_ROUNDS} of the measured requests ({measured // PROBE_ROUNDS}), so that every probe keeps its concurrency", table.highest
+        )
+    return plan
+
+
+def _capacity_order(
+    path: Path, run: _RunTable, where: str, config_ids: Sequence[str], search: SearchPlan | None
+) -> tuple[tuple[str, float], ...]:
+    """``capacity_order`` with each config's ``capacity_factors`` entry (1.0: above the one before)."""
+    if not run.capacity_order:
+        if run.capacity_factors:
+            raise _fail(path, f"{where}.capacity_factors", "a capacity_order the factors apply to", dict(run.capacity_factors))
+        return ()
+    if search is None:
+        raise _fail(path, f"{where}.capacity_order", "a search table (an order of capacities needs them measured)", list(run.capacity_order))
+    for config_id in run.capacity_order:
+        if config_id not in config_ids:
+            raise _fail(path, f"{where}.capacity_order", f"configs this workload runs on {list(config_ids)}", config_id)
+    for config_id in run.capacity_factors:
+        if config_id not in run.capacity_order[1:]:
+            raise _fail(path, f"{where}.capacity_factors.{config_id}", f"a config after the first of capacity_order {list(run.capacity_order)}", config_id)
+    return tuple((config_id, run.capacity_factors.get(config_id, 1.0)) for config_id in run.capacity_order)
 
 
 #: The keys of each kind of load, by the key that names the kind.

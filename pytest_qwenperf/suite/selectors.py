@@ -20,7 +20,7 @@ def _first_workload(suite: Suite, cfg: ServingConfig, wl: SuiteWorkload) -> bool
 
 SELECTORS: dict[str, Callable[[Suite, ServingConfig, SuiteWorkload], bool]] = {
     "all": lambda suite, cfg, wl: True,
-    "ladder": lambda suite, cfg, wl: cfg.improves and cfg.inherits is not None and wl.runs_on(cfg.inherits),
+    "ladder": lambda suite, cfg, wl: cfg.improves and cfg.inherits is not None and wl.runs_on(cfg.inherits) and wl.search is None,
     "slo": lambda suite, cfg, wl: wl.slo is not None,
     "speculative": lambda suite, cfg, wl: cfg.speculative,
     "canary": _first_workload,
@@ -34,10 +34,14 @@ SELECTORS: dict[str, Callable[[Suite, ServingConfig, SuiteWorkload], bool]] = {
         and wl.runs_on(cfg.inherits)
     ),
     "trace": lambda suite, cfg, wl: isinstance(wl.workload, TraceWorkload),
+    "capacity": lambda suite, cfg, wl: wl.search is not None,
+    "capacity-order": lambda suite, cfg, wl: bool(wl.capacity_order) and cfg.id == wl.capacity_order[-1][0],
 }
-"""``ladder`` compares a rung with the one it inherits from, ``prefix-cache`` a cached rung with
+"""``ladder`` compares a rung with the one it inherits from (at one load: a search workload's
+rungs are ordered by ``capacity-order`` instead), ``prefix-cache`` a cached rung with
 its uncached parent on a shared-prefix workload, ``utilization`` pairs with a utilization floor,
-``trace`` the pairs that replay a trace, ``scaling`` configs of several replicas (every config when deployed endpoint sets are measured),
+``trace`` the pairs that replay a trace, ``capacity`` those of a search workload and
+``capacity-order`` one per workload that orders its configs' capacities (on the last of them), ``scaling`` configs of several replicas (every config when deployed endpoint sets are measured),
 ``canary`` every config once and ``canary-floor`` once each rung held to the canary answer of the
 one it inherits (a speculative rung, or one with a ``canary`` table: see
 :attr:`~pytest_qwenperf.suite.config.ServingConfig.canary_floor`), on its first workload: the

@@ -1,0 +1,144 @@
+"""A search workload end to end without a server: its suite table, the probes' workloads, one
+search per repeat whose run is the chosen probe's with the capacity added, what a probe's run
+makes of the search, and that only the capacity is gated on such a run."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import msgspec
+import pytest
+
+from pytest_qwenperf.core.capacity import SearchPlan, Slo
+from pytest_qwenperf.core.run import Loss, Run
+from pytest_qwenperf.gate.judge import losses
+from pytest_qwenperf.loadgen.arrivals import ClosedLoop
+from pytest_qwenperf.measure.report import SessionReport
+from pytest_qwenperf.measure.search import search_once
+from pytest_qwenperf.measure.session_table import session_table
+from pytest_qwenperf.suite.config import SuiteError, SuiteWorkload, load_suite
+from pytest_qwenperf.suite.workloads import RandomWorkload
+from tests.test_baseline import run_of
+
+SUITE = """
+[suite]
+name = "demo"
+hardware = "cpu"
+model = "embedded:tiny"
+
+[[config]]
+id = "small"
+
+[[config]]
+id = "big"
+
+[[workload]]
+name = "cap"
+kind = "random"
+input_len = 8
+output_len = 8
+num_prompts = 136
+warmup = 8
+load = { concurrency = 16 }
+slo = "ttft:500 tpot:20"
+search = { by = "concurrency", lowest = 2, highest = 64 }
+capacity_order = ["small", "big"]
+capacity_factors = { big = 1.5 }
+"""
+
+
+def load(tmp_path: Path, text: str = SUITE) -> SuiteWorkload:
+    (tmp_path / "suite.toml").write_text(text)
+    (workload,) = load_suite(tmp_path / "suite.toml").workloads
+    return workload
+
+
+def test_a_search_table_starts_at_the_load_and_holds_the_p99_of_the_slo(tmp_path: Path) -> None:
+    workload = load(tmp_path)
+    assert workload.search == SearchPlan("concurrency", 16.0, 2.0, 64.0)
+    assert workload.capacity_slo() == Slo({"p99_ttft_ms": 500.0, "p99_tpot_ms": 20.0})
+    assert workload.capacity_order == (("small", 1.0), ("big", 1.5))
+
+
+@pytest.mark.parametrize(
+    ("change", "message"),
+    [
+        (('slo = "ttft:500 tpot:20"\n', ""), r"workload 'cap'.slo: expected an SLO to search against \(a search needs one\), got None$"),
+        (('slo = "ttft:500 tpot:20"', 'slo = "ttft:0"'), r"workload 'cap'.slo: expected limits > 0"),
+        (('by = "concurrency"', 'by = "rate"'), r"workload 'cap'.load: expected a load of the kind the search varies, \{ rate = R \}"),
+        (('by = "concurrency"', 'by = "tokens"'), r"workload 'cap'.search.by: expected"),
+        (("lowest = 2", "lowest = 20"), r"workload 'cap'.search: expected lowest <= the load's 16 <= highest, got '20, 64'$"),
+        (("highest = 64", "highest = 65"), r"workload 'cap'.search.highest: expected at most 1/2 of the measured requests \(64\)"),
+        (('capacity_order = ["small", "big"]', 'capacity_order = ["small", "huge"]'), r"workload 'cap'.capacity_order: expected configs this workload runs on \['big', 'small'\], got 'huge'$"),
+        (("capacity_factors = { big = 1.5 }", "capacity_factors = { small = 1.5 }"), r"workload 'cap'.capacity_factors.small: expected a config after the first"),
+        (("capacity_factors = { big = 1.5 }", "capacity_factors = { big = 0.5 }"), r"capacity_factors.big: expected a factor >= 1"),
+        (('search = { by = "concurrency", lowest = 2, highest = 64 }\n', ""), r"workload 'cap'.capacity_order: expected a search table"),
+    ],
+)
+def test_a_bad_search_names_the_file_key_and_expectation(tmp_path: Path, change: tuple[str, str], message: str) -> None:
+    with pytest.raises(SuiteError, match=message):
+        load(tmp_path, SUITE.replace(*change, 1))
+
+
+def test_a_probe_measures_two_rounds_of_every_stream(tmp_path: Path) -> None:
+    workload = load(tmp_path)
+    low, high = workload.at_load(8), workload.at_load(64)
+    assert low.arrival == ClosedLoop(8) and high.arrival == ClosedLoop(64)
+    assert isinstance(low.workload, RandomWorkload) and isinstance(high.workload, RandomWorkload)
+    assert (low.workload.num_prompts, high.workload.num_prompts) == (8 + 64, 8 + 128)  # at least 64, 2 per stream
+
+
+class Server:
+    """Runs as a stand-in server measures them: p99 TPOT 10 ms × (1 + concurrency / 32), so the
+    20 ms target binds at 32; ``failing`` loads lose requests, ``condition`` marks every run."""
+
+    def __init__(self, failing: float = 1e9, condition: Loss | None = None) -> None:
+        self.failing, self.condition, self.loads = failing, condition, []
+
+    def __call__(self, workload: SuiteWorkload) -> Run:
+        assert isinstance(workload.arrival, ClosedLoop)
+        c = workload.arrival.concurrency
+        self.loads.append(c)
+        run = run_of(tpot=10.0 * (1 + c / 32), ttft=100.0, output=100.0 * c, failed=5 if c >= self.failing else 0)
+        return msgspec.structs.replace(run, conditions=(self.condition,) if self.condition else ())
+
+
+def test_a_repeat_is_one_search_whose_run_is_the_chosen_probe_with_the_capacity(tmp_path: Path) -> None:
+    workload, server = load(tmp_path), Server()
+    run = search_once(server, workload)
+    (search,) = run.capacity
+    assert server.loads[:3] == [16, 32, 64] and [p.load for p in search.probes] == server.loads
+    assert search.bound == "found" and search.binding == "p99_tpot_ms" and search.load == pytest.approx(32, rel=0.1)
+    chosen = max(p.load for p in search.probes if p.latencies["p99_tpot_ms"] <= 20.0)
+    assert run.metrics["output_throughput"] == pytest.approx(100.0 * chosen)  # the highest probe that met the SLO
+    assert run.metrics["capacity_at_slo"] == search.load and run.metrics["capacity_output_throughput"] == search.output_throughput
+    assert not losses(run)
+    lines = session_table(_report(run))
+    assert any(line.startswith("  cpu/base / isl128-osl128: concurrent requests: ") and "p99_tpot_ms binds" in line for line in lines)
+
+
+def test_a_probe_that_lost_requests_fails_the_slo_without_making_the_search_invalid(tmp_path: Path) -> None:
+    run = search_once(Server(failing=24), load(tmp_path))
+    (search,) = run.capacity
+    failed = [p for p in search.probes if p.load >= 24]
+    assert failed and all(p.stopped == "5 request(s) failed" for p in failed)
+    assert search.load is not None and search.load < 24 and not losses(run)
+
+
+def test_a_condition_of_any_probe_makes_the_search_invalid(tmp_path: Path) -> None:
+    contended = Loss(reason="cpu-contention", detail="another process on the server's cores")
+    run = search_once(Server(condition=contended), load(tmp_path))
+    assert [loss.reason for loss in losses(run)] == ["cpu-contention"]
+
+
+def test_only_the_capacity_is_gated_on_a_search_run_and_never_elsewhere(tmp_path: Path) -> None:
+    searched = search_once(Server(), load(tmp_path))
+    assert list(searched.gated_samples()) == ["capacity_at_slo"]
+    plain = msgspec.structs.replace(run_of(), metrics={**run_of().metrics, "capacity_at_slo": 12.0})
+    assert "capacity_at_slo" not in plain.gated_samples() and "output_throughput" in plain.gated_samples()
+
+
+def _report(run: Run) -> SessionReport:
+    report = SessionReport()
+    report.add(run)
+    return report
