@@ -21,6 +21,8 @@ on ``A``'s spread (compare takes the wider of the two runs').
 
     python -m benchmarks.session_pairs --rounds 2 --out benchmarks/results/session-pairs-<date>
     python -m benchmarks.session_pairs --rounds 4 --history 3 --out benchmarks/results/session-pairs-history-<date>
+    python -m benchmarks.session_pairs --rounds 2 --metric capacity_at_slo --out benchmarks/results/capacity-pairs-<date> \
+        --node 'perf_tests/test_baseline.py::test_no_regression_against_baseline[cpu-ctx-short/capacity-isl64-osl128]'
 
 Needs the CPU build of vLLM, and root (or a delegated cgroup) for ``B``. A session takes about
 two minutes on the 2-vCPU machine (a boot, 3-6 repeats of ~16 s).
@@ -41,9 +43,9 @@ NODE = "perf_tests/test_baseline.py::test_no_regression_against_baseline[cpu-bas
 VLLM = [sys.executable, "-m", "vllm.entrypoints.openai.api_server"]
 
 
-def session(out: Path, name: str, launcher: list[str] | None, history: str | None = None) -> dict[str, object]:
-    """One whole ``pytest`` session; ``history``: the store it records into (None: none)."""
-    argv = [sys.executable, "-m", "pytest", NODE, "-p", "no:cacheprovider",
+def session(out: Path, name: str, launcher: list[str] | None, history: str | None = None, node: str = NODE) -> dict[str, object]:
+    """One whole ``pytest`` session of ``node``; ``history``: the store it records into (None: none)."""
+    argv = [sys.executable, "-m", "pytest", node, "-p", "no:cacheprovider",
             f"--qwenperf-history={history}" if history else "--qwenperf-no-history",
             f"--qwenperf-baselines={out / 'no-baselines'}", f"--qwenperf-json={out / f'{name}.json'}",
             f"--qwenperf-log-dir={out / 'logs' / name}"]  # fmt: skip
@@ -55,12 +57,12 @@ def session(out: Path, name: str, launcher: list[str] | None, history: str | Non
     return {"session": name, "exit": done.returncode, "wall_s": round(time.monotonic() - began, 1)}
 
 
-def compare(out: Path, reference: str, other: str) -> dict[str, object]:
+def compare(out: Path, reference: str, other: str, metric: str = "output_throughput") -> dict[str, object]:
     argv = [sys.executable, "-m", "pytest_qwenperf.cli.main", "compare", str(out / f"{reference}.json"), str(out / f"{other}.json")]
     failing = subprocess.run([*argv, "--fail-on", "regression"], capture_output=True, text=True, check=False)
     document = json.loads(subprocess.run([*argv, "--json"], capture_output=True, text=True, check=True).stdout)
     judged = [
-        j for group in document["groups"] for row in group["rows"] if row["metric"] == "output_throughput"
+        j for group in document["groups"] for row in group["rows"] if row["metric"] == metric
         for j in row["judgements"] if j is not None
     ]  # fmt: skip
     (out / f"compare-{reference}-{other}.txt").write_text(failing.stdout + failing.stderr)
@@ -75,17 +77,19 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--b-cores", type=float, default=0.85)
     parser.add_argument("--out", type=Path, required=True)
     parser.add_argument("--history", type=int, metavar="N", help="N plain sessions seed a history that A and A2 record into")
+    parser.add_argument("--node", default=NODE, help="the test each session runs (default: the base config's throughput point)")
+    parser.add_argument("--metric", default="output_throughput", help="the verdict reported per pair")
     args = parser.parse_args(argv)
     args.out.mkdir(parents=True, exist_ok=False)
     store = str(args.out / "history.sqlite") if args.history is not None else None
-    seeds = [session(args.out, f"H-{i + 1}", None, store) for i in range(args.history or 0)]
+    seeds = [session(args.out, f"H-{i + 1}", None, store, args.node) for i in range(args.history or 0)]
     quota = ["env", f"PYTHONPATH={ROOT}", sys.executable, "-m", "benchmarks.quota_launcher", "--cores", str(args.b_cores), "--"]
     arms = {"A": None, "A2": None, "B": [*quota, *VLLM]}
     rounds = []
     for r in range(args.rounds):
         order = list(arms)[r % 3 :] + list(arms)[: r % 3]
-        sessions = [session(args.out, f"{arm}-{r + 1}", arms[arm], store if arm != "B" else None) for arm in order]
-        pairs = [compare(args.out, f"A-{r + 1}", f"A2-{r + 1}"), compare(args.out, f"A-{r + 1}", f"B-{r + 1}")]
+        sessions = [session(args.out, f"{arm}-{r + 1}", arms[arm], store if arm != "B" else None, args.node) for arm in order]
+        pairs = [compare(args.out, f"A-{r + 1}", f"A2-{r + 1}", args.metric), compare(args.out, f"A-{r + 1}", f"B-{r + 1}", args.metric)]
         rounds.append({"round": r + 1, "order": order, "sessions": sessions, "pairs": pairs})
         (args.out / "summary.json").write_text(json.dumps({"b_cores": args.b_cores, "seeds": seeds, "rounds": rounds}, indent=2))
         for pair in pairs:

@@ -414,6 +414,19 @@ def test_the_record_keeps_the_prompt_length_sent_as_ids(source: StreamSource) ->
     assert (records[0].expected_prompt_tokens, records[1].expected_prompt_tokens) == (3, None)
 
 
+def test_stop_ends_an_open_loops_sending_and_what_was_sent_finishes(source: StreamSource) -> None:
+    asked: list[int] = []
+
+    def stop() -> bool:  # asked before each measured send; the warm-up is not asked
+        asked.append(1)
+        return len(asked) > 3
+
+    specs = [spec(i, max_tokens=2, itl_ms=5) for i in range(12)]
+    load = run_load_sync(source.urls, MODEL, specs, OpenLoop(rate=200, distribution="constant"), LoadOptions(warmup=2), stop=stop)
+    assert [r.index for r in load.records] == [0, 1, 2, 3, 4] and all(r.ok for r in load.records)
+    assert len(asked) == 4
+
+
 def test_open_loop_max_concurrency_holds_requests_back(source: StreamSource) -> None:
     arrival = OpenLoop(rate=1000, distribution="constant", max_concurrency=2)
     source.reset()

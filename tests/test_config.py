@@ -183,7 +183,7 @@ def test_workloads_carry_arrival_warmup_selection_slo_and_floors(tmp_path: Path)
     [
         (("load = { concurrency = 4 }", ""), r"workload 'chat'.load: expected a table such as"),
         (("load = { concurrency = 4 }", "load = { concurrency = 0 }"), r"workload 'chat'.load.concurrency: expected a whole number of requests in flight >= 1, got 0$"),
-        (("load = { concurrency = 4 }", "load = { rate = 1, bursty = 2 }"), r"workload 'chat'.load.bursty: unknown key for an open loop \(rate = R\); expected only \['rate', 'distribution', 'burstiness', 'seed', 'max_concurrency'\]$"),
+        (("load = { concurrency = 4 }", "load = { rate = 1, bursty = 2 }"), r"workload 'chat'.load.bursty: unknown key for an open loop \(rate = R\); expected only \['rate', 'distribution', 'burstiness', 'seed', 'max_concurrency', 'ramp', 'ramp_steps'\]$"),
         (("warmup = 8", "warmup = 40"), r"workload 'chat'.warmup: expected a whole number of requests below num_prompts \(40\)"),
         (("warmup = 8", "warmup = -1"), r"workload 'chat'.warmup: expected a whole number of requests >= 0, below num_prompts, got -1$"),
         (("warmup = 8", "warmpu = 8"), r"workload 'chat': warmpu: unknown key for a 'random' workload; expected one of \[.*'num_prompts'.*\]$"),
@@ -224,7 +224,7 @@ def test_b200_ladder_is_the_write_ups() -> None:
     [
         (("concurrency = 4", "concurrency = 8.5"), r"workload 'chat'.load.concurrency: expected a whole number of requests in flight >= 1, got 8.5$"),
         (("concurrency = 4", "concurrency = true"), r"workload 'chat'.load.concurrency: expected a whole number of requests in flight >= 1, got True$"),
-        (("concurrency = 4", "concurrency = 4, rate = 2"), r"workload 'chat'.load.rate: unknown key for a closed loop \(concurrency = N\); expected only \['concurrency'\]$"),
+        (("concurrency = 4", "concurrency = 4, rate = 2"), r"workload 'chat'.load.rate: unknown key for a closed loop \(concurrency = N\); expected only \['concurrency', 'ramp_steps'\]$"),
         (("rate = 5.0", "rate = inf"), r"workload\[1\].load.rate: expected a finite number of requests per second > 0, got inf$"),
         (("rate = 5.0", "rate = nan"), r"workload\[1\].load.rate: expected a finite number of requests per second > 0, got nan$"),
         (("rate = 5.0", 'rate = "5"'), r"workload\[1\].load.rate: expected a finite number of requests per second > 0, got '5'$"),

@@ -141,6 +141,28 @@ def test_every_repeat_is_a_point_divided_by_the_devices(tmp_path: Path) -> None:
     ]
 
 
+def test_a_search_workloads_points_are_its_probes_that_delivered(tmp_path: Path) -> None:
+    """Every probe of every search is a point, the ones past the capacity (stopped) left out."""
+    run = cpu_run("ctx-short", cores=(0, 1))
+    probe = {"latencies": {"p99_tpot_ms": 30.0}, "stopped": None}
+    run["capacity"] = [
+        {
+            "search": "concurrency", "slo": {"p99_tpot_ms": 40.0}, "load": 24.0, "interval": [16.0, 32.0],
+            "output_throughput": 900.0, "binding": "p99_tpot_ms", "cliff": False, "bound": "found",
+            "probes": [
+                {**probe, "load": 16.0, "output_throughput": 800.0, "mean_tpot_ms": 10.0},
+                {**probe, "load": 32.0, "output_throughput": 1_000.0, "mean_tpot_ms": 20.0, "stopped": "3 request(s) failed"},
+                {**probe, "load": 24.0, "output_throughput": 900.0, "mean_tpot_ms": 12.5},
+            ],
+        },
+    ]
+    found = points_of([load_runs(session_file(tmp_path / "s.json", [run]))], ["0.32.0"])
+    assert [(p.per_user, p.per_device, p.source) for p in found] == [
+        (100.0, 400.0, "s.json, search 1 of 1, probe at 16"),
+        (80.0, 450.0, "s.json, search 1 of 1, probe at 24"),
+    ]
+
+
 def test_a_run_without_a_mean_tpot_is_an_error_naming_file_run_and_field(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
     run = cpu_run()
     del run["metrics"]["mean_tpot_ms"]

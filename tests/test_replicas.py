@@ -95,6 +95,7 @@ def test_seeded_copies_are_the_same_work_but_other_prompts(tiny_tokenizer) -> No
 
 def test_times_arrival_multiplies_the_load() -> None:
     assert times_arrival(ClosedLoop(32), 3) == ClosedLoop(96)
+    assert times_arrival(ClosedLoop(32, ramp_steps=4), 2) == ClosedLoop(64, ramp_steps=4)  # the warm-up still ramps
     scaled = times_arrival(OpenLoop(rate=2.5, distribution="gamma", burstiness=0.5, max_concurrency=10, seed=4), 4)
     assert scaled == OpenLoop(rate=10.0, distribution="gamma", burstiness=0.5, max_concurrency=40, seed=4)
 

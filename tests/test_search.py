@@ -1,20 +1,26 @@
 """A search workload end to end without a server: its suite table, the probes' workloads, one
 search per repeat whose run is the chosen probe's with the capacity added, what a probe's run
-makes of the search, and that only the capacity is gated on such a run."""
+makes of the search, the watch that stops an over-saturated rate probe, and that only the
+capacity is gated on such a run."""
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from pathlib import Path
 
 import msgspec
 import pytest
 
 from pytest_qwenperf.core.capacity import SearchPlan, Slo
+from pytest_qwenperf.core.records import RequestRecord
 from pytest_qwenperf.core.run import Loss, Run
 from pytest_qwenperf.gate.judge import losses
-from pytest_qwenperf.loadgen.arrivals import ClosedLoop
+from pytest_qwenperf.loadgen.arrivals import ClosedLoop, OpenLoop
+from pytest_qwenperf.loadgen.client import LoadOptions
+from pytest_qwenperf.loadgen.request import RequestSpec
+from pytest_qwenperf.measure.observe import Load
 from pytest_qwenperf.measure.report import SessionReport
-from pytest_qwenperf.measure.search import search_once
+from pytest_qwenperf.measure.search import Watch, search_once
 from pytest_qwenperf.measure.session_table import session_table
 from pytest_qwenperf.suite.config import SuiteError, SuiteWorkload, load_suite
 from pytest_qwenperf.suite.workloads import RandomWorkload
@@ -86,6 +92,8 @@ def test_a_probe_measures_two_rounds_of_every_stream(tmp_path: Path) -> None:
     assert low.arrival == ClosedLoop(8) and high.arrival == ClosedLoop(64)
     assert isinstance(low.workload, RandomWorkload) and isinstance(high.workload, RandomWorkload)
     assert (low.workload.num_prompts, high.workload.num_prompts) == (8 + 64, 8 + 128)  # at least 64, 2 per stream
+    ramped = load(tmp_path, SUITE.replace("load = { concurrency = 16 }", "load = { concurrency = 16, ramp_steps = 4 }"))
+    assert ramped.at_load(32).arrival == ClosedLoop(32, ramp_steps=4)  # a probe's warm-up ramps as the workload's does
 
 
 class Server:
@@ -95,12 +103,13 @@ class Server:
     def __init__(self, failing: float = 1e9, condition: Loss | None = None) -> None:
         self.failing, self.condition, self.loads = failing, condition, []
 
-    def __call__(self, workload: SuiteWorkload) -> Run:
+    def __call__(self, workload: SuiteWorkload, watch: Watch) -> Run:
         assert isinstance(workload.arrival, ClosedLoop)
         c = workload.arrival.concurrency
         self.loads.append(c)
         run = run_of(tpot=10.0 * (1 + c / 32), ttft=100.0, output=100.0 * c, failed=5 if c >= self.failing else 0)
-        return msgspec.structs.replace(run, conditions=(self.condition,) if self.condition else ())
+        identity = msgspec.structs.replace(run.identity, workload_fingerprint=workload.workload.fingerprint())
+        return msgspec.structs.replace(run, identity=identity, conditions=(self.condition,) if self.condition else ())
 
 
 def test_a_repeat_is_one_search_whose_run_is_the_chosen_probe_with_the_capacity(tmp_path: Path) -> None:
@@ -112,6 +121,8 @@ def test_a_repeat_is_one_search_whose_run_is_the_chosen_probe_with_the_capacity(
     chosen = max(p.load for p in search.probes if p.latencies["p99_tpot_ms"] <= 20.0)
     assert run.metrics["output_throughput"] == pytest.approx(100.0 * chosen)  # the highest probe that met the SLO
     assert run.metrics["capacity_at_slo"] == search.load and run.metrics["capacity_output_throughput"] == search.output_throughput
+    # the search's workload, not its chosen probe's (which sends as many requests as its load needs)
+    assert run.identity.workload_fingerprint == workload.workload.fingerprint() != workload.at_load(chosen).workload.fingerprint()
     assert not losses(run)
     lines = session_table(_report(run))
     assert any(line.startswith("  cpu/base / isl128-osl128: concurrent requests: ") and "p99_tpot_ms binds" in line for line in lines)
@@ -142,3 +153,40 @@ def _report(run: Run) -> SessionReport:
     report = SessionReport()
     report.add(run)
     return report
+
+
+def _watched(ends: Callable[[int], float], ttft: Callable[[int], float], n: int = 64) -> tuple[Watch, list[bool]]:
+    """A watch over an open loop of 10 requests/s (constant: request i due at (i + 1) / 10 s, sent
+    on time) whose request i gets its first token ``ttft(i)`` after it was sent and ends at
+    ``ends(i)``; the records reach it in the order they end, and ``stop`` is asked after each."""
+    specs = [RequestSpec(i, 4, prompt=(1, 2, 3)) for i in range(n + 2)]
+    watch = Watch()
+    watching = watch.start(Load(specs, OpenLoop(rate=10, distribution="constant"), LoadOptions(warmup=2)))
+    assert watching is not None and watching.progress is not None and watching.stop is not None
+    records = []
+    for i in range(n):
+        sent = (i + 1) / 10
+        records.append(RequestRecord(index=i + 2, endpoint="e", scheduled_at=sent, sent_at=sent, ended_at=ends(i), chunk_times=(sent + ttft(i),)))
+    asked = []
+    for record in sorted(records, key=lambda r: r.ended_at):
+        watching.progress(record)
+        asked.append(watching.stop())
+    return watch, asked
+
+
+def test_a_rate_probe_whose_queue_and_ttft_keep_rising_is_stopped() -> None:
+    """The server finishes 5 requests/s of the 10 sent: the queue grows, and so does the TTFT."""
+    watch, asked = _watched(ends=lambda i: 1.0 + i / 5, ttft=lambda i: 0.05 + i * 0.05)
+    assert watch.reason is not None and watch.reason.startswith("over-saturated: TTFT rising")
+    assert asked[-1] and not asked[Watch.CHECK_EVERY - 1]  # it looks every few requests, after enough of them
+    assert asked.index(True) < len(asked) - 1  # before the probe's end
+
+
+def test_a_rate_probe_that_keeps_up_runs_to_its_end() -> None:
+    watch, asked = _watched(ends=lambda i: (i + 1) / 10 + 0.3, ttft=lambda i: 0.05 + 0.01 * (i % 3))
+    assert watch.reason is None and not any(asked)
+
+
+def test_only_an_open_loop_of_single_requests_is_watched() -> None:
+    specs = [RequestSpec(i, 4, prompt=(1, 2, 3)) for i in range(8)]
+    assert Watch().start(Load(specs, ClosedLoop(4))) is None

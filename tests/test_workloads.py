@@ -398,7 +398,7 @@ def test_workload_from_dict_builds_every_kind() -> None:
 
 RANDOM = {"kind": "random", "input_len": 8, "output_len": 8, "num_prompts": 1}
 BAD_TABLES = [
-    ({"kind": "poisson"}, r"kind: expected one of \['fixed', 'jsonl', 'random', 'shared-prefix', 'trace'\], got 'poisson'"),
+    ({"kind": "poisson"}, r"kind: expected one of \['conversation', 'fixed', 'jsonl', 'random', 'shared-prefix', 'trace'\], got 'poisson'"),
     ({"input_len": 1}, "kind: expected one of"),
     ({**RANDOM, "input-len": 8}, "input-len: unknown key for a 'random' workload"),
     ({**RANDOM, "input_len": "8"}, "input_len: expected an integer, got '8'"),

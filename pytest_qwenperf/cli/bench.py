@@ -43,7 +43,7 @@ from pytest_qwenperf.loadgen.client import DEFAULT_TIMEOUT_S, LoadOptions, run_l
 from pytest_qwenperf.loadgen.request import RequestSpec
 from pytest_qwenperf.loadgen.tokenizer import PromptTokenizer
 from pytest_qwenperf.measure.bench import BenchPlan, bench_result
-from pytest_qwenperf.measure.observe import ClientSetup, Load, Observation, Target, observe
+from pytest_qwenperf.measure.observe import ClientSetup, Load, Observation, Target, Watching, observe
 from pytest_qwenperf.serving.server import (
     ServerAuthError,
     ServerInfo,
@@ -141,7 +141,7 @@ def run(args: argparse.Namespace) -> int:
             Target(tuple(s.base_url for s in plan.servers), plan.servers[0].model),
             Load(plan.requests, plan.arrival, plan.options, plan.slo),
             ClientSetup(cpus=plan.client_cpus, workers=plan.workers),
-            progress,
+            Watching(progress=progress),
         )
     except KeyboardInterrupt:  # Ctrl-C, or SIGTERM (the command turns it into one): the CLI names which
         raise KeyboardInterrupt(f"after {progress.done} of {progress.total} requests; no result written") from None

@@ -212,6 +212,7 @@ class CapacityProbe(msgspec.Struct, frozen=True, kw_only=True):
     load: float
     latencies: dict[str, float]
     output_throughput: float
+    mean_tpot_ms: float | None = None  # for the Pareto view: output tok/s per user is 1000 / it
     stopped: str | None = None
 
 

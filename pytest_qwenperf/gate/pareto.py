@@ -1,7 +1,8 @@
 """The Pareto view of a comparison: what each measured point gives one user against what it gets
 out of the hardware, per rung (a config of a suite), one colour per compared column.
 
-A point is one repeat of one run of one file (the run's value where it keeps no repeats):
+A point is one repeat of one run of one file (the run's value where it keeps no repeats), or one
+probe of a capacity search:
 
 * x, output tok/s per user: ``1000 / mean_tpot_ms``, how fast one stream's tokens arrive;
 * y, output tok/s per device: the run's ``output_throughput`` over its device count. On GPUs
@@ -76,7 +77,8 @@ def points_of(sets: Sequence[RunSet], labels: Sequence[str]) -> tuple[ParetoPoin
 
 
 def _measured(result: Result, label: str) -> Iterator[ParetoPoint]:
-    """One point per repeat of ``result``'s run."""
+    """One point per repeat of ``result``'s run; a search workload's, one per probe of each search
+    (its repeats' own figures are their chosen probes', already among them)."""
     if result.setup is not None:
         raise CompareError(
             f"{result.file}: a bench result ({result.setup.client}) records no vLLM argv, replicas or server cores, "
@@ -86,7 +88,7 @@ def _measured(result: Result, label: str) -> Iterator[ParetoPoint]:
     where = f"{result.file}: run of {run.config_key} on {run.identity.workload}"
     devices = devices_of(run, where)
     suite, config, workload = result.key
-    for repeat, tpot, output in _figures(run, where):
+    for repeat, tpot, output in _probes(run) if run.capacity else _figures(run, where):
         source = f"{result.file.name}, {repeat}" if repeat else result.file.name
         yield ParetoPoint(label, (suite, config), workload, 1000.0 / tpot, output / devices.count, devices.kind, source)
 
@@ -104,6 +106,18 @@ def _figures(run: Run, where: str) -> list[tuple[str, float, float]]:
         ]
     tpot, output = (run.metrics.get(name, MISSING) for name in (_TPOT, _OUTPUT))
     return [("", _positive(tpot, f"metrics.{_TPOT}", where), _positive(output, f"metrics.{_OUTPUT}", where))]
+
+
+def _probes(run: Run) -> list[tuple[str, float, float]]:
+    """(which probe, mean TPOT, output tok/s) of every probe of the run's searches that delivered
+    tokens; a probe that failed or fell behind is past the capacity, not a point of the frontier."""
+    n = len(run.capacity)
+    return [
+        (f"search {k + 1} of {n}, probe at {probe.load:g}", probe.mean_tpot_ms, probe.output_throughput)
+        for k, search in enumerate(run.capacity)
+        for probe in search.probes
+        if probe.stopped is None and probe.mean_tpot_ms and probe.output_throughput > 0
+    ]
 
 
 def _positive(value: object, field: str, where: str) -> float:

@@ -3,8 +3,14 @@ a replay (each request at its traced time).
 
 A run sends the workload's requests in order and stops at the end of the workload or,
 when ``duration_s`` is given to the client, once that much time has passed (requests in
-flight then complete and count). Warm-up requests always go as a closed loop first, see
-:func:`warmup_concurrency`.
+flight then complete and count). Warm-up requests go first as a closed loop (see
+:func:`warmup_lanes`; a closed loop with ``ramp_steps`` raises its concurrency in steps), or,
+for an open loop with a ``ramp``, at a rate rising to the full one (:meth:`OpenLoop.ramp_offsets`).
+
+A conversation (:class:`~pytest_qwenperf.loadgen.request.Turn`) is sent as one: a closed loop's
+lane takes a whole conversation and an open loop's arrival starts one, so ``concurrency`` counts
+conversations in flight, ``rate`` conversations started per second, and a ramp or its steps count
+conversations too.
 """
 
 from __future__ import annotations
@@ -12,11 +18,15 @@ from __future__ import annotations
 import math
 from collections.abc import Sequence
 from dataclasses import dataclass
+from itertools import accumulate
 from typing import Literal, get_args
 
 import numpy as np
 
 Distribution = Literal["poisson", "constant", "gamma"]
+Ramp = Literal["linear", "steps"]
+Steps = tuple[tuple[int, int], ...]
+"""A closed loop's lanes over a run: (sends started before the step, lanes from then on), per step."""
 
 
 class ArrivalError(ValueError):
@@ -44,13 +54,28 @@ class ClosedLoop:
     """Keep ``concurrency`` requests in flight: each finished request is replaced at once.
 
     Records have ``scheduled_at == sent_at``: a closed loop has no schedule to fall behind.
+    ``ramp_steps``: the warm-up raises the concurrency in that many steps instead of starting
+    at full concurrency (:meth:`warmup_lanes`); the measured phase runs at ``concurrency``.
     """
 
     concurrency: int
+    ramp_steps: int | None = None
 
     def __post_init__(self) -> None:
         if not _whole(self.concurrency, 1):
             raise ArrivalError("concurrency", "a whole number of requests in flight >= 1", self.concurrency)
+        if self.ramp_steps is not None and not _whole(self.ramp_steps, 2):
+            raise ArrivalError("ramp_steps", "a whole number of warm-up steps >= 2", self.ramp_steps)
+
+    def warmup_lanes(self, n: int) -> Steps:
+        """The lanes of a warm-up of ``n`` sends: step k of ``ramp_steps`` runs ``ceil(concurrency * k /
+        ramp_steps)`` lanes from the send that starts it on. Each step's share of the sends is in
+        proportion to its lanes, so that the steps last about equally long."""
+        if self.ramp_steps is None:
+            return ((0, self.concurrency),)
+        lanes = [-(-self.concurrency * k // self.ramp_steps) for k in range(1, self.ramp_steps + 1)]
+        starts = accumulate(lanes[:-1], initial=0)
+        return tuple((n * start // sum(lanes), count) for start, count in zip(starts, lanes, strict=True))
 
 
 @dataclass(frozen=True)
@@ -61,6 +86,11 @@ class OpenLoop:
     (``poisson`` is burstiness 1, ``constant`` is exactly ``1/rate``). ``max_concurrency``
     caps requests in flight; a request held back by it is sent late, which its record
     shows as scheduling lag.
+
+    ``ramp``: the warm-up is sent at a rate rising from 0 to ``rate`` (``"linear"``, or
+    ``"steps"``: ``ramp_steps`` equal steps), and the measured phase follows at once at the full
+    rate, with the warm-up's requests still in flight, as ``vllm bench serve --ramp-up-strategy``
+    does but before the measured phase (:meth:`ramp_offsets`).
     """
 
     rate: float
@@ -68,6 +98,8 @@ class OpenLoop:
     burstiness: float = 1.0
     seed: int = 0
     max_concurrency: int | None = None
+    ramp: Ramp | None = None
+    ramp_steps: int | None = None
 
     def __post_init__(self) -> None:
         if not _finite_positive(self.rate):
@@ -82,6 +114,12 @@ class OpenLoop:
             raise ArrivalError("seed", "a whole number >= 0", self.seed)
         if self.max_concurrency is not None and not _whole(self.max_concurrency, 1):
             raise ArrivalError("max_concurrency", "a whole number of requests in flight >= 1", self.max_concurrency)
+        if self.ramp is not None and self.ramp not in get_args(Ramp):
+            raise ArrivalError("ramp", f"one of {list(get_args(Ramp))}", self.ramp)
+        if self.ramp == "steps" and not _whole(self.ramp_steps, 2):
+            raise ArrivalError("ramp_steps", "a whole number of steps >= 2 (ramp = 'steps' needs them)", self.ramp_steps)
+        if self.ramp != "steps" and self.ramp_steps is not None:
+            raise ArrivalError("ramp_steps", "no steps unless ramp is 'steps'", self.ramp_steps)
 
     def offsets(self, n: int) -> list[float]:
         """Send times of ``n`` requests, in seconds from the start; the same for the same arguments.
@@ -96,6 +134,32 @@ class OpenLoop:
         rng = np.random.default_rng(self.seed)
         times = np.cumsum(rng.gamma(shape=self.burstiness, scale=1.0 / (self.rate * self.burstiness), size=n))
         return (times * (n / self.rate / times[-1])).tolist()
+
+    def ramp_offsets(self, n: int) -> list[float]:
+        """Send times of the ``n`` warm-up requests under the ramp, in seconds from its start.
+
+        The rate rises from 0 to ``rate``, linearly or in ``ramp_steps`` steps of equal length
+        (step k at ``rate * k / ramp_steps``), and request i (from 1) goes when the ramp's expected
+        count reaches i: the gaps are even along the rising rate (no random draws: the warm-up is
+        not measured), and the n-th request goes at the ramp's end, where the measured phase starts.
+        So the ramp lasts ``2 n / rate`` when linear and ``2 n / rate * s / (s + 1)`` in s steps.
+        """
+        if self.ramp is None:
+            raise ValueError("an open loop without a ramp has no ramp offsets")
+        if n == 0:
+            return []
+        if self.ramp == "linear":  # the count by t is rate t^2 / (2 T), n at T
+            length = 2 * n / self.rate
+            return [length * math.sqrt(i / n) for i in range(1, n + 1)]
+        steps = self.ramp_steps
+        assert steps is not None  # checked with ramp = "steps"
+        step_s = 2 * n / (self.rate * (steps + 1))  # step k sends rate k / steps * step_s: n in all
+        times = []
+        for i in range(1, n + 1):
+            k = next(k for k in range(1, steps + 1) if i * steps * (steps + 1) <= n * k * (k + 1))  # i is due in step k
+            before = n * (k - 1) * k / (steps * (steps + 1))  # the count due before step k
+            times.append((k - 1) * step_s + (i - before) * steps / (self.rate * k))
+        return times
 
 
 @dataclass(frozen=True)
@@ -126,16 +190,17 @@ class Replay:
 Arrival = ClosedLoop | OpenLoop | Replay
 
 
-def warmup_concurrency(arrival: Arrival, warmup: int) -> int:
-    """Concurrency of the warm-up phase: the closed loop's own, else the open loop's cap.
+def warmup_lanes(arrival: Arrival, warmup: int) -> Steps:
+    """The lanes of a warm-up of ``warmup`` sends that goes as a closed loop (all but an open loop's
+    ramp): the closed loop's own (in steps with ``ramp_steps``), else the open loop's cap.
 
     An uncapped open loop or a replay warms up with all ``warmup`` requests at once, which opens
     as many connections as the measured phase is likely to need.
     """
     if isinstance(arrival, ClosedLoop):
-        return arrival.concurrency
+        return arrival.warmup_lanes(warmup)
     cap = arrival.max_concurrency if isinstance(arrival, OpenLoop) else None
-    return cap or max(warmup, 1)
+    return ((0, cap or max(warmup, 1)),)
 
 
 def requested_rate(arrival: Arrival, offsets: Sequence[float] | None) -> float | None:

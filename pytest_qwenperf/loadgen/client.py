@@ -15,7 +15,8 @@ rest the kernel's, and times each chunk by when the kernel received it
 no pool limit, no proxy and no line-length limit to configure.
 The connections are :mod:`~pytest_qwenperf.loadgen.http`; :class:`~pytest_qwenperf.loadgen.sse.StreamParser`
 reads token counts out of vLLM's chunks without decoding their JSON. This module schedules:
-the lanes of a closed loop, the arrivals of an open one, routing, warm-up, and the records.
+the lanes of a closed loop, the arrivals of an open one, a conversation's turns, routing,
+warm-up and ramps, and the records.
 """
 
 from __future__ import annotations
@@ -24,9 +25,11 @@ import asyncio
 import gc
 import json
 import os
-from collections import deque
+from bisect import bisect_left
+from collections import defaultdict, deque
 from collections.abc import Awaitable, Callable, Iterable, Sequence
 from dataclasses import dataclass
+from itertools import accumulate
 from operator import attrgetter
 from time import perf_counter
 
@@ -37,8 +40,9 @@ from pytest_qwenperf.loadgen.arrivals import (
     ClosedLoop,
     OpenLoop,
     Replay,
+    Steps,
     requested_rate,
-    warmup_concurrency,
+    warmup_lanes,
 )
 from pytest_qwenperf.loadgen.http import Connection, Endpoint
 from pytest_qwenperf.loadgen.request import RequestSpec
@@ -48,15 +52,21 @@ DEFAULT_TIMEOUT_S = 600.0
 ROUTINGS = ("round-robin", "least-outstanding")
 
 Progress = Callable[[RequestRecord], None]
+Stop = Callable[[], bool]
+"""Asked before each measured send of an open loop or a replay: True ends the sending (requests in
+flight finish and count), as a capacity search stops a probe that is clearly over-saturated."""
 Job = tuple[int, RequestSpec]  # (position in the workload, request)
+Unit = tuple[Job, ...]  # what is sent as one: a request on its own, or a conversation's turns in order
+Send = Callable[[int, RequestSpec, float | None], Awaitable[RequestRecord | None]]  # (routing position, request, due): None if not sent
 
 @dataclass(frozen=True)
 class LoadOptions:
     """How a run is driven, besides what is sent and when.
 
-    ``warmup``: the first this many requests go first, as a closed loop, and are marked
-    warm-up. ``duration_s``: stop sending after this long (requests in flight finish and
-    count). ``timeout_s`` bounds each request. ``continuous_usage`` asks the server for
+    ``warmup``: the first this many requests go first, as a closed loop (an open loop's
+    ``ramp``: at its rising rate), and are marked warm-up; with conversations they must be
+    whole ones. ``duration_s``: stop sending after this long (requests in flight finish and
+    count; no later turn of a conversation is sent past it). ``timeout_s`` bounds each request. ``continuous_usage`` asks the server for
     cumulative usage in every chunk, which gives each chunk's token count.
 
     ``routing`` (one of :data:`ROUTINGS`) picks each request's endpoint. ``"round-robin"``:
@@ -64,7 +74,9 @@ class LoadOptions:
     ``"least-outstanding"``: to the endpoint with the fewest requests in flight from this
     client when it is sent; ties go to the first in round-robin order from ``i % n``, so
     with equally many in flight everywhere request ``i`` goes where round-robin sends it.
-    The client only knows its own requests: with several worker processes
+    Every turn of a conversation is routed by its first turn's position: round-robin keeps a
+    conversation on one endpoint, whose prefix cache holds its earlier turns (least-outstanding
+    still picks per turn). The client only knows its own requests: with several worker processes
     (:mod:`~pytest_qwenperf.loadgen.workers`) each balances its own share, not the total.
 
     ``api_key``: sent with every request as ``Authorization: Bearer`` (servers run with
@@ -148,13 +160,15 @@ _IN_FLIGHT = attrgetter("in_flight")
 class _Client:
     """Sends one request and records it."""
 
-    def __init__(self, endpoints: Sequence[str], model: str, options: LoadOptions, progress: Progress | None) -> None:
+    def __init__(
+        self, endpoints: Sequence[str], model: str, options: LoadOptions, progress: Progress | None, stop: Stop | None = None
+    ) -> None:
         self.endpoints = [Endpoint(url, options.api_key) for url in endpoints]
         # the endpoints in round-robin order from each one: ``min`` over them keeps the first of equals
         self.orders = [self.endpoints[k:] + self.endpoints[:k] for k in range(len(self.endpoints))]
         self.least_outstanding = options.routing == "least-outstanding"
         self.model, self.continuous_usage, self.timeout_s = model, options.continuous_usage, options.timeout_s
-        self.progress = progress
+        self.progress, self.stop = progress, stop
         self.turns = _SendTurns()
 
     async def send(self, position: int, spec: RequestSpec, scheduled_at: float | None, warmup: bool) -> RequestRecord:
@@ -214,114 +228,246 @@ class _Client:
             endpoint.close()
 
 
-async def _closed(
-    client: _Client, jobs: Sequence[Job], concurrency: int, deadline: float | None, warmup: bool
-) -> list[RequestRecord]:
+async def _until(at: float) -> None:
+    while (delay := at - perf_counter()) > 0:  # a timer may fire early (uvloop's are in whole ms)
+        await asyncio.sleep(delay)
+
+
+def _sender(client: _Client, limit: asyncio.Semaphore | None, deadline: float | None, warmup: bool) -> Send:
+    """Sends one request; under an open loop's cap (``limit``), one held back by it past ``deadline`` is not sent."""
+
+    async def send(position: int, spec: RequestSpec, at: float | None) -> RequestRecord | None:
+        if limit is None:
+            return await client.send(position, spec, at, warmup)
+        async with limit:
+            if deadline is not None and perf_counter() >= deadline:
+                return None
+            return await client.send(position, spec, at, warmup)
+
+    return send
+
+
+async def _unit(send: Send, unit: Unit, at: float | None, deadline: float | None) -> list[RequestRecord]:
+    """Send ``unit``'s requests one after another, the first due ``at`` (None: now, in a closed loop).
+
+    A later turn is due its think time after the previous turn's end, which is its record's
+    ``scheduled_at`` (a turn sent late shows as lag); it is not sent when that is past ``deadline``
+    or when the previous turn failed, which ends the conversation. While a user thinks nothing is
+    in flight: no place under the open loop's cap is held and no endpoint counts it.
+    """
     records: list[RequestRecord] = []
-    queue = iter(jobs)
+    position = unit[0][0]
+    for _, spec in unit:
+        if records:
+            previous = records[-1]
+            if not previous.ok:
+                break
+            at = previous.ended_at + (spec.turn.think_s if spec.turn is not None else 0.0)
+            if deadline is not None and at >= deadline:
+                break
+            await _until(at)
+        record = await send(position, spec, at)
+        if record is None:
+            break
+        records.append(record)
+    return records
+
+
+async def _closed(send: Send, units: Sequence[Unit], steps: Steps, deadline: float | None) -> list[RequestRecord]:
+    """Lanes that each send one unit after another; a step of ``steps`` adds lanes once the units
+    taken reach its start."""
+    records: list[RequestRecord] = []
+    queue = iter(units)
+    lanes: list[asyncio.Task[None]] = []
+    taken = 0
+
+    def add_lanes() -> None:
+        wanted = min(max(count for start, count in steps if start <= taken), len(units))
+        lanes.extend(asyncio.create_task(lane()) for _ in range(wanted - len(lanes)))
 
     async def lane() -> None:
-        for position, spec in queue:
+        nonlocal taken
+        for unit in queue:
             if deadline is not None and perf_counter() >= deadline:
                 return
-            records.append(await client.send(position, spec, None, warmup))
+            taken += 1
+            add_lanes()
+            records.extend(await _unit(send, unit, None, deadline))
 
-    await asyncio.gather(*(lane() for _ in range(min(concurrency, len(jobs)))))
+    add_lanes()
+    awaited = 0
+    while awaited < len(lanes):  # lanes added meanwhile are awaited too
+        await lanes[awaited]
+        awaited += 1
     return records
 
 
 async def _open(
-    client: _Client,
-    jobs: Sequence[Job],
-    offsets: Sequence[float],
-    max_concurrency: int | None,
-    start: float,
-    deadline: float | None,
-) -> list[RequestRecord]:
-    limit = asyncio.Semaphore(max_concurrency) if max_concurrency else None
-
-    async def one(position: int, spec: RequestSpec, at: float) -> RequestRecord | None:
-        if limit is None:
-            return await client.send(position, spec, at, False)
-        async with limit:
-            if deadline is not None and perf_counter() >= deadline:
-                return None
-            return await client.send(position, spec, at, False)
-
+    send: Send, units: Sequence[Unit], offsets: Sequence[float], start: float, deadline: float | None, stop: Stop | None = None
+) -> list[asyncio.Task[list[RequestRecord]]]:
+    """Start each unit at ``start`` plus its offset, until ``deadline`` or until ``stop`` says so;
+    returns once the last has started, with the tasks that send them."""
     tasks = []
-    for (position, spec), offset in zip(jobs, offsets, strict=True):
+    for unit, offset in zip(units, offsets, strict=True):
         at = start + offset
         if deadline is not None and at >= deadline:
             break
-        while (delay := at - perf_counter()) > 0:  # a timer may fire early (uvloop's are in whole ms)
-            await asyncio.sleep(delay)
-        tasks.append(asyncio.create_task(one(position, spec, at)))
-    return [record for record in await asyncio.gather(*tasks) if record is not None]
+        await _until(at)
+        if stop is not None and stop():
+            break
+        tasks.append(asyncio.create_task(_unit(send, unit, at, deadline)))
+    return tasks
+
+
+async def _gathered(tasks: Sequence[asyncio.Task[list[RequestRecord]]]) -> list[RequestRecord]:
+    return [record for records in await asyncio.gather(*tasks) for record in records]
+
+
+def _units(jobs: Iterable[Job]) -> tuple[Unit, ...]:
+    """The jobs grouped into what is sent as one, in the order of their first jobs.
+
+    Turn 0 opens a conversation; turn k joins the earliest opened conversation of its number that
+    waits for turn k. So conversation numbers need not be unique: copies of a workload interleaved
+    request by request (one per replica, ``measure.scaling.copies_of``) repeat them.
+    """
+    units: list[list[Job]] = []
+    waiting: defaultdict[tuple[int, int], deque[list[Job]]] = defaultdict(deque)  # (conversation, turn it waits for)
+    for job in jobs:
+        turn = job[1].turn
+        if turn is None or turn.number == 0:
+            unit = [job]
+            units.append(unit)
+        elif waiting[turn.conversation, turn.number]:
+            unit = waiting[turn.conversation, turn.number].popleft()
+            unit.append(job)
+        else:
+            raise ValueError(
+                f"request {job[0]}: turn {turn.number} of conversation {turn.conversation} comes without turn {turn.number - 1} before it"
+            )
+        if turn is not None:
+            waiting[turn.conversation, turn.number + 1].append(unit)
+    return tuple(tuple(unit) for unit in units)
+
+
+def _warmup_units(units: Sequence[Unit], warmup: int) -> int:
+    """How many units the first ``warmup`` requests make: they must be whole conversations."""
+    ends = list(accumulate((len(unit) for unit in units), initial=0))  # the requests before each unit, and all
+    if warmup < 0 or warmup > ends[-1]:
+        raise ValueError(f"warmup must be between 0 and the number of requests ({ends[-1]}), got {warmup}")
+    k = bisect_left(ends, warmup)
+    if ends[k] != warmup:
+        raise ValueError(f"warmup must be whole conversations, {ends[k - 1]} or {ends[k]} requests here, got {warmup}")
+    return k
+
+
+def _limit(arrival: Arrival) -> asyncio.Semaphore | None:
+    cap = arrival.max_concurrency if isinstance(arrival, OpenLoop) else None
+    return asyncio.Semaphore(cap) if cap else None
 
 
 @dataclass(frozen=True)
 class Assignment:
     """What one event loop sends: to which endpoints and as which model, its warm-up and measured
-    jobs, by which arrival (``offsets``: the open loop's or the replay's send times for ``jobs``) and how."""
+    units, by which arrival and how. ``offsets``: the open loop's or the replay's send times of
+    ``units``; ``ramp``: an open loop's ramp's send times of the ``warmup`` units, and ``ramp_s``
+    the whole ramp's length (a worker's share keeps it), where the measured phase starts."""
 
     endpoints: tuple[str, ...]
     model: str
-    warmup_jobs: tuple[Job, ...]
-    jobs: tuple[Job, ...]
+    warmup: tuple[Unit, ...]
+    units: tuple[Unit, ...]
     arrival: Arrival
     offsets: tuple[float, ...] | None
     options: LoadOptions
+    ramp: tuple[float, ...] | None = None
+    ramp_s: float = 0.0
 
     @classmethod
     def of(
         cls, endpoints: Sequence[str], model: str, requests: Iterable[RequestSpec], arrival: Arrival, options: LoadOptions
     ) -> Assignment:
-        """Number the requests; the first ``options.warmup`` are the warm-up, the open loop's schedule covers the rest."""
-        jobs = tuple(enumerate(requests))
-        warmup = options.warmup
-        if warmup < 0 or warmup > len(jobs):
-            raise ValueError(f"warmup must be between 0 and the number of requests ({len(jobs)}), got {warmup}")
+        """Number the requests and group a conversation's turns into one unit; the first
+        ``options.warmup`` requests are the warm-up, the arrival's schedule covers the rest."""
+        units = _units(enumerate(requests))
+        warmup = _warmup_units(units, options.warmup)
+        measured = units[warmup:]
         offsets: tuple[float, ...] | None = None
         if isinstance(arrival, OpenLoop):
-            offsets = tuple(arrival.offsets(len(jobs) - warmup))
+            offsets = tuple(arrival.offsets(len(measured)))
         elif isinstance(arrival, Replay):
-            offsets = tuple(arrival.offsets_of([spec.at for _, spec in jobs[warmup:]]))
-        return cls(tuple(endpoints), model, jobs[:warmup], jobs[warmup:], arrival, offsets, options)
+            offsets = tuple(arrival.offsets_of([unit[0][1].at for unit in measured]))
+        ramp = tuple(arrival.ramp_offsets(warmup)) if isinstance(arrival, OpenLoop) and arrival.ramp is not None else None
+        return cls(tuple(endpoints), model, units[:warmup], measured, arrival, offsets, options, ramp, ramp[-1] if ramp else 0.0)
 
     @property
     def requested_rate(self) -> float | None:
+        """The arrival's; None when conversations of several turns are sent: how fast the server
+        answers sets their request rate (their turns' lag still shows a client that fell behind)."""
+        if any(len(unit) > 1 for unit in self.units):
+            return None
         return requested_rate(self.arrival, self.offsets)
 
 
+async def _measured(client: _Client, assignment: Assignment, start: float, limit: asyncio.Semaphore | None) -> list[RequestRecord]:
+    arrival, duration_s = assignment.arrival, assignment.options.duration_s
+    deadline = None if duration_s is None else start + duration_s
+    send = _sender(client, limit, deadline, False)
+    if isinstance(arrival, ClosedLoop):
+        return await _closed(send, assignment.units, ((0, arrival.concurrency),), deadline)
+    assert assignment.offsets is not None
+    return await _gathered(await _open(send, assignment.units, assignment.offsets, start, deadline, client.stop))
+
+
+async def _phased(
+    client: _Client, assignment: Assignment, sync: Callable[[], Awaitable[None]] | None
+) -> tuple[list[RequestRecord], float]:
+    """The warm-up as a closed loop, all of it finished before the measured phase starts."""
+    warmup = assignment.warmup
+    records = await _closed(_sender(client, None, None, True), warmup, warmup_lanes(assignment.arrival, len(warmup)), None)
+    if sync is not None:
+        await sync()
+    started_at = perf_counter()
+    records += await _measured(client, assignment, started_at, _limit(assignment.arrival))
+    return records, started_at
+
+
+async def _ramped(client: _Client, assignment: Assignment) -> tuple[list[RequestRecord], float]:
+    """An open loop's warm-up at its rising rate, then at once the measured phase at the full rate
+    while the warm-up's last requests still run; one cap on requests in flight for both."""
+    assert assignment.ramp is not None
+    limit = _limit(assignment.arrival)
+    start = perf_counter()
+    warmup = await _open(_sender(client, limit, None, True), assignment.warmup, assignment.ramp, start, None)
+    started_at = start + assignment.ramp_s
+    records = await _measured(client, assignment, started_at, limit)
+    return await _gathered(warmup) + records, started_at
+
+
 async def run_jobs(
-    assignment: Assignment, *, progress: Progress | None, sync: Callable[[], Awaitable[None]] | None = None
+    assignment: Assignment,
+    *,
+    progress: Progress | None,
+    sync: Callable[[], Awaitable[None]] | None = None,
+    stop: Stop | None = None,
 ) -> tuple[list[RequestRecord], float, float]:
     """The engine behind :func:`run_load` and each worker: ``(records, started_at, ended_at)``.
 
     ``sync`` (workers) is awaited before the warm-up and again before the measured phase so
-    that all workers start together.
+    that all workers start together; a ramp runs on into the measured phase, so then only before it.
+    ``stop``: see :data:`Stop`.
     """
     if not assignment.endpoints:
         raise ValueError("no endpoints")
-    arrival, options = assignment.arrival, assignment.options
-    client = _Client(assignment.endpoints, assignment.model, options, progress)
+    client = _Client(assignment.endpoints, assignment.model, assignment.options, progress, stop)
     gc.collect()
     gc.freeze()  # a full collection over everything imported stalls the loop for >10 ms; only scan what the run creates
     try:
         if sync is not None:
             await sync()
-        warmup = assignment.warmup_jobs
-        records = await _closed(client, warmup, warmup_concurrency(arrival, len(warmup)), None, True)
-        if sync is not None:
-            await sync()
-        started_at = perf_counter()
-        deadline = None if options.duration_s is None else started_at + options.duration_s
-        if isinstance(arrival, ClosedLoop):
-            records += await _closed(client, assignment.jobs, arrival.concurrency, deadline, False)
+        if assignment.ramp is None:
+            records, started_at = await _phased(client, assignment, sync)
         else:
-            assert assignment.offsets is not None
-            cap = arrival.max_concurrency if isinstance(arrival, OpenLoop) else None
-            records += await _open(client, assignment.jobs, assignment.offsets, cap, started_at, deadline)
+            records, started_at = await _ramped(client, assignment)
         ended_at = perf_counter()
     finally:
         client.close()
@@ -338,16 +484,20 @@ async def run_load(
     options: LoadOptions = LoadOptions(),
     *,
     progress: Progress | None = None,
+    stop: Stop | None = None,
 ) -> LoadResult:
     """Send ``requests`` to ``endpoints`` (base URLs, chosen per request by ``options.routing``).
 
     The first ``options.warmup`` requests go first as a closed loop and are marked
     ``warmup``; the measured phase starts when they have all finished and sends the rest
     by ``arrival``, until the workload or ``options.duration_s`` is exhausted (requests in
-    flight then finish and count). ``progress`` is called with each finished record.
+    flight then finish and count). An open loop with a ``ramp`` sends the warm-up at its rising
+    rate instead and starts the measured phase at the ramp's end. A conversation's turns go one
+    after another (:class:`~pytest_qwenperf.loadgen.request.Turn`). ``progress`` is called with
+    each finished record; ``stop`` can end an open loop's sending early (:data:`Stop`).
     """
     assignment = Assignment.of(endpoints, model, requests, arrival, options)
-    records, started_at, ended_at = await run_jobs(assignment, progress=progress)
+    records, started_at, ended_at = await run_jobs(assignment, progress=progress, stop=stop)
     cpus = (tuple(sorted(os.sched_getaffinity(0))),)
     return LoadResult(tuple(records), started_at, ended_at, arrival, options, cpus, assignment.requested_rate)
 
@@ -373,7 +523,8 @@ def run_load_sync(
     options: LoadOptions = LoadOptions(),
     *,
     progress: Progress | None = None,
+    stop: Stop | None = None,
 ) -> LoadResult:
     """:func:`run_load` on a fresh event loop (see :func:`new_event_loop`), for callers without one."""
     with asyncio.Runner(loop_factory=new_event_loop) as runner:
-        return runner.run(run_load(endpoints, model, requests, arrival, options, progress=progress))
+        return runner.run(run_load(endpoints, model, requests, arrival, options, progress=progress, stop=stop))

@@ -9,6 +9,20 @@ Api = Literal["completions", "chat"]
 
 
 @dataclass(frozen=True)
+class Turn:
+    """Where a request stands in a conversation: its ``number`` (0 opens it) in ``conversation``.
+
+    The client sends turn ``number + 1`` of a conversation only once turn ``number`` has finished,
+    ``think_s`` after its end (a user reading the reply and typing the next message), and sends no
+    later turn after one that failed: its prompt would extend a reply that never came.
+    """
+
+    conversation: int
+    number: int
+    think_s: float = 0.0
+
+
+@dataclass(frozen=True)
 class RequestSpec:
     """A request, independent of endpoint and model so the same workload runs anywhere.
 
@@ -26,6 +40,7 @@ class RequestSpec:
     expected_prompt_tokens: int | None = None  # known when the prompt is token ids
     sampling: tuple[tuple[str, Any], ...] = (("temperature", 0.0),)
     at: float | None = None  # a traced request's send time, seconds from the trace's start (``Replay`` sends it then)
+    turn: Turn | None = None  # a turn of a conversation; None: a request on its own
 
     def body(self, model: str, *, continuous_usage: bool = False) -> dict[str, Any]:
         """The JSON body for ``model``, always streamed with usage included."""

@@ -1,9 +1,11 @@
 """Load from several client processes, for loads one Python event loop cannot keep up with.
 
-Request ``i`` goes to worker ``i % n``; each worker gets its share of the closed loop's
-concurrency, or the open loop's schedule for its own requests (the schedule is drawn once
-for the whole workload, so it does not depend on the number of workers). Workers meet at
-a barrier before the warm-up and again before the measured phase, so they start together.
+Request ``i`` goes to worker ``i % n``, or, with conversations, conversation ``i``: its turns
+stay together in one worker, which alone knows when the previous turn ended. Each worker gets its
+share of the closed loop's concurrency, or the open loop's schedule (and ramp) for its own
+requests (the schedule is drawn once for the whole workload, so it does not depend on the number
+of workers). Workers meet at a barrier before the warm-up and again before the measured phase
+(after a ramp, which runs on into the measured phase, only before it), so they start together.
 Every worker routes by the same ``options.routing`` over all endpoints, keeping each
 request's position in the whole workload, so round-robin sends request ``i`` to
 ``endpoints[i % n]`` as one process would; least-outstanding balances each worker's own
@@ -120,15 +122,16 @@ def _worker(k: int, parent: int, barrier: Barrier, results: multiprocessing.Queu
 
 
 def _share_of(whole: Assignment, n: int, k: int) -> Assignment:
-    """Worker ``k``'s part of ``whole``: every ``n``-th job from the ``k``-th, with the open loop's send
-    times kept and the concurrency split."""
+    """Worker ``k``'s part of ``whole``: every ``n``-th unit (a request, or a whole conversation) from
+    the ``k``-th, with the open loop's send times and ramp kept and the concurrency split."""
     arrival = whole.arrival
     if isinstance(arrival, ClosedLoop):
-        arrival = ClosedLoop(_share(arrival.concurrency, n, k))
+        arrival = replace(arrival, concurrency=_share(arrival.concurrency, n, k))
     elif isinstance(arrival, OpenLoop) and arrival.max_concurrency is not None:
         arrival = replace(arrival, max_concurrency=max(1, _share(arrival.max_concurrency, n, k)))
     offsets = whole.offsets[k::n] if whole.offsets is not None else None
-    return replace(whole, warmup_jobs=whole.warmup_jobs[k::n], jobs=whole.jobs[k::n], arrival=arrival, offsets=offsets)
+    ramp = whole.ramp[k::n] if whole.ramp is not None else None
+    return replace(whole, warmup=whole.warmup[k::n], units=whole.units[k::n], arrival=arrival, offsets=offsets, ramp=ramp)
 
 
 def _start(procs: Sequence[multiprocessing.process.BaseProcess]) -> None:

@@ -28,7 +28,7 @@ from pytest_qwenperf.core.summary import (
     summarize_window,
 )
 from pytest_qwenperf.loadgen.arrivals import Arrival
-from pytest_qwenperf.loadgen.client import LoadOptions, LoadResult, Progress, run_load_sync
+from pytest_qwenperf.loadgen.client import LoadOptions, LoadResult, Progress, Stop, run_load_sync
 from pytest_qwenperf.loadgen.request import RequestSpec
 from pytest_qwenperf.loadgen.workers import pin_current_process, run_load_in_workers
 from pytest_qwenperf.telemetry import Telemetry, TelemetrySummary
@@ -101,9 +101,19 @@ class Observation:
         return self.load.client_cpus[0] if self.load.client_cpus else ()
 
 
-def observe(target: Target, load: Load, client: ClientSetup = ClientSetup(), progress: Progress | None = None) -> Observation:
+@dataclass(frozen=True)
+class Watching:
+    """What sees a run's records as they finish (``progress``) and may end its sending (``stop``,
+    one client process only: several workers are separate processes it cannot reach)."""
+
+    progress: Progress | None = None
+    stop: Stop | None = None
+
+
+def observe(target: Target, load: Load, client: ClientSetup = ClientSetup(), watching: Watching | None = None) -> Observation:
     """Drive ``load`` against ``target`` and measure: client records, the servers' /metrics
     deltas, and telemetry sampled meanwhile (see :class:`Telemetry`)."""
+    watching = watching or Watching()
     metrics_urls = target.base_urls if target.metrics_urls is None else target.metrics_urls
     started = datetime.datetime.now(datetime.UTC).isoformat(timespec="seconds")
     before = _counters(metrics_urls)
@@ -122,10 +132,12 @@ def observe(target: Target, load: Load, client: ClientSetup = ClientSetup(), pro
         cpu_start, wall_start = _client_cpu_s(), time.perf_counter()
         if client.workers > 1:
             result = run_load_in_workers(
-                client.workers, target.base_urls, target.model, load.requests, load.arrival, load.options, progress=progress
+                client.workers, target.base_urls, target.model, load.requests, load.arrival, load.options, progress=watching.progress
             )
         else:
-            result = run_load_sync(target.base_urls, target.model, load.requests, load.arrival, load.options, progress=progress)
+            result = run_load_sync(
+                target.base_urls, target.model, load.requests, load.arrival, load.options, progress=watching.progress, stop=watching.stop
+            )
         busy = (_client_cpu_s() - cpu_start) / max(time.perf_counter() - wall_start, 1e-9) / client.workers
     finally:
         telemetry.stop()

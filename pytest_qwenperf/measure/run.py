@@ -40,7 +40,7 @@ from pytest_qwenperf.measure.scaling import (
     copies_of,
     times_arrival,
 )
-from pytest_qwenperf.measure.search import CAPACITY, search_once
+from pytest_qwenperf.measure.search import CAPACITY, Watch, search_once
 from pytest_qwenperf.measure.validity import conditions
 from pytest_qwenperf.serving.hardware import Hardware, detect
 from pytest_qwenperf.serving.server import Server, ServerError, ServerInfo
@@ -249,7 +249,11 @@ def _reset_succeeded(body: bytes) -> bool:
     return not isinstance(answer, dict) or answer.get("success") is not False
 
 
-def _measure_once(server: Server, route: Route, config: ServingConfig, workload: SuiteWorkload, method: Method) -> Run:
+def _measure_once(
+    server: Server, route: Route, config: ServingConfig, workload: SuiteWorkload, method: Method, watch: Watch | None = None
+) -> Run:
+    """One load run of ``workload`` on ``route``; ``watch`` (a search's probe) sees its records as
+    they finish and may end its sending early."""
     hardware = detect()
     tokenizer = PromptTokenizer.load(embedded.resolve_model(config.model))
     n = route.replicas
@@ -257,6 +261,7 @@ def _measure_once(server: Server, route: Route, config: ServingConfig, workload:
     # without it a chunk whose text is empty (a partial UTF-8 byte token) cannot be timed, and
     # speculative chunks carry several tokens: exact timing needs it (the client always asks).
     options = LoadOptions(warmup=workload.warmup * n, routing=_client_routing(config.routing), api_key=method.api_key)
+    load = Load(copies_of(workload.workload, n, tokenizer), times_arrival(workload.arrival, n), options, workload.slo)
     seen = observe(
         Target(
             tuple(route.load_urls),
@@ -265,16 +270,17 @@ def _measure_once(server: Server, route: Route, config: ServingConfig, workload:
             server_pids=tuple(server.pids),
             gpu_visible_devices=_gpu_devices(config, hardware),
         ),
-        Load(copies_of(workload.workload, n, tokenizer), times_arrival(workload.arrival, n), options, workload.slo),
+        load,
         ClientSetup(cpus=method.client_cpus, workers=method.workers),
+        watch.start(load) if watch else None,
     )
     return build_run(config, workload, seen, method, server.info, hardware)
 
 
-def _probe_once(server: Server, route: Route, config: ServingConfig, workload: SuiteWorkload, *, method: Method) -> Run:
+def _probe_once(server: Server, route: Route, config: ServingConfig, workload: SuiteWorkload, watch: Watch, *, method: Method) -> Run:
     """One probe of a search: a load run on empty prefix caches, the server checked after it."""
     reset_prefix_caches(route.metrics_urls)
-    run = _measure_once(server, route, config, workload, method)
+    run = _measure_once(server, route, config, workload, method, watch)
     server.check_alive()
     return run
 

@@ -61,7 +61,7 @@ def times_arrival(arrival: Arrival, factor: int) -> Arrival:
     """The same arrival process carrying ``factor`` times the load. A replay is unchanged: the
     ``factor`` copies of the trace (:func:`copies_of`) go at the same traced times."""
     if isinstance(arrival, ClosedLoop):
-        return ClosedLoop(arrival.concurrency * factor)
+        return dataclasses.replace(arrival, concurrency=arrival.concurrency * factor)
     if isinstance(arrival, Replay):
         return arrival
     return dataclasses.replace(

@@ -10,34 +10,90 @@ A probe fails the SLO whatever its latencies when its requests failed or the cli
 the load (for a rate, the requests it could not send in time): that is a server past its capacity.
 What makes any probe's run invalid for another reason (the device's conditions, token counts that
 disagree with the server) makes the repeat invalid: the whole search rested on that device.
-A probe runs its requests to the end; it is not stopped early.
+A rate probe is stopped early when it is clearly over-saturated (:class:`Watch`): its queue and the
+TTFT of its requests by send time both keep rising (:func:`~pytest_qwenperf.measure.slo_capacity.oversaturated`).
+It sends no more requests, those in flight finish, and it fails the SLO. A concurrency probe caps
+its requests in flight, so it cannot run away and is not watched; nor is a probe whose client runs
+in several worker processes, which the watch cannot reach.
 """
 
 from __future__ import annotations
 
+from bisect import bisect_right
 from collections.abc import Callable
 
 import msgspec
 
 from pytest_qwenperf.core.capacity import Slo
+from pytest_qwenperf.core.records import RequestRecord
 from pytest_qwenperf.core.run import CapacityProbe, CapacitySearch, Run, combined
-from pytest_qwenperf.measure.slo_capacity import Capacity, Probe, find_capacity
+from pytest_qwenperf.loadgen.arrivals import OpenLoop
+from pytest_qwenperf.measure.observe import Load, Watching
+from pytest_qwenperf.measure.slo_capacity import Capacity, Probe, ProbeWindow, find_capacity, oversaturated
 from pytest_qwenperf.suite.config import SuiteWorkload
 
 CAPACITY = "capacity_at_slo"
 CAPACITY_OUTPUT = "capacity_output_throughput"
 
 
-def search_once(measure: Callable[[SuiteWorkload], Run], workload: SuiteWorkload) -> Run:
-    """One search of ``workload`` (which has a ``search`` plan), each probe measured by ``measure``."""
+class Watch:
+    """Watches one probe's requests as they finish and says when to stop sending: when the probe
+    is an open loop and :func:`~pytest_qwenperf.measure.slo_capacity.oversaturated` finds both its
+    queue (the requests its schedule has sent by then, less those finished) and the TTFT of its
+    requests by send time rising. ``reason`` says why it stopped, once it has."""
+
+    CHECK_EVERY = 8
+    """Finished requests between two looks: each look refits both slopes over every request so far."""
+
+    def __init__(self) -> None:
+        self.reason: str | None = None
+        self._offsets: tuple[float, ...] = ()
+        self._warmup = 0
+        self._finished: list[RequestRecord] = []
+        self._looked = 0
+
+    def start(self, load: Load) -> Watching | None:
+        """Watch a run of ``load``: an open loop's measured requests (None for any other load, and
+        for conversations, whose arrivals start whole chats rather than requests)."""
+        if not isinstance(load.arrival, OpenLoop) or any(spec.turn is not None for spec in load.requests):
+            return None
+        self._offsets = tuple(load.arrival.offsets(len(load.requests) - load.options.warmup))
+        self._warmup = load.options.warmup
+        return Watching(progress=self._record, stop=self._stop)
+
+    def _record(self, record: RequestRecord) -> None:
+        if not record.warmup and record.first_token_at is not None:
+            self._finished.append(record)
+
+    def _stop(self) -> bool:
+        if self.reason is None and len(self._finished) - self._looked >= self.CHECK_EVERY:
+            self._looked = len(self._finished)
+            self.reason = oversaturated(self._window())
+        return self.reason is not None
+
+    def _window(self) -> ProbeWindow:
+        """The finished requests' send times and TTFTs, and the queue at each one's end, in seconds from the start."""
+        done = sorted(self._finished, key=lambda r: r.ended_at)
+        first = done[0]
+        start = first.scheduled_at - self._offsets[first.index - self._warmup]
+        queue = [(r.ended_at - start, bisect_right(self._offsets, r.ended_at - start) - k - 1) for k, r in enumerate(done)]
+        by_send = sorted(done, key=lambda r: r.sent_at)
+        ttft = [(r.sent_at - start, r.first_token_at - r.sent_at) for r in by_send if r.first_token_at is not None]
+        return ProbeWindow(sent=[t for t, _ in ttft], ttft=[v for _, v in ttft], in_flight=queue)
+
+
+def search_once(measure: Callable[[SuiteWorkload, Watch], Run], workload: SuiteWorkload) -> Run:
+    """One search of ``workload`` (which has a ``search`` plan), each probe measured by ``measure``
+    under a fresh :class:`Watch`."""
     assert workload.search is not None, "a search workload has a plan"
     slo = workload.capacity_slo()
     runs: list[tuple[float, Run]] = []
 
     def probe(load: float) -> Probe:
-        run = measure(workload.at_load(load))
+        watch = Watch()
+        run = measure(workload.at_load(load), watch)
         runs.append((load, run))
-        return _probe(load, run, slo)
+        return _probe(load, run, slo, watch.reason)
 
     found = find_capacity(probe, slo, workload.search)
     chosen = _chosen(found, runs, slo)
@@ -51,16 +107,30 @@ def search_once(measure: Callable[[SuiteWorkload], Run], workload: SuiteWorkload
         binding=found.binding,
         cliff=found.cliff,
         bound=found.bound,
-        probes=tuple(CapacityProbe(load=p.load, latencies=dict(p.latencies), output_throughput=p.output_throughput, stopped=p.stopped) for p in found.probes),
+        probes=tuple(_record(probe, run) for probe, (_, run) in zip(found.probes, runs, strict=True)),
     )
     metrics = {**chosen.metrics, CAPACITY: found.load, CAPACITY_OUTPUT: found.output_throughput}
+    # A probe's workload sends as many requests as its load needs: the search's is what was measured.
+    identity = msgspec.structs.replace(chosen.identity, workload_fingerprint=workload.workload.fingerprint())
     # The chosen probe's failures and client alone: a probe past the capacity failing is what the search looks for.
-    return msgspec.structs.replace(whole, metrics=metrics, samples={}, client=chosen.client, capacity=(record,))
+    return msgspec.structs.replace(whole, identity=identity, metrics=metrics, samples={}, client=chosen.client, capacity=(record,))
 
 
-def _probe(load: float, run: Run, slo: Slo) -> Probe:
-    """A probe of ``run``: its SLO latencies and output tok/s, stopped where it failed requests or fell behind."""
-    reasons = []
+def _record(probe: Probe, run: Run) -> CapacityProbe:
+    tpot = run.metrics.get("mean_tpot_ms")
+    return CapacityProbe(
+        load=probe.load,
+        latencies=dict(probe.latencies),
+        output_throughput=probe.output_throughput,
+        mean_tpot_ms=float(tpot) if isinstance(tpot, (int, float)) else None,
+        stopped=probe.stopped,
+    )
+
+
+def _probe(load: float, run: Run, slo: Slo, stopped: str | None) -> Probe:
+    """A probe of ``run``: its SLO latencies and output tok/s, stopped where its watch stopped it,
+    it failed requests or it fell behind."""
+    reasons = [stopped] if stopped else []
     if run.failed_requests:
         reasons.append(f"{run.failed_requests} request(s) failed")
     if run.client_bound:

@@ -38,7 +38,7 @@ from pytest_qwenperf.core.textfiles import read_text
 from pytest_qwenperf.core.validity import ValidityLimits
 from pytest_qwenperf.loadgen.arrivals import Arrival, ArrivalError, ClosedLoop, OpenLoop, Replay
 from pytest_qwenperf.suite import embedded
-from pytest_qwenperf.suite.workloads import TraceWorkload, Workload, workload_from_dict
+from pytest_qwenperf.suite.workloads import ConversationWorkload, TraceWorkload, Workload, workload_from_dict
 
 FlagValue = str | int | float | bool | dict[str, Any] | list[Any]
 
@@ -120,7 +120,7 @@ class SuiteWorkload:
     slo: GoodputSLO | None = None
     floors: tuple[tuple[str, tuple[tuple[str, float], ...]], ...] = ()
     search: SearchPlan | None = None  # find the highest load meeting ``slo`` instead of measuring ``arrival``'s
-    capacity_order: tuple[tuple[str, float], ...] = ()  # configs by rising capacity, each with its factor over the one before
+    capacity_order: tuple[tuple[str, float], ...] = ()  # configs by rising capacity, each with the factor it must reach over the first
 
     @property
     def id(self) -> str:
@@ -140,7 +140,7 @@ class SuiteWorkload:
         measures): a probe of a low load then takes as long as one of a high load, not several times
         longer, and every probe keeps its concurrency to the end."""
         if isinstance(self.arrival, ClosedLoop):
-            probe = dataclasses.replace(self, arrival=ClosedLoop(int(load)))
+            probe = dataclasses.replace(self, arrival=dataclasses.replace(self.arrival, concurrency=int(load)))
             total = self.workload.num_prompts
             if total is None or "num_prompts" not in self.workload.__dataclass_fields__:
                 return probe
@@ -425,7 +425,7 @@ class _RunTable(schema.Shape, frozen=True):
     search: Annotated[_SearchTable, Meta(description=_SEARCH)] | None = None
     capacity_order: _Strings = ()
     capacity_factors: Annotated[
-        dict[str, Annotated[float, Meta(ge=1.0, description="a factor >= 1 over the config before it")]],
+        dict[str, Annotated[float, Meta(ge=1.0, description="a factor >= 1 over the first config of capacity_order")]],
         Meta(description="a table of config id = factor"),
     ] = msgspec.field(default_factory=dict)
 
@@ -540,6 +540,7 @@ def _suite_workload(path: Path, entry: Mapping[str, Any], where: str, config_ids
     # A JSONL workload without num_prompts sends every line: the count is known once the file is read.
     if workload.num_prompts is not None and run.warmup >= workload.num_prompts:
         raise _fail(path, f"{where}.warmup", f"a whole number of requests below num_prompts ({workload.num_prompts})", run.warmup)
+    _check_warmup(path, run.warmup, where, arrival, workload)
     unknown = [c for c in run.configs if c not in config_ids]
     if unknown:
         raise _fail(path, f"{where}.configs", f"ids of configs of this suite {sorted(config_ids)}", unknown)
@@ -553,6 +554,18 @@ def _suite_workload(path: Path, entry: Mapping[str, Any], where: str, config_ids
     search = _search(path, run, f"{where}", arrival, workload)
     order = _capacity_order(path, run, where, run.configs or sorted(config_ids), search)
     return SuiteWorkload(workload, arrival, run.warmup, run.configs, slo, floors, search, order)
+
+
+def _check_warmup(path: Path, warmup: int, where: str, arrival: Arrival, workload: Workload) -> None:
+    """A conversation's warm-up is whole conversations (the client sends a conversation as one),
+    and a ramp needs a warm-up to rise over."""
+    if isinstance(workload, ConversationWorkload) and warmup % workload.turns:
+        raise _fail(path, f"{where}.warmup", f"whole conversations: a multiple of turns ({workload.turns}) requests", warmup)
+    ramp = "ramp" if isinstance(arrival, OpenLoop) and arrival.ramp is not None else None
+    if isinstance(arrival, ClosedLoop) and arrival.ramp_steps is not None:
+        ramp = "ramp_steps"
+    if ramp is not None and warmup == 0:
+        raise _fail(path, f"{where}.warmup", f"warm-up requests (>= 1) for load.{ramp} to raise the load over", warmup)
 
 
 def _search(path: Path, run: _RunTable, where: str, arrival: Arrival, workload: Workload) -> SearchPlan | None:
@@ -587,7 +600,8 @@ def _search(path: Path, run: _RunTable, where: str, arrival: Arrival, workload: 
 def _capacity_order(
     path: Path, run: _RunTable, where: str, config_ids: Sequence[str], search: SearchPlan | None
 ) -> tuple[tuple[str, float], ...]:
-    """``capacity_order`` with each config's ``capacity_factors`` entry (1.0: above the one before)."""
+    """``capacity_order`` with each config's ``capacity_factors`` entry: the least multiple of the first
+    config's capacity it must reach (1.0: none besides being above the one before it)."""
     if not run.capacity_order:
         if run.capacity_factors:
             raise _fail(path, f"{where}.capacity_factors", "a capacity_order the factors apply to", dict(run.capacity_factors))
@@ -605,15 +619,16 @@ def _capacity_order(
 
 #: The keys of each kind of load, by the key that names the kind.
 _LOAD_KEYS = {
-    "concurrency": ("a closed loop (concurrency = N)", ("concurrency",)),
-    "rate": ("an open loop (rate = R)", ("rate", "distribution", "burstiness", "seed", "max_concurrency")),
+    "concurrency": ("a closed loop (concurrency = N)", ("concurrency", "ramp_steps")),
+    "rate": ("an open loop (rate = R)", ("rate", "distribution", "burstiness", "seed", "max_concurrency", "ramp", "ramp_steps")),
     "replay": ("a replay (replay = true)", ("replay", "time_scale")),
 }
 
 
 def _arrival(path: Path, load: dict[str, Any], key: str) -> Arrival:
-    """``{ concurrency = N }`` (a closed loop), ``{ rate = R, ... }`` (an open loop, :class:`OpenLoop`'s
-    fields) or ``{ replay = true, time_scale = S }`` (a trace at its own times, :class:`Replay`)."""
+    """``{ concurrency = N, ramp_steps = S }`` (a closed loop, :class:`ClosedLoop`'s fields), ``{ rate = R, ... }``
+    (an open loop, :class:`OpenLoop`'s fields) or ``{ replay = true, time_scale = S }`` (a trace at its
+    own times, :class:`Replay`)."""
     named = next((k for k in _LOAD_KEYS if k in load), None)
     if named is None:
         raise _fail(path, key, _LOAD, load)
@@ -623,7 +638,7 @@ def _arrival(path: Path, load: dict[str, Any], key: str) -> Arrival:
         raise SuiteError(f"{path}: {key}.{unknown[0]}: unknown key for {kind}; expected only {list(allowed)}")
     try:
         if "concurrency" in load:
-            return ClosedLoop(load["concurrency"])
+            return ClosedLoop(**load)
         if "rate" in load:
             return OpenLoop(**load)
         if load["replay"] is not True:

@@ -30,7 +30,7 @@ from typing import Any, ClassVar
 import msgspec
 
 from pytest_qwenperf.core import schema
-from pytest_qwenperf.loadgen.request import Api, RequestSpec
+from pytest_qwenperf.loadgen.request import Api, RequestSpec, Turn
 from pytest_qwenperf.loadgen.tokenizer import PromptTokenizer
 from pytest_qwenperf.suite import traces
 
@@ -361,9 +361,77 @@ class TraceWorkload(Workload):
         )
 
 
+@dataclass(frozen=True)
+class ConversationWorkload(Workload):
+    """``conversations`` chats of ``turns`` turns each, whose prompts grow as a chat's context does.
+
+    Turn 0's prompt is ``first_input_len`` random ids (a system prompt and the first question);
+    turn k's is turn k-1's whole prompt, then ``output_len`` ids standing for the reply to it, then
+    ``turn_input_len`` ids of the next user message. Each prompt extends the previous one exactly,
+    so the server's prefix cache can hit every earlier turn's prompt. It cannot hit the stand-in
+    reply: the server generated other tokens for it (the real reply's ids would have to come back
+    from the server), so each turn after the first recomputes ``output_len`` tokens a real chat
+    would find cached, and ``output_len + turn_input_len`` of its prompt are uncached.
+
+    Requests come conversation by conversation, turns in order (each a :class:`Turn`): the client
+    sends a turn once the previous one has finished, ``think_time_s`` after its end, and no later
+    turn of a conversation whose turn failed. Token ids are sent as ids (completions), so every
+    prompt has exactly ``first_input_len + k (output_len + turn_input_len)`` tokens.
+    """
+
+    kind: ClassVar[str] = "conversation"
+    conversations: int
+    turns: int
+    first_input_len: int
+    turn_input_len: int
+    output_len: int
+    think_time_s: float = 0.0
+    seed: int = 0
+    _: KW_ONLY
+    name: str = ""
+
+    def __post_init__(self) -> None:
+        object.__setattr__(self, "think_time_s", float(self.think_time_s))  # 1 and 1.0: one fingerprint
+        _check_positive(self, "conversations", "turns", "first_input_len", "turn_input_len", "output_len")
+        ok = math.isfinite(self.think_time_s) and self.think_time_s >= 0
+        _check(ok, "think_time_s", "a finite number of seconds >= 0", self.think_time_s)
+
+    @property
+    def num_prompts(self) -> int:
+        return self.conversations * self.turns
+
+    def _default_id(self) -> str:
+        shape = f"c{self.conversations}x{self.turns}-fl{self.first_input_len}-tl{self.turn_input_len}-osl{self.output_len}"
+        parts = [f"conversation-{shape}"]
+        if self.think_time_s:
+            parts.append(f"t{self.think_time_s:g}")
+        if self.seed:
+            parts.append(f"s{self.seed}")
+        return "-".join(parts)
+
+    def build(self, tokenizer: PromptTokenizer | None = None) -> tuple[RequestSpec, ...]:
+        tok = self._tokenizer(tokenizer)
+        allowed = _allowed_ids(tok)
+
+        def ids(conversation: int, part: str, turn: int, n: int) -> tuple[int, ...]:
+            draws = _uint64_stream(self.seed, "conversation", conversation, part, turn)
+            return tuple(allowed[_below(next(draws), len(allowed))] for _ in range(n))
+
+        specs: list[RequestSpec] = []
+        for c in range(self.conversations):
+            prompt = ids(c, "user", 0, self.first_input_len)
+            for k in range(self.turns):
+                if k:
+                    prompt += ids(c, "reply", k - 1, self.output_len) + ids(c, "user", k, self.turn_input_len)
+                turn = Turn(c, k, self.think_time_s if k else 0.0)
+                specs.append(dataclasses.replace(_spec(len(specs), self.output_len, "completions", prompt, tok), turn=turn))
+        return tuple(specs)
+
+
 #: Suite files name kinds with these strings.
 KINDS: dict[str, type[Workload]] = {
-    cls.kind: cls for cls in (RandomWorkload, SharedPrefixWorkload, FixedWorkload, JsonlWorkload, TraceWorkload)
+    cls.kind: cls
+    for cls in (RandomWorkload, SharedPrefixWorkload, FixedWorkload, JsonlWorkload, TraceWorkload, ConversationWorkload)
 }
 
 

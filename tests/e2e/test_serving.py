@@ -13,7 +13,7 @@ from pytest_qwenperf.measure.run import measure
 from pytest_qwenperf.serving.pool import ServerPool
 from pytest_qwenperf.serving.server import ManagedServer
 from pytest_qwenperf.suite.config import SuiteWorkload
-from pytest_qwenperf.suite.workloads import RandomWorkload
+from pytest_qwenperf.suite.workloads import ConversationWorkload, RandomWorkload
 from tests.e2e.tiny import TINY, stream_completion
 
 pytestmark = [pytest.mark.e2e, pytest.mark.parametrize("serving_config", [TINY], ids=[TINY.id])]
@@ -58,3 +58,17 @@ def test_run_token_totals_equal_usage_and_server_counters(vllm_server: ManagedSe
     assert (result.server.deltas["prompt_tokens"], result.server.deltas["generation_tokens"]) == (40 * 64, 40 * 32)
     metrics = result.metrics
     assert (metrics["completed"], metrics["total_input_tokens"], metrics["total_output_tokens"]) == (36, 36 * 64, 36 * 32)
+
+
+def test_conversations_go_turn_by_turn_ramped_and_their_later_turns_hit_the_prefix_cache(vllm_server: ManagedServer) -> None:
+    """6 chats of 3 turns (the first one the warm-up, at 1, 2 then 3 lanes), each turn's prompt the
+    previous one's and 24 more ids: every total is known, and the later turns find the earlier
+    prompts in the server's prefix cache."""
+    chats = ConversationWorkload(conversations=6, turns=3, first_input_len=128, turn_input_len=16, output_len=8, think_time_s=0.05)
+    result = measure(vllm_server, TINY, SuiteWorkload(chats, ClosedLoop(3, ramp_steps=3), warmup=3), Method())
+    prompt = 6 * (128 + 152 + 176)
+    assert result.token_check.matches is True, result.token_check.detail
+    assert (result.server.deltas["prompt_tokens"], result.server.deltas["generation_tokens"]) == (prompt, 6 * 3 * 8)
+    assert not result.conditions and result.metrics["completed"] == 15  # 5 measured chats, no prompt-lengths condition
+    hit_rate = result.server.prefix_cache_hit_rate
+    assert hit_rate is not None and hit_rate > 0.3, f"later turns should hit the earlier prompts: hit rate {hit_rate}"
