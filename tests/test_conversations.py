@@ -21,9 +21,9 @@ from pytest_qwenperf.loadgen.client import Assignment, LoadOptions, LoadResult, 
 from pytest_qwenperf.loadgen.request import RequestSpec, Turn
 from pytest_qwenperf.loadgen.tokenizer import PromptTokenizer
 from pytest_qwenperf.loadgen.workers import _share_of, run_load_in_workers
-from pytest_qwenperf.suite.config import SuiteError, load_suite
 from pytest_qwenperf.suite.workloads import ConversationWorkload, workload_from_dict
 from tests.stream_source import MODEL, StreamSource, stream_source
+from tests.suite_files import HEADER, refused, suite_at
 
 SPECIAL = {0, 500, 999}
 
@@ -183,15 +183,7 @@ def test_a_bad_conversation_table_names_the_key(table: dict[str, Any], message: 
         workload_from_dict(table, source="s.toml [[workload]] 1")
 
 
-SUITE = """
-[suite]
-name = "demo"
-hardware = "cpu"
-model = "embedded:tiny"
-
-[[config]]
-id = "base"
-
+SUITE = HEADER + """
 [[workload]]
 name = "chat"
 kind = "conversation"
@@ -207,8 +199,7 @@ load = { concurrency = 4 }
 
 
 def test_a_suite_runs_conversations_with_whole_ones_as_warmup(tmp_path: Path) -> None:
-    (tmp_path / "suite.toml").write_text(SUITE)
-    (workload,) = load_suite(tmp_path / "suite.toml").workloads
+    (workload,) = suite_at(tmp_path, SUITE).workloads
     assert workload.workload == ConversationWorkload(8, 4, 256, 32, 64, think_time_s=1.5, name="chat")
     assert workload.warmup == 8 and workload.arrival == ClosedLoop(4)
 
@@ -223,10 +214,7 @@ def test_a_suite_runs_conversations_with_whole_ones_as_warmup(tmp_path: Path) ->
     ],
 )
 def test_a_bad_conversation_in_a_suite_names_the_file_key_and_expectation(tmp_path: Path, change: tuple[str, str], message: str) -> None:
-    (tmp_path / "suite.toml").write_text(SUITE.replace(*change, 1))
-    with pytest.raises(SuiteError, match=message) as excinfo:
-        load_suite(tmp_path / "suite.toml")
-    assert str(excinfo.value).startswith(f"{tmp_path / 'suite.toml'}: ")
+    refused(tmp_path, SUITE.replace(*change, 1), message)
 
 
 # --- grouping --------------------------------------------------------------------------

@@ -17,8 +17,8 @@ from pytest_qwenperf.loadgen.arrivals import ArrivalError, ClosedLoop, OpenLoop
 from pytest_qwenperf.loadgen.client import Assignment, LoadOptions, run_load_sync
 from pytest_qwenperf.loadgen.request import RequestSpec
 from pytest_qwenperf.loadgen.workers import _share_of, run_load_in_workers
-from pytest_qwenperf.suite.config import SuiteError, load_suite
 from tests.stream_source import MODEL, StreamSource, stream_source
+from tests.suite_files import HEADER, refused, suite_at
 
 
 @pytest.fixture(scope="module")
@@ -151,15 +151,7 @@ def test_workers_share_the_ramp_and_keep_its_length(source: StreamSource) -> Non
 
 # --- suite files -----------------------------------------------------------------------
 
-SUITE = """
-[suite]
-name = "demo"
-hardware = "cpu"
-model = "embedded:tiny"
-
-[[config]]
-id = "base"
-
+SUITE = HEADER + """
 [[workload]]
 name = "open"
 kind = "random"
@@ -181,8 +173,7 @@ load = { concurrency = 8, ramp_steps = 2 }
 
 
 def test_a_suite_ramps_either_loop(tmp_path: Path) -> None:
-    (tmp_path / "suite.toml").write_text(SUITE)
-    opened, closed = load_suite(tmp_path / "suite.toml").workloads
+    opened, closed = suite_at(tmp_path, SUITE).workloads
     assert opened.arrival == OpenLoop(rate=20, ramp="steps", ramp_steps=4)
     assert closed.arrival == ClosedLoop(8, ramp_steps=2)
 
@@ -200,7 +191,4 @@ def test_a_suite_ramps_either_loop(tmp_path: Path) -> None:
     ],
 )
 def test_a_bad_ramp_in_a_suite_names_the_file_key_and_expectation(tmp_path: Path, change: tuple[str, str], message: str) -> None:
-    (tmp_path / "suite.toml").write_text(SUITE.replace(*change, 1))
-    with pytest.raises(SuiteError, match=message) as excinfo:
-        load_suite(tmp_path / "suite.toml")
-    assert str(excinfo.value).startswith(f"{tmp_path / 'suite.toml'}: ")
+    refused(tmp_path, SUITE.replace(*change, 1), message)

@@ -22,8 +22,9 @@ from pytest_qwenperf.measure.observe import Load
 from pytest_qwenperf.measure.report import SessionReport
 from pytest_qwenperf.measure.search import Watch, search_once
 from pytest_qwenperf.measure.session_table import session_table
-from pytest_qwenperf.suite.config import SuiteError, SuiteWorkload, load_suite
+from pytest_qwenperf.suite.config import SuiteWorkload
 from pytest_qwenperf.suite.workloads import RandomWorkload
+from tests.suite_files import refused, suite_at
 from tests.test_baseline import run_of
 
 SUITE = """
@@ -54,8 +55,7 @@ capacity_factors = { big = 1.5 }
 
 
 def load(tmp_path: Path, text: str = SUITE) -> SuiteWorkload:
-    (tmp_path / "suite.toml").write_text(text)
-    (workload,) = load_suite(tmp_path / "suite.toml").workloads
+    (workload,) = suite_at(tmp_path, text).workloads
     return workload
 
 
@@ -82,8 +82,7 @@ def test_a_search_table_starts_at_the_load_and_holds_the_p99_of_the_slo(tmp_path
     ],
 )
 def test_a_bad_search_names_the_file_key_and_expectation(tmp_path: Path, change: tuple[str, str], message: str) -> None:
-    with pytest.raises(SuiteError, match=message):
-        load(tmp_path, SUITE.replace(*change, 1))
+    refused(tmp_path, SUITE.replace(*change, 1), message)
 
 
 def test_a_probe_measures_two_rounds_of_every_stream(tmp_path: Path) -> None:

@@ -18,7 +18,6 @@ import pytest
 from pytest_qwenperf.cli.main import main
 from pytest_qwenperf.loadgen.arrivals import Replay
 from pytest_qwenperf.loadgen.tokenizer import PromptTokenizer
-from pytest_qwenperf.suite.config import SuiteError, load_suite
 from pytest_qwenperf.suite.tiny_model import ensure_tiny_model
 from pytest_qwenperf.suite.traces import (
     BLOCK_TOKENS,
@@ -33,6 +32,7 @@ from pytest_qwenperf.suite.traces import (
     write_jsonl,
 )
 from pytest_qwenperf.suite.workloads import TraceWorkload
+from tests.suite_files import HEADER, refused, suite_at
 
 ROOT = Path(__file__).resolve().parent.parent
 
@@ -137,15 +137,7 @@ def test_the_synthetic_trace_is_bursty_long_tailed_shares_prefixes_and_reads_bac
 # The trace workload, its replay in a suite file, and the shipped trace
 # --------------------------------------------------------------------------- #
 
-SUITE = """
-[suite]
-name = "demo"
-hardware = "cpu"
-model = "embedded:tiny"
-
-[[config]]
-id = "base"
-
+SUITE = HEADER + """
 [[workload]]
 name = "replayed"
 kind = "trace"
@@ -192,8 +184,7 @@ def test_a_trace_workloads_fingerprint_is_its_content_not_its_path(tmp_path: Pat
 def test_a_suite_replays_a_trace_beside_it_at_a_scaled_time(tmp_path: Path) -> None:
     (tmp_path / "traces").mkdir()
     mooncake(tmp_path / "traces" / "t.jsonl", {"timestamp": 0, "input_length": 10, "output_length": 1})
-    (tmp_path / "suite.toml").write_text(SUITE)
-    (workload,) = load_suite(tmp_path / "suite.toml").workloads
+    (workload,) = suite_at(tmp_path, SUITE).workloads
     assert workload.arrival == Replay(time_scale=0.5)
     assert isinstance(workload.workload, TraceWorkload)
     assert workload.workload.path == str(tmp_path / "traces" / "t.jsonl")
@@ -210,9 +201,7 @@ def test_a_suite_replays_a_trace_beside_it_at_a_scaled_time(tmp_path: Path) -> N
     ],
 )
 def test_a_bad_replay_names_the_file_key_and_expectation(tmp_path: Path, change: tuple[str, str], message: str) -> None:
-    (tmp_path / "suite.toml").write_text(SUITE.replace(*change, 1))
-    with pytest.raises(SuiteError, match=message):
-        load_suite(tmp_path / "suite.toml")
+    refused(tmp_path, SUITE.replace(*change, 1), message)
 
 
 def test_the_shipped_cpu_trace_is_what_the_command_in_the_suite_writes(tmp_path: Path) -> None:
