@@ -54,7 +54,7 @@ def test_a_slid_point_is_marked_and_its_decline_listed_after_the_table() -> None
 def test_a_replayed_trace_says_how_late_it_went_and_what_the_cache_could_hit_against_what_it_hit() -> None:
     report = SessionReport()
     run = night(20, 5_000.0)
-    lags = {**run.metrics, "p50_scheduling_lag_ms": 0.41, "p99_scheduling_lag_ms": 1.93}
+    lags = {**run.metrics, "p50_scheduling_lag_ms": 0.4131335000057425, "p99_scheduling_lag_ms": 1.93}
     cached = ServerCounters.of({"prefix_cache_hits": 640.0, "prefix_cache_queries": 1_000.0})
     report.add(msgspec.structs.replace(run, metrics=lags, server=cached, trace=TraceReplay(cacheable_share=0.679, time_scale=1.0)))
     report.add(msgspec.structs.replace(night(20, 5_000.0, config="ctx-short"), trace=TraceReplay(cacheable_share=0.5)))
@@ -62,7 +62,7 @@ def test_a_replayed_trace_says_how_late_it_went_and_what_the_cache_could_hit_aga
     at = lines.index("traces replayed:")
     assert lines[at + 1 : at + 3] == [
         (
-            "  cpu/base / isl128-osl128: sent at the traced times x1, late by p50 0.41 ms, p99 1.93 ms; "
+            "  cpu/base / isl128-osl128: sent at the traced times x1, late by p50 0.413 ms, p99 1.93 ms; "
             "67.9% of prompt tokens could hit a prefix cache, the server hit 64.0%"
         ),
         (

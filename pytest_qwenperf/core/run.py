@@ -106,6 +106,10 @@ class ServerCounters(msgspec.Struct, frozen=True, kw_only=True):
         )
 
 
+def _ms(value: Number) -> str:
+    return "n/a" if value is None else f"{value:.3g} ms"
+
+
 def _ratio(part: float | None, whole: float | None) -> float | None:
     return None if part is None or not whole else part / whole
 
@@ -199,7 +203,7 @@ class TraceReplay(msgspec.Struct, frozen=True, kw_only=True):
         when = (
             "sent by a loop, not at the traced times"
             if self.time_scale is None
-            else f"sent at the traced times x{self.time_scale:g}, late by p50 {show(lag_p50_ms)} ms, p99 {show(lag_p99_ms)} ms"
+            else f"sent at the traced times x{self.time_scale:g}, late by p50 {_ms(lag_p50_ms)}, p99 {_ms(lag_p99_ms)}"
         )
         hits = "prefix caching off or not counted" if hit_rate is None else f"the server hit {hit_rate:.1%}"
         return f"{when}; {self.cacheable_share:.1%} of prompt tokens could hit a prefix cache, {hits}"
