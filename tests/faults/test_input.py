@@ -155,7 +155,7 @@ BAD_SUITES = {  # a change to SUITE -> what the message must say after the file 
     ),
     "unknown load key": (
         ("concurrency = 2", "rate = 4, burstyness = 2"),
-        "workload 'w'.load.burstyness: unknown key for an open loop (rate = R); expected only ['rate', 'distribution', 'burstiness', 'seed', 'max_concurrency']",
+        "workload 'w'.load.burstyness: unknown key for an open loop (rate = R); expected only ['rate', 'distribution', 'burstiness', 'seed', 'max_concurrency', 'ramp', 'ramp_steps']",
     ),
     "floor of an unknown metric": (
         ("output_throughput = {", "output_tokens_per_s = {"),
