@@ -9,12 +9,12 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
+from pytest_qwenperf.core.parallel import gpus_per_server
 from pytest_qwenperf.loadgen.arrivals import ClosedLoop, OpenLoop
 from pytest_qwenperf.loadgen.tokenizer import PromptTokenizer
 from pytest_qwenperf.measure.scaling import ScalingSummary, copies_of, times_arrival
 from pytest_qwenperf.serving.replicas import (
     ReplicaError,
-    gpus_per_replica,
     replica_specs,
     split_cpus,
     split_gpus,
@@ -56,8 +56,8 @@ def test_no_cpus_means_no_pinning_for_any_replica() -> None:
         (("--data-parallel-size", "8", "--max-model-len", "4096"), 8),
     ],
 )
-def test_gpus_per_replica_is_tp_times_pp_times_dp(argv: tuple[str, ...], gpus: int) -> None:
-    assert gpus_per_replica(argv) == gpus
+def test_gpus_per_server_is_tp_times_pp_times_dp(argv: tuple[str, ...], gpus: int) -> None:
+    assert gpus_per_server(argv) == gpus
 
 
 def test_gpu_slices_are_consecutive_groups() -> None:

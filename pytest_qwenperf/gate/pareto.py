@@ -29,6 +29,7 @@ import math
 from collections.abc import Iterator, Mapping, Sequence
 from dataclasses import dataclass
 
+from pytest_qwenperf.core import parallel
 from pytest_qwenperf.core.formats import show
 from pytest_qwenperf.core.run import MISSING, Run
 from pytest_qwenperf.gate.compare import CompareError, RunSet
@@ -38,15 +39,6 @@ Rung = tuple[str, str]
 """A rung of the ladder: (suite, config), a compared group's key without its workload."""
 
 _TPOT, _OUTPUT = "mean_tpot_ms", "output_throughput"
-_PARALLEL = {
-    "--tensor-parallel-size": "tp",
-    "-tp": "tp",
-    "--pipeline-parallel-size": "pp",
-    "-pp": "pp",
-    "--data-parallel-size": "dp",
-    "-dp": "dp",
-}
-"""The vLLM flags whose product is the GPUs of one server (``serving.replicas.gpus_per_replica``)."""
 
 
 @dataclass(frozen=True)
@@ -156,20 +148,12 @@ def _on_cpu(run: Run, where: str) -> bool:
 
 
 def gpus_per_server(argv: Sequence[str], where: str) -> int:
-    """TP × PP × DP from a vLLM argv (``--flag N`` or ``--flag=N``, ``_`` or ``-`` in long flags)."""
-    sizes = dict.fromkeys(("tp", "pp", "dp"), 1)
-    for i, arg in enumerate(argv):
-        flag, equals, value = arg.partition("=")
-        flag = flag if not flag.startswith("--") else flag.replace("_", "-")
-        if flag not in _PARALLEL:
-            continue
-        if not equals:
-            value = argv[i + 1] if i + 1 < len(argv) else MISSING
-        if not (value.isascii() and value.isdigit() and int(value) >= 1):
-            got = value if value is MISSING else show(value)
-            raise CompareError(f"{where}: identity.argv: {flag}: expected a whole number of 1 or more, got {got}")
-        sizes[_PARALLEL[flag]] = int(value)
-    return math.prod(sizes.values())
+    """TP × PP × DP from a vLLM argv (:func:`~pytest_qwenperf.core.parallel.gpus_per_server`), a bad
+    value a :class:`CompareError` naming ``where``."""
+    try:
+        return parallel.gpus_per_server(argv)
+    except ValueError as exc:
+        raise CompareError(f"{where}: identity.argv: {exc}") from None
 
 
 def _server_cores(run: Run, where: str) -> int:

@@ -11,11 +11,11 @@ real nginx in front of them (:class:`~pytest_qwenperf.serving.router.NginxRouter
 from __future__ import annotations
 
 import dataclasses
-import itertools
 from collections.abc import Sequence
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
+from pytest_qwenperf.core.parallel import gpus_per_server
 from pytest_qwenperf.serving.process import ServerError, StartStop
 from pytest_qwenperf.serving.router import NginxRouter
 from pytest_qwenperf.serving.server import ManagedServer, ServerInfo, ServerSpec
@@ -39,17 +39,6 @@ def split_cpus(cpus: frozenset[int], replicas: int) -> tuple[frozenset[int], ...
     return tuple(frozenset(ordered[i * size : (i + 1) * size]) for i in range(replicas))
 
 
-def gpus_per_replica(vllm_args: Sequence[str]) -> int:
-    """GPUs one server uses: tensor × pipeline × (internal) data parallel size, from its argv."""
-    sizes = dict.fromkeys(("tp", "pp", "dp"), 1)
-    names = {"--tensor-parallel-size": "tp", "-tp": "tp", "--pipeline-parallel-size": "pp", "-pp": "pp"}
-    names |= {"--data-parallel-size": "dp", "-dp": "dp"}
-    for flag, value in itertools.pairwise(vllm_args):
-        if flag in names:
-            sizes[names[flag]] = int(value)
-    return sizes["tp"] * sizes["pp"] * sizes["dp"]
-
-
 def split_gpus(devices: Sequence[str], per_replica: int, replicas: int) -> tuple[str, ...]:
     """The ``CUDA_VISIBLE_DEVICES`` value of each replica: consecutive groups of ``devices``."""
     needed = per_replica * replicas
@@ -64,7 +53,7 @@ def replica_specs(spec: ServerSpec, replicas: int, *, gpu_devices: Sequence[str]
     """``spec`` as ``replicas`` servers named ``<name>-r<i>``, each on its slice of
     ``spec.cpus`` and, when ``gpu_devices`` are given, of the GPUs."""
     cpus = split_cpus(spec.cpus, replicas)
-    gpus = split_gpus(gpu_devices, gpus_per_replica(spec.args), replicas) if gpu_devices else ()
+    gpus = split_gpus(gpu_devices, gpus_per_server(spec.args), replicas) if gpu_devices else ()
     specs = []
     for i in range(replicas):
         env = dict(spec.env) | ({"CUDA_VISIBLE_DEVICES": gpus[i]} if gpus else {})
