@@ -3,7 +3,7 @@
 Boots the CPU build of vLLM on the tiny model, pinned to the first CPU, and runs both
 tools in turn on the last CPU with the same workload: random prompts of 128 tokens,
 128 output tokens with ``ignore_eos``, 32 requests in flight, 256 measured requests after
-32 warm-up requests, greedy sampling, prefix caching off. Runs are interleaved (ours, theirs, ours, ...) so
+32 warm-up requests, greedy sampling, prefix caching off. Runs are interleaved ABBA (ours, theirs, theirs, ours, ...) so
 that drift of the machine hits both alike; the verdict compares the medians of
 ``output_throughput``. Prints a markdown table and writes every figure as JSON.
 
@@ -21,12 +21,12 @@ import sys
 import tempfile
 from pathlib import Path
 
+from benchmarks.commands import Requests, qwenperf_bench, turns, vllm_bench_serve
 from pytest_qwenperf.serving.pool import server_spec
 from pytest_qwenperf.serving.server import DEFAULT_LAUNCHER, ManagedServer
 from pytest_qwenperf.suite.config import tiny_cpu_config
 from pytest_qwenperf.suite.embedded import TINY_MODEL_NAME, resolve_model
 
-HERE = Path(__file__).resolve().parent
 TOLERANCE = 0.05
 WORKLOAD = {"input_len": 128, "output_len": 128, "num_prompts": 256, "warmup": 32, "concurrency": 32}
 
@@ -42,23 +42,17 @@ def tiny_server(cpus: frozenset[int], log_dir: Path) -> ManagedServer:
     return ManagedServer(server_spec(SERVER, launcher=DEFAULT_LAUNCHER, boot_timeout_s=600, cpus=cpus), log_dir)
 
 
+def _requests(url: str) -> Requests:
+    return Requests(url, WORKLOAD["input_len"], WORKLOAD["output_len"], WORKLOAD["num_prompts"], WORKLOAD["concurrency"], WORKLOAD["warmup"])
+
+
 def ours(url: str, client_cpu: int, out: Path) -> float:
-    w = WORKLOAD
-    argv = [sys.executable, "-m", "pytest_qwenperf.cli.main", "bench", "--endpoint", url, "--progress", "off"]
-    argv += ["--input-len", str(w["input_len"]), "--output-len", str(w["output_len"]), "--num-prompts", str(w["num_prompts"])]
-    argv += ["--warmup", str(w["warmup"]), "--max-concurrency", str(w["concurrency"]), "--json", str(out)]
-    argv += ["--no-continuous-usage"]  # the same requests as vllm bench serve sends
-    _run(["taskset", "-c", str(client_cpu), *argv])
+    _run(["taskset", "-c", str(client_cpu), *qwenperf_bench(_requests(url), out)])
     return float(json.loads(out.read_text())["metrics"]["output_throughput"])
 
 
 def theirs(url: str, client_cpu: int, out: Path) -> float:
-    w = WORKLOAD
-    argv = [sys.executable, str(HERE / "vllm_bench_serve.py"), "--base-url", url, "--model", TINY_MODEL_NAME]
-    argv += ["--tokenizer", resolve_model("embedded:tiny"), "--dataset-name", "random", "--ignore-eos", "--temperature", "0"]
-    argv += ["--random-input-len", str(w["input_len"]), "--random-output-len", str(w["output_len"]), "--num-prompts", str(w["num_prompts"])]
-    argv += ["--num-warmups", str(w["warmup"]), "--max-concurrency", str(w["concurrency"]), "--disable-tqdm"]
-    argv += ["--save-result", "--result-dir", str(out.parent), "--result-filename", out.name]
+    argv = vllm_bench_serve(_requests(url), out, TINY_MODEL_NAME, resolve_model("embedded:tiny"), "--temperature", "0")
     _run(["taskset", "-c", str(client_cpu), *argv])
     return float(json.loads(out.read_text())["output_throughput"])
 
@@ -81,9 +75,10 @@ def main() -> int:
     figures: dict[str, list[float]] = {"qwenperf bench": [], "vllm bench serve": []}
     with tempfile.TemporaryDirectory() as tmp, tiny_server(server_cpus, Path(tmp)) as server:
         info = server.info[0]
+        tools = {"qwenperf bench": ours, "vllm bench serve": theirs}
         for n in range(args.rounds):
-            figures["qwenperf bench"].append(ours(server.base_url, client_cpu, Path(tmp) / f"ours-{n}.json"))
-            figures["vllm bench serve"].append(theirs(server.base_url, client_cpu, Path(tmp) / f"theirs-{n}.json"))
+            for tool in turns(list(tools), n):
+                figures[tool].append(tools[tool](server.base_url, client_cpu, Path(tmp) / f"{tool.split()[0]}-{n}.json"))
             print(f"round {n + 1}: ours {figures['qwenperf bench'][-1]:,.0f}, theirs {figures['vllm bench serve'][-1]:,.0f} output tok/s", file=sys.stderr)
     medians = {tool: statistics.median(values) for tool, values in figures.items()}
     ratio = medians["qwenperf bench"] / medians["vllm bench serve"]

@@ -82,6 +82,7 @@ from pytest_qwenperf.core.stats import centre
 from pytest_qwenperf.core.verdict import DEFAULT_CONFIDENCE, Judgement, judge
 from pytest_qwenperf.gate.judge import losses
 from pytest_qwenperf.measure.method import Method, repeats
+from pytest_qwenperf.measure.observe import ClientSetup
 from pytest_qwenperf.measure.run import measure
 from pytest_qwenperf.serving import proctree
 from pytest_qwenperf.serving.hardware import detect
@@ -225,7 +226,7 @@ def one_repeat(bench: Bench, arm: Arm, quota: int | None) -> dict[str, Any]:
     bench.cgroup.set_quota(quota)
     started = datetime.datetime.now(datetime.UTC).isoformat(timespec="seconds")
     throttled, cpu_s, wall = bench.cgroup.throttling(), tree_cpu_seconds(before_tree), time.perf_counter()
-    run = measure(bench.server, bench.config, bench.workload, Method.of(bench.suite, repeats(1), bench.client_cpus))
+    run = measure(bench.server, bench.config, bench.workload, Method.of(bench.suite, repeats(1), ClientSetup(cpus=bench.client_cpus)))
     wall = time.perf_counter() - wall
     cpu_s = tree_cpu_seconds(bench.tree() | before_tree) - cpu_s
     throttled = bench.cgroup.throttling().since(throttled)

@@ -31,6 +31,7 @@ from typing import Any
 
 from pytest_qwenperf.core.files import write_atomically
 from pytest_qwenperf.measure.method import Method, repeats
+from pytest_qwenperf.measure.observe import ClientSetup
 from pytest_qwenperf.measure.run import measure
 from pytest_qwenperf.serving.hardware import detect
 from pytest_qwenperf.serving.placement import placement
@@ -123,7 +124,7 @@ def main(argv: list[str] | None = None) -> int:
             for n in range(args.rounds):
                 for arm in ("alone", "shared") if n % 2 == 0 else ("shared", "alone"):
                     with competitor(placed.server_cpus) if arm == "shared" else contextlib.nullcontext([]) as pids:
-                        run = measure(server, cfg, workload, Method.of(suite, repeats(1), placed.client_cpus))
+                        run = measure(server, cfg, workload, Method.of(suite, repeats(1), ClientSetup(cpus=placed.client_cpus)))
                     document["runs"].append(figures(run, arm, pids))
                     write_atomically(args.out, json.dumps(document, indent=1))
                     print(f"round {n + 1} {arm}: {document['runs'][-1]['conditions']}", flush=True)

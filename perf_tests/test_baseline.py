@@ -9,7 +9,8 @@ one whose recorded environment differs in a field the suite's ``must_match`` nam
 other environment differences are warned about. A run that lost data or ran in wrong
 conditions (failed requests, token totals that disagree with the server, a client that could
 not keep up, a metric without a value, a shared core or a throttled GPU) fails as
-``invalid``, baseline or not. A verdict the data cannot decide (``noisy``, ``underpowered``)
+``invalid``, baseline or not. A regression's failure lists its likely causes: what the reference
+kept of its setup and telemetry against the run's (``pytest_qwenperf.gate.diagnosis``). A verdict the data cannot decide (``noisy``, ``underpowered``)
 after the extra repeats the suite allows (``max_repeats``) warns and never fails.
 
 With a history store, a reference that slides with a slow slide would pass it night after
@@ -25,10 +26,13 @@ import pytest
 
 from pytest_qwenperf.core.run import Run
 from pytest_qwenperf.core.verdict import Judgement
+from pytest_qwenperf.gate.diagnosis import RANKING, Diagnosis
 from pytest_qwenperf.gate.judge import environment_notes, references, render_judgements
 
 
-def test_no_regression_against_baseline(qwenperf_judgements: tuple[Judgement, ...], qwenperf_run: Run) -> None:
+def test_no_regression_against_baseline(
+    qwenperf_judgements: tuple[Judgement, ...], qwenperf_run: Run, qwenperf_diagnosis: Diagnosis | None
+) -> None:
     verdicts = {j.verdict for j in qwenperf_judgements}
     table = render_judgements(qwenperf_judgements)
     slid = "\n".join(d.detail for d in qwenperf_run.declines)
@@ -36,7 +40,8 @@ def test_no_regression_against_baseline(qwenperf_judgements: tuple[Judgement, ..
     if verdicts <= {"no-baseline", "not-comparable"}:
         pytest.skip(f"nothing to judge against: {qwenperf_judgements[0].detail}" if qwenperf_judgements else "no gated metric measured")
     assert "invalid" not in verdicts, f"the run lost data, so its numbers are no verdict on vLLM\n{table}"
-    assert "regression" not in verdicts, f"slower than the baseline beyond tolerance and noise\n{table}"
+    causes = f"\n\nlikely causes ({RANKING}):\n" + "\n".join(qwenperf_diagnosis.lines()) if qwenperf_diagnosis else ""
+    assert "regression" not in verdicts, f"slower than the baseline beyond tolerance and noise\n{table}{causes}"
     if "noisy" in verdicts:
         warnings.warn(f"some metrics look worse than the tolerance, but the noise cannot confirm it\n{table}", stacklevel=1)
     stale = [name for name in references(qwenperf_judgements) if "(stale: " in name]

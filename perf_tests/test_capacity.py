@@ -42,6 +42,11 @@ def test_capacities_rise_along_the_ladder(
         capacities.append((config_id, factor, statistics.median(found)))
     every = ", ".join(f"{c} {v:.3g}" for c, _, v in capacities)
     first, _, base = capacities[0]
+    highest = suite_workload.search.highest if suite_workload.search else None
     for (below, _, low), (above, factor, high) in itertools.pairwise(capacities):
+        assert low != highest, (
+            f"{below}'s capacity at the SLO is the highest load searched ({highest:g}): the search cannot show that "
+            f"{above} carries more; raise the search's highest load for this runner (in order: {every})"
+        )
         assert high > low, f"{above}'s capacity at the SLO {high:.3g} is not above {below}'s {low:.3g} (in order: {every})"
         assert high >= base * factor, f"{above}'s capacity at the SLO {high:.3g} is not {factor:g}x {first}'s {base:.3g} (in order: {every})"

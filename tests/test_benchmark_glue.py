@@ -14,6 +14,7 @@ import pytest
 
 from pytest_qwenperf.core.run import decode_run
 from pytest_qwenperf.plugin.benchmark import (
+    GROUP_UNIT,
     flat_metrics,
     record,
     seconds_per_million_tokens,
@@ -92,7 +93,7 @@ def test_json_entry_holds_the_given_seconds_and_the_run(inner: pytest.Pytester) 
     assert extra["unit"].startswith("seconds per 1,000,000 total tokens")
 
     one = entries["test_one_run"]  # a run without samples: its single value, one round
-    assert (one["group"], one["name"], one["stats"]["data"]) == ("cpu/base", "isl128-osl128", [2.0])
+    assert (one["group"], one["name"], one["stats"]["data"]) == (f"cpu/base: {GROUP_UNIT}", "isl128-osl128", [2.0])
     assert one["params"] == {"suite": "cpu", "config": "base", "workload": "isl128-osl128"}
 
     machine = report["machine_info"]
@@ -113,7 +114,7 @@ def test_a_run_of_several_repeats_is_one_round_per_repeat(inner: pytest.Pytester
     assert entry["stats"]["rounds"] == len(throughputs)
     assert entry["stats"]["data"] == [1e6 / t for t in throughputs]
     assert entry["stats"]["stddev"] > 0
-    assert (entry["group"], entry["name"]) == ("cpu/base", "isl128-osl128")
+    assert (entry["group"], entry["name"]) == (f"cpu/base: {GROUP_UNIT}", "isl128-osl128")
 
 
 def test_compare_fail_on_the_median_gates_throughput(inner: pytest.Pytester) -> None:
@@ -158,6 +159,46 @@ def test_disabled_benchmarks_still_run_the_test_and_skip_skips_it(inner: pytest.
 
     skipped = run_inner(inner, [2.0], "--benchmark-skip")
     skipped.assert_outcomes(skipped=3)
+
+
+TABLE = """
+import json
+from pathlib import Path
+
+from pytest_qwenperf.core.run import decode_run
+from pytest_qwenperf.plugin.benchmark import GROUP_UNIT, record, record_run
+
+SPEC = json.loads(Path("spec.json").read_text())
+
+
+def test_ours(benchmark):
+    record(benchmark, decode_run(SPEC["run"]), SPEC["seconds"], group=f"cpu/base: {GROUP_UNIT}", name="fast", params={})
+
+
+def test_timed(benchmark):
+    benchmark.group = "plain timing"
+    benchmark.pedantic(lambda: None, rounds=2, iterations=1)
+"""
+
+
+def test_the_terminal_table_says_its_figures_are_seconds_per_million_tokens(pytester: pytest.Pytester) -> None:
+    """Half a second per million tokens stays ``0.5`` under "time in s" and a heading that names the unit,
+    where pytest-benchmark would show ``500`` "time in ms"; an ordinary benchmark's table is its own."""
+    pytester.makepyfile(test_table=TABLE)
+    result = run_inner(pytester, [0.5, 0.6], "--benchmark-json=out.json")
+    assert result.ret == 0, result.stdout.str()
+    lines = result.stdout.lines
+    heading = next(i for i, line in enumerate(lines) if "benchmark 'cpu/base: seconds per million total tokens (lower is better)'" in line)
+    assert lines[heading + 1].startswith("Name (time in s) ")
+    assert lines[heading + 3].startswith("fast ") and " 0.5000 " in lines[heading + 3], lines[heading + 3]
+    plain = next(i for i, line in enumerate(lines) if "benchmark 'plain timing'" in line)
+    assert not lines[plain + 1].startswith("Name (time in s) "), lines[plain + 1]  # a no-op is timed in ns or us
+    (entry,) = (e for e in json.loads((pytester.path / "out.json").read_text())["benchmarks"] if e["name"] == "fast")
+    assert entry["stats"]["data"] == [0.5, 0.6]  # the JSON keeps every round as measured
+
+    asked = run_inner(pytester, [0.5, 0.6], "--benchmark-time-unit=ms", "-k", "ours")
+    assert asked.ret == 0, asked.stdout.str()
+    asked.stdout.fnmatch_lines(["*benchmark 'cpu/base: seconds per million total tokens*", "Name (time in ms) *", "fast *500.0000*"])
 
 
 def test_seconds_per_million_tokens() -> None:

@@ -85,6 +85,10 @@ def test_one_server_at_a_time_finds_it_too(tmp_path: Path) -> None:
     assert done.returncode == 0, done.stderr
     assert f"first bad: {versions[2]}" in done.stdout
     assert "one at a time" in done.stderr
+    # each step's boots and repeats are told on stderr as they finish, named by the release
+    lines = done.stderr.splitlines()
+    assert any(line.startswith(f"qwenperf booted {versions[0]} standin/base in ") for line in lines), done.stderr
+    assert any(line.startswith(f"qwenperf {versions[2]}: standin/base / w: repeat 1 of ") and " done, " in line for line in lines), done.stderr
 
 
 def test_an_interrupted_bisection_stops_every_server_and_resumes_from_its_state(tmp_path: Path) -> None:

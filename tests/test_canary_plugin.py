@@ -83,6 +83,8 @@ def test_answers_are_recorded_then_judged_and_a_changed_output_fails(pytester: p
     changed.stdout.fnmatch_lines(
         ["*standin/base: changed-output: match rate 0.000 < 1: 0 of 8 prompts give the reference's tokens*first differing prompt 0 'The capital of France is'*"]
     )
+    judged = {j["config"]: j for j in json.loads((pytester.path / "changed.json").read_text())["canary_verdicts"]}
+    assert judged["standin/base"]["verdict"] == "changed-output" and judged["standin/base"]["found"]["first_mismatch"] == 0
 
     compare = [sys.executable, "-m", "pytest_qwenperf.cli.main", "compare", "first.json"]
     assert pytester.run(*compare, "second.json", "--fail-on", "changed-output").ret == 0

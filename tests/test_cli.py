@@ -96,6 +96,12 @@ def test_bench_bad_option_values_fail_at_parsing() -> None:
         assert done.returncode == 2 and message in done.stderr, (args, done.stderr)
 
 
+def test_bench_refuses_client_cpus_with_ray_before_reaching_anything() -> None:
+    done = run_cli("bench", "--endpoint", "http://127.0.0.1:9", "--ray", "127.0.0.1:1", "--client-cpus", "1", "--progress", "off")
+    assert done.returncode == 2, done.stdout + done.stderr
+    assert "--client-cpus pins a client on this machine; with --ray the workers run on the cluster's nodes" in done.stderr
+
+
 def test_bench_with_a_history_store_that_cannot_be_opened_fails_before_it_measures(tmp_path: Path) -> None:
     store = tmp_path / "no" / "such" / "h.sqlite"
     done = run_cli("bench", "--endpoint", "http://127.0.0.1:9", "--progress", "off", "--history", str(store))

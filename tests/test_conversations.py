@@ -20,7 +20,7 @@ from pytest_qwenperf.loadgen.arrivals import Arrival, ClosedLoop, OpenLoop
 from pytest_qwenperf.loadgen.client import Assignment, LoadOptions, LoadResult, run_load_sync
 from pytest_qwenperf.loadgen.request import RequestSpec, Turn
 from pytest_qwenperf.loadgen.tokenizer import PromptTokenizer
-from pytest_qwenperf.loadgen.workers import _share_of, run_load_in_workers
+from pytest_qwenperf.loadgen.workers import run_load_in_workers, share_of
 from pytest_qwenperf.suite.workloads import ConversationWorkload, workload_from_dict
 from tests.stream_source import MODEL, StreamSource, stream_source
 from tests.suite_files import HEADER, refused, suite_at
@@ -245,7 +245,7 @@ def test_a_turn_without_its_predecessor_and_a_warmup_that_splits_a_conversation_
 def test_workers_get_whole_conversations(words: PromptTokenizer) -> None:
     specs = chat(conversations=5).build(words)
     whole = Assignment.of(["http://x"], MODEL, specs, ClosedLoop(2), LoadOptions(warmup=3))
-    shares = [_share_of(whole, 2, k) for k in range(2)]
+    shares = [share_of(whole, 2, k) for k in range(2)]
     for share in shares:
         for unit in share.warmup + share.units:
             turns = [turn_of(spec) for _, spec in unit]

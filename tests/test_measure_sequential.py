@@ -5,6 +5,7 @@ from __future__ import annotations
 import contextlib
 import json
 from collections.abc import Callable, Iterator, Sequence
+from pathlib import Path
 from types import SimpleNamespace
 from typing import Any, cast
 
@@ -15,13 +16,13 @@ from pytest_qwenperf.core.formats import json_safe
 from pytest_qwenperf.core.run import Run, RunJsonError, decode_run
 from pytest_qwenperf.core.sequential import SequentialPlan
 from pytest_qwenperf.core.verdict import Judgement
-from pytest_qwenperf.gate.baseline import Baseline, BaselineError, baseline_from_run
-from pytest_qwenperf.gate.judge import judge_run
+from pytest_qwenperf.gate.baseline import Baseline, BaselineError, baseline_from_run, load_baseline, save_baseline
+from pytest_qwenperf.gate.diagnosis import diagnose
+from pytest_qwenperf.gate.judge import judge_against_run, judge_run
 from pytest_qwenperf.measure import run as run_module
 from pytest_qwenperf.measure import sequential
 from pytest_qwenperf.measure.method import Method, repeats
 from pytest_qwenperf.measure.run import Repeat, combine_repeats, measure
-from pytest_qwenperf.measure.scaling import Route
 from pytest_qwenperf.measure.sequential import decide, measure_point
 from pytest_qwenperf.serving.server import Server
 from tests.test_baseline import run_of, suite
@@ -185,11 +186,11 @@ def fake_server(monkeypatch: pytest.MonkeyPatch, runs: dict[int, list[Run]], mea
     """A server whose load runs are ``runs`` (per replica count, in order; ``measured`` gets each one's
     replica count), measured without any process."""
 
-    def measure_once(server: object, route: Route, *args: object, **kwargs: object) -> Run:
-        measured.append(route.replicas)
-        return runs[route.replicas].pop(0)
+    def observed(driver: run_module.Driver, *args: object) -> Run:
+        measured.append(driver.route.replicas)
+        return runs[driver.route.replicas].pop(0)
 
-    monkeypatch.setattr(run_module, "_measure_once", measure_once)
+    monkeypatch.setattr(run_module.Driver, "_observed", observed)
     monkeypatch.setattr(run_module, "reset_prefix_caches", lambda urls: True)
     urls = ("http://127.0.0.1:8000", "http://127.0.0.1:8001")
     return cast(Server, SimpleNamespace(load_urls=urls, base_urls=urls, check_alive=lambda: None))
@@ -217,6 +218,14 @@ def test_a_repeat_runs_every_route_fewest_replicas_first_and_the_run_carries_the
     run = combine_repeats(measured_repeats, config.replicas, Method())
     assert run.metrics["total_token_throughput"] == 19_000.0  # the two replicas' run, its median repeat
     assert samples(run, "scaling_efficiency_n2") == pytest.approx((0.95, 19_800 / 20_400))
+
+
+def test_a_figure_one_repeat_lacks_is_a_null_among_the_samples_not_dropped() -> None:
+    blind = repeat_at(1.0)[1]
+    blind = msgspec.structs.replace(blind, metrics={**blind.metrics, "p99_ttft_ms": None})
+    run = combine([repeat_at(1.0), {1: blind}, repeat_at(0.9)])
+    assert run.samples is not None and run.samples["p99_ttft_ms"][1] is None
+    assert run.lost_values()["p99_ttft_ms"] == "samples.p99_ttft_ms[1] is null"
 
 
 def test_a_client_bound_repeat_makes_the_combined_run_so() -> None:
@@ -278,3 +287,46 @@ def test_a_baseline_that_cannot_be_read_is_no_baseline_and_the_decision_says_why
     assert script.calls == 3 and decided.run.extra_repeats == 0  # measured, and no extra repeat without a baseline
     assert decided.unreadable == "baselines/x.json: metrics.output_throughput.value: expected a number, got 'fast'"
     assert {j.verdict for j in decided.judgements} == {"no-baseline"}
+
+
+def test_each_repeats_telemetry_is_a_sample_so_a_diagnosis_weighs_its_spread() -> None:
+    def with_kv(factor: float, usage: float) -> Repeat:
+        run = repeat_at(factor)[1]
+        return {1: msgspec.structs.replace(run, telemetry={"server_gauges": {"kv_cache_usage": {"mean": usage}}})}
+
+    reference = combine([with_kv(1.0, u) for u in (0.50, 0.51, 0.49)])
+    run = combine([with_kv(0.7, u) for u in (0.90, 0.91, 0.92)])
+    assert run.samples is not None and run.samples["kv_cache_usage"] == (0.90, 0.91, 0.92)
+    judgements = judge_against_run(reference, run)
+    (kv,) = [cause for cause in diagnose(reference, run, judgements).causes if cause.subject == "kv_cache_usage"]
+    assert "3 vs 3 repeats" in kv.text and "one value per side" not in kv.text
+
+
+def test_a_regression_against_a_stored_baseline_carries_why_from_what_the_baseline_kept(tmp_path: Path) -> None:
+    """The baseline file keeps each repeat's telemetry and mean latencies (its ``evidence``), so a
+    run judged against it alone, with no reference run at hand, still gets its likely causes."""
+
+    def with_kv(factor: float, usage: float) -> Repeat:
+        run = repeat_at(factor)[1]
+        means = {"mean_ttft_ms": 100 / factor, "mean_tpot_ms": 10 / factor}
+        telemetry = {"server_gauges": {"kv_cache_usage": {"mean": usage}}}
+        return {1: msgspec.structs.replace(run, metrics={**run.metrics, **means}, telemetry=telemetry)}
+
+    recorded = baseline_from_run(combine([with_kv(1.0, u) for u in (0.50, 0.51, 0.49)]), source="test")
+    stored = load_baseline(save_baseline(tmp_path, recorded))
+    assert stored.evidence["kv_cache_usage"] == (0.50, 0.51, 0.49) and stored.evidence["mean_tpot_ms"] == (10.0, 10.0, 10.0)
+
+    decided = decide(PLAN, Script(*(with_kv(0.7, u) for u in (0.90, 0.91, 0.92))), combine, always(stored))
+    assert "regression" in verdicts(decided.judgements) and decided.diagnosis is not None
+    assert "output_throughput" in decided.diagnosis.changed
+    subjects = [cause.subject for cause in decided.diagnosis.causes]
+    assert subjects == ["kv_cache_usage", "latency"], decided.diagnosis.lines()
+    (kv,) = [cause for cause in decided.diagnosis.causes if cause.subject == "kv_cache_usage"]
+    assert "3 vs 3 repeats" in kv.text
+    assert "prefill and decode both moved" in decided.diagnosis.causes[1].text  # both latencies were divided by 0.7
+
+    unmoved = decide(PLAN, Script(*(with_kv(1.0, u) for u in (0.50, 0.51, 0.49))), combine, always(stored))
+    assert "regression" not in verdicts(unmoved.judgements) and unmoved.diagnosis is None
+    published = msgspec.structs.replace(stored, evidence={})  # a baseline that kept nothing: the setup alone
+    bare = decide(PLAN, Script(*(with_kv(0.7, u) for u in (0.90, 0.91, 0.92))), combine, always(published))
+    assert bare.diagnosis is not None and bare.diagnosis.causes == ()

@@ -16,7 +16,7 @@ from pytest_qwenperf.core.records import RequestRecord
 from pytest_qwenperf.loadgen.arrivals import ArrivalError, ClosedLoop, OpenLoop
 from pytest_qwenperf.loadgen.client import Assignment, LoadOptions, run_load_sync
 from pytest_qwenperf.loadgen.request import RequestSpec
-from pytest_qwenperf.loadgen.workers import _share_of, run_load_in_workers
+from pytest_qwenperf.loadgen.workers import run_load_in_workers, share_of
 from tests.stream_source import MODEL, StreamSource, stream_source
 from tests.suite_files import HEADER, refused, suite_at
 
@@ -140,7 +140,7 @@ def test_workers_share_the_ramp_and_keep_its_length(source: StreamSource) -> Non
     whole = Assignment.of(source.urls, MODEL, specs, arrival, LoadOptions(warmup=8))
     assert whole.ramp is not None and whole.ramp == tuple(arrival.ramp_offsets(8)) and whole.ramp_s == 0.4
     for k in range(2):
-        share = _share_of(whole, 2, k)
+        share = share_of(whole, 2, k)
         assert share.ramp == whole.ramp[k::2] and share.ramp_s == whole.ramp_s  # the measured phase starts at the whole ramp's end
         assert [unit[0][0] for unit in share.warmup] == list(range(k, 8, 2))
     load = run_load_in_workers(2, source.urls, MODEL, specs, arrival, LoadOptions(warmup=8))

@@ -14,12 +14,15 @@ import pytest
 from pytest_qwenperf.core.capacity import SearchPlan, Slo
 from pytest_qwenperf.core.records import RequestRecord
 from pytest_qwenperf.core.run import Loss, Run
-from pytest_qwenperf.gate.judge import losses
+from pytest_qwenperf.gate.baseline import baseline_from_run
+from pytest_qwenperf.gate.judge import judge_run, losses
 from pytest_qwenperf.loadgen.arrivals import ClosedLoop, OpenLoop
 from pytest_qwenperf.loadgen.client import LoadOptions
 from pytest_qwenperf.loadgen.request import RequestSpec
+from pytest_qwenperf.measure.method import Method
 from pytest_qwenperf.measure.observe import Load
 from pytest_qwenperf.measure.report import SessionReport
+from pytest_qwenperf.measure.run import combine_repeats
 from pytest_qwenperf.measure.search import Watch, search_once
 from pytest_qwenperf.measure.session_table import session_table
 from pytest_qwenperf.suite.config import SuiteWorkload
@@ -97,16 +100,17 @@ def test_a_probe_measures_two_rounds_of_every_stream(tmp_path: Path) -> None:
 
 class Server:
     """Runs as a stand-in server measures them: p99 TPOT 10 ms × (1 + concurrency / 32), so the
-    20 ms target binds at 32; ``failing`` loads lose requests, ``condition`` marks every run."""
+    20 ms target binds at 32, and p99 TTFT ``ttft``; ``failing`` loads lose requests, ``condition``
+    marks every run."""
 
-    def __init__(self, failing: float = 1e9, condition: Loss | None = None) -> None:
-        self.failing, self.condition, self.loads = failing, condition, []
+    def __init__(self, failing: float = 1e9, condition: Loss | None = None, ttft: float = 100.0) -> None:
+        self.failing, self.condition, self.ttft, self.loads = failing, condition, ttft, []
 
     def __call__(self, workload: SuiteWorkload, watch: Watch) -> Run:
         assert isinstance(workload.arrival, ClosedLoop)
         c = workload.arrival.concurrency
         self.loads.append(c)
-        run = run_of(tpot=10.0 * (1 + c / 32), ttft=100.0, output=100.0 * c, failed=5 if c >= self.failing else 0)
+        run = run_of(tpot=10.0 * (1 + c / 32), ttft=self.ttft, output=100.0 * c, failed=5 if c >= self.failing else 0)
         identity = msgspec.structs.replace(run.identity, workload_fingerprint=workload.workload.fingerprint())
         return msgspec.structs.replace(run, identity=identity, conditions=(self.condition,) if self.condition else ())
 
@@ -133,6 +137,23 @@ def test_a_probe_that_lost_requests_fails_the_slo_without_making_the_search_inva
     failed = [p for p in search.probes if p.load >= 24]
     assert failed and all(p.stopped == "5 request(s) failed" for p in failed)
     assert search.load is not None and search.load < 24 and not losses(run)
+
+
+def test_a_search_that_no_load_passes_weighs_as_no_capacity_in_every_repeat(tmp_path: Path) -> None:
+    workload = load(tmp_path)
+    failed = search_once(Server(ttft=600.0), workload)  # the target is 500 ms
+    (search,) = failed.capacity
+    assert (search.load, search.bound) == (None, "below-lowest") and min(p.load for p in search.probes) == 2
+    assert failed.metrics["capacity_at_slo"] == 0.0 and failed.metrics["capacity_output_throughput"] == 0.0
+    assert failed.gated_samples() == {"capacity_at_slo": (0.0,)} and not failed.lost_values()
+    # among repeats it is the worst sample, not a gap that leaves the verdict the others
+    run = combine_repeats([{1: search_once(Server(), workload)}, {1: failed}, {1: search_once(Server(), workload)}], 1, Method())
+    (found, none, again) = run.gated_samples()["capacity_at_slo"]
+    assert none == 0.0 and found == again == pytest.approx(32, rel=0.1)
+    reference = combine_repeats([{1: search_once(Server(), workload)} for _ in range(3)], 1, Method())
+    (judged,) = judge_run(baseline_from_run(reference, source="test"), run)
+    assert (judged.metric, judged.verdict) == ("capacity_at_slo", "regression")
+    assert any("none: even the lowest load failed the SLO" in line for line in session_table(_report(failed)))
 
 
 def test_a_condition_of_any_probe_makes_the_search_invalid(tmp_path: Path) -> None:

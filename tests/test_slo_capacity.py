@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import math
 import random
+import re
 import statistics
 from collections.abc import Callable
 
@@ -99,6 +100,25 @@ def test_a_probe_that_breaks_the_order_is_pooled_not_believed() -> None:
     assert {p.load for p in found.probes} >= {8.0, 16.0, 32.0}
 
 
+def test_a_failing_load_that_meets_when_probed_again_sends_the_search_above_it() -> None:
+    """The first probe at 64 reads 20 % high and fails; confirmed, 64 meets on the pooled fit and
+    nothing probed so far fails. The search brackets on upwards and finds the knee (90), rather
+    than reporting 64 as if it were the highest load it could search."""
+    honest, seen = server(tpot_knee=90.0, saturation=1e6), set()
+
+    def probe(load: float) -> Probe:
+        found = honest(load)
+        if load == 64 and load not in seen:
+            found = Probe(load, {k: 1.2 * v for k, v in found.latencies.items()}, found.output_throughput)
+        seen.add(load)
+        return found
+
+    plan = SearchPlan("concurrency", start=32, lowest=2, highest=128, resolution=0.2, max_probes=12)
+    found = find_capacity(probe, SLO, plan)
+    assert found.bound == "found" and found.load is not None and abs(found.load - 90) <= 0.2 * 90, found
+    assert 128.0 in {p.load for p in found.probes} and found.binding == "p99_tpot_ms"
+
+
 def test_bounds_below_the_lowest_and_above_the_highest_load() -> None:
     plan = SearchPlan("concurrency", start=4, lowest=1, highest=16)
     above = find_capacity(server(), SLO, plan)
@@ -145,3 +165,19 @@ def test_over_saturation_needs_both_the_queue_and_ttft_rising() -> None:
     reason = oversaturated(short)
     assert reason is not None and "8 requests/s of 10 asked (20% behind)" in reason
     assert oversaturated(ProbeWindow([], [], [], requested_rate=10.0, achieved_rate=9.5)) is None
+
+
+def test_a_rise_stops_a_probe_only_when_it_is_material_and_past_the_slos_ttft() -> None:
+    """A real CPU probe far inside its capacity showed both slopes significant and tiny (TTFT rising
+    0.2 ms/s on 15 ms): that is no saturation. A rise stops a probe once the fitted TTFT has
+    doubled and, where the SLO limits TTFT, passed that limit (the probe fails then anyway)."""
+    rng = random.Random(2)
+    sent = [i * 0.1 for i in range(120)]
+    creeping = ProbeWindow(
+        sent, [0.015 + 0.0002 * t + rng.uniform(-1e-4, 1e-4) for t in sent], [(t, 1 + 0.15 * t + rng.uniform(-0.1, 0.1)) for t in sent]
+    )
+    assert oversaturated(creeping) is None
+    queueing = window(30, queue_growth=0.5, ttft_growth=0.05)  # 0.2 s -> 1.7 s
+    assert oversaturated(queueing, ttft_limit_s=2.0) is None  # not past the SLO yet: the probe may still meet it
+    reason = oversaturated(queueing, ttft_limit_s=1.0)
+    assert reason is not None and re.search(r"TTFT rising 50\.\d ms/s \(to 16\d\d ms from 19\d\.\d ms\)", reason), reason

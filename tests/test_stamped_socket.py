@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import os
 import socket
 import threading
 import time
@@ -114,3 +115,52 @@ def test_realtime_stamps_move_onto_perf_counters_clock() -> None:
     assert before - 50e-6 < clock.to_perf_counter(realtime, now) <= now
     assert before - 50e-6 < clock.to_perf_counter(realtime - 5_000_000, now) + 0.005 < now + 50e-6
     assert clock.to_perf_counter(realtime + 10**9, now) == now  # never later than the read: a stamp cannot be from the future
+
+
+def test_chunks_arriving_while_the_client_is_busy_are_all_read_each_with_its_own_arrival() -> None:
+    """Many sockets written to at different times while the loop cannot run: every socket's
+    bytes are delivered, each timed by its own write, though all are read late and through the
+    one buffer the thread's reads share."""
+
+    async def main() -> tuple[list[tuple[float, float]], list[float]]:
+        with listener() as server:
+            port = server.getsockname()[1]
+            receivers, conns, peers = [], [], []
+            for _ in range(16):
+                receivers.append(Collect())
+                conns.append(await StampedConnection.open("127.0.0.1", port, receivers[-1]))
+                peers.append(server.accept()[0])
+            await asyncio.sleep(0.05)
+            writes = []
+            for peer in peers:  # the loop is blocked all along: the bytes wait in the kernel
+                before = time.perf_counter()
+                peer.sendall(b"chunk")
+                writes.append((before, time.perf_counter()))
+                time.sleep(0.002)  # noqa: ASYNC251
+            while not all(r.reads for r in receivers):
+                await asyncio.sleep(0.001)
+            for conn, peer in zip(conns, peers, strict=True):
+                conn.abort()
+                peer.close()
+        return writes, [r.reads[0][1] for r in receivers]
+
+    writes, stamps = asyncio.run(main())
+    for (before, after), at in zip(writes, stamps, strict=True):
+        assert before - 50e-6 < at < after + 50e-6, ((at - before) * 1e3, (after - before) * 1e3)
+
+
+def test_closing_every_connection_leaves_no_descriptor_behind() -> None:
+    fds = set(os.listdir("/proc/self/fd"))
+
+    async def main() -> None:
+        with listener() as server:
+            conns = [await StampedConnection.open("127.0.0.1", server.getsockname()[1], Collect()) for _ in range(3)]
+            peers = [server.accept()[0] for _ in conns]
+            assert len(set(os.listdir("/proc/self/fd")) - fds) >= len(conns) * 2  # both ends of each
+            for conn in conns:
+                conn.abort()
+            for peer in peers:
+                peer.close()
+
+    asyncio.run(main())
+    assert set(os.listdir("/proc/self/fd")) - fds == set()

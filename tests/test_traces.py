@@ -8,6 +8,7 @@ from __future__ import annotations
 import itertools
 import json
 import math
+import os
 import re
 import shlex
 import statistics
@@ -59,6 +60,19 @@ def test_a_csv_trace_has_lengths_and_times(tmp_path: Path) -> None:
     path.write_text("timestamp,input_len,output_len\n0,100,10\n250.5,2000,20\n\n")
     assert read_trace(path) == (TraceEntry(0.0, 100, 10), TraceEntry(250.5, 2000, 20))
 
+
+
+def test_a_trace_is_read_again_once_it_changes_and_not_before(tmp_path: Path) -> None:
+    path = tmp_path / "trace.csv"
+    path.write_text("timestamp,input_len,output_len\n0,100,10\n")
+    first = read_trace(path)
+    assert read_trace(path) is first  # unchanged: parsed once
+    path.write_text("timestamp,input_len,output_len\n0,300,30\n")  # the same size, a later time
+    os.utime(path, ns=(path.stat().st_atime_ns, path.stat().st_mtime_ns + 1_000_000))
+    assert read_trace(path) == (TraceEntry(0.0, 300, 30),)
+    path.unlink()
+    with pytest.raises(TraceError, match=r"trace\.csv: cannot read the trace"):
+        read_trace(path)
 
 @pytest.mark.parametrize(
     ("name", "text", "message"),

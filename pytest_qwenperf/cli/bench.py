@@ -4,7 +4,9 @@ The same client, workloads and metrics as the perf suite, with ``vllm bench serv
 option names where one exists, so a figure from one can be checked with the other.
 Everything that can be known to fail is checked before the run: endpoints that do not
 answer, a model they do not serve, requests longer than the server's ``max_model_len``,
-and a first request the server rejects (its own message is shown).
+and a first request the server rejects (its own message is shown). With ``--profile``, the
+requests are sent once more after the measured run, between ``/start_profile`` and
+``/stop_profile`` (:func:`~pytest_qwenperf.measure.profile.capture`), and measured by nothing.
 
 Exit status: 0 for a complete run; 1 when more measured requests failed than
 ``--max-failed-fraction`` allows (default none) or none completed (the result is still
@@ -23,6 +25,8 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import TextIO
 
+import msgspec
+
 from pytest_qwenperf.cli.bench_output import ProgressBar, print_summary, show_progress
 from pytest_qwenperf.core.apikey import ApiKey, ApiKeyError, resolve_api_key
 from pytest_qwenperf.core.files import unwritable, write_atomically
@@ -35,15 +39,20 @@ from pytest_qwenperf.core.options import (
     positive_seconds,
     whole_number,
 )
+from pytest_qwenperf.core.profile import OperatorProfile
 from pytest_qwenperf.core.summary import GoodputSLO
 from pytest_qwenperf.gate.history_store import HistoryError, HistoryStore
 from pytest_qwenperf.gate.sources import bench_run
 from pytest_qwenperf.loadgen.arrivals import Arrival, ClosedLoop, Distribution, OpenLoop
 from pytest_qwenperf.loadgen.client import DEFAULT_TIMEOUT_S, LoadOptions, run_load_sync
+from pytest_qwenperf.loadgen.ray_workers import RayUnavailable, WorkerLost, connect
 from pytest_qwenperf.loadgen.request import RequestSpec
+from pytest_qwenperf.loadgen.sizing import need
 from pytest_qwenperf.loadgen.tokenizer import PromptTokenizer
 from pytest_qwenperf.measure.bench import BenchPlan, bench_result
 from pytest_qwenperf.measure.observe import ClientSetup, Load, Observation, Target, Watching, observe
+from pytest_qwenperf.measure.profile import ProfilingFailed, capture
+from pytest_qwenperf.serving.environment import profiler_dir
 from pytest_qwenperf.serving.server import (
     ServerAuthError,
     ServerInfo,
@@ -109,6 +118,12 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     )
     load.add_argument("--goodput", nargs="+", metavar="KEY:MS", help="SLOs for goodput, e.g. ttft:500 tpot:50")
     load.add_argument("--workers", type=_AT_LEAST_1, default=1, help="client processes (default %(default)s)")
+    load.add_argument(
+        "--ray",
+        metavar="ADDRESS",
+        help="run the --workers client processes as actors spread over the nodes of this Ray cluster (auto, host:port "
+        "or ray://host:port; needs the ray extra), each on one CPU, their times put on this machine's clock",
+    )
     load.add_argument("--client-cpus", type=cpu_list, help="pin the client to these CPUs, e.g. 1 or 8-15")
 
     out = parser.add_argument_group("output")
@@ -116,6 +131,13 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     out.add_argument("--detailed", action="store_true", help="with --json: per-request records too")
     out.add_argument(
         "--history", metavar="STORE", help="also record the result in this history store (an SQLite file or a postgresql:// URL)"
+    )
+    out.add_argument(
+        "--profile",
+        action="store_true",
+        help="after the measured run, send its requests once more between /start_profile and /stop_profile (servers "
+        "started with vLLM's --profiler-config, in dev mode, on this host) and measure nothing of it: the traces go beside "
+        "--json (<stem>.profiles/), the top operators by self time into the result",
     )
     out.add_argument("--progress", choices=("auto", "on", "off"), default="auto", help="progress bar (auto: when stderr is a terminal and not in CI)")
     out.add_argument(
@@ -135,19 +157,34 @@ def run(args: argparse.Namespace) -> int:
     if args.history is not None:
         HistoryStore.open(args.history).close()  # a store that cannot be opened fails before the run, not after
     plan = plan_from_args(args)
+    if args.profile:
+        _check_profilers(plan)
+    if plan.client.ray is not None:
+        try:
+            connect(plan.client.ray)
+        except RayUnavailable as exc:
+            raise BenchError(f"--ray: {exc}") from None
+    _warn_if_client_bound(plan)
     progress = ProgressBar(len(plan.requests), sys.stderr if show_progress(args.progress) else None)
     try:
         seen = observe(
             Target(tuple(s.base_url for s in plan.servers), plan.servers[0].model),
             Load(plan.requests, plan.arrival, plan.options, plan.slo),
-            ClientSetup(cpus=plan.client_cpus, workers=plan.workers),
+            plan.client,
             Watching(progress=progress),
         )
     except KeyboardInterrupt:  # Ctrl-C, or SIGTERM (the command turns it into one): the CLI names which
         raise KeyboardInterrupt(f"after {progress.done} of {progress.total} requests; no result written") from None
+    except WorkerLost as exc:
+        print(f"qwenperf: {exc}; no result written", file=sys.stderr)
+        return 1
     finally:
         progress.close()
+    for line in filter(None, (clock.reported() for clock in seen.load.clocks)):
+        print(f"qwenperf: {line}", file=sys.stderr)
     result = bench_result(plan, seen, detailed=args.detailed, max_failed_fraction=args.max_failed_fraction)
+    if args.profile:
+        result = msgspec.structs.replace(result, profile=_profile(plan, args.json))
     print_summary(result, sys.stdout)
     text = json.dumps(json_safe(result.as_json()), indent=2)
     if args.json is not None:
@@ -159,6 +196,48 @@ def run(args: argparse.Namespace) -> int:
             store.append([bench_run(json.loads(text))], source="qwenperf bench")  # the result as its file holds it
         print(f"result recorded in the history store {store.where}")
     return _exit_status(seen, args.max_failed_fraction, sys.stderr)
+
+
+def _warn_if_client_bound(plan: BenchPlan) -> None:
+    """Before an open loop's run: a warning when its rate needs more client workers than it has
+    (:func:`~pytest_qwenperf.loadgen.sizing.need`, one token a chunk); a closed loop's rate is the server's to set."""
+    if not isinstance(plan.arrival, OpenLoop):
+        return
+    output = sum(spec.max_tokens for spec in plan.requests) / len(plan.requests)
+    found = need(plan.arrival.rate, output)
+    if found.workers > plan.client.workers:
+        print(
+            f"qwenperf: warning: {plan.arrival.rate:g} requests/s of {output:.0f} output tokens needs about {found.busy_cores:.2f} "
+            f"busy client cores, {found.workers} workers at most half busy each (qwenperf plan), and --workers is "
+            f"{plan.client.workers}: the run may be client-bound",
+            file=sys.stderr,
+        )
+
+
+def _check_profilers(plan: BenchPlan) -> None:
+    """Before the run: every endpoint says where its profiler writes (``/server_info``)."""
+    api_key = plan.options.api_key
+    silent = [s.base_url for s in plan.servers if profiler_dir(s.base_url, api_key) is None]
+    if silent:
+        raise BenchError(
+            f"--profile: {', '.join(silent)} name no profiler folder in GET /server_info: start vLLM with VLLM_SERVER_DEV_MODE=1 and "
+            "--profiler-config '{\"profiler\": \"torch\", \"torch_profiler_dir\": \"/abs/dir\"}' (VLLM_TORCH_PROFILER_DIR before vLLM 0.32)"
+        )
+
+
+def _profile(plan: BenchPlan, json_path: Path | None) -> OperatorProfile:
+    """The operator profile of the plan's requests sent once more, unmeasured; its traces beside ``json_path``."""
+    load = Load(plan.requests, plan.arrival, plan.options, plan.slo)
+    target = Target(tuple(s.base_url for s in plan.servers), plan.servers[0].model)
+
+    def drive() -> None:
+        observe(target, load, plan.client)
+
+    folder = json_path.with_name(f"{json_path.stem}.profiles") if json_path is not None else None
+    try:
+        return capture(target.base_urls, drive, folder, relative_to=json_path.parent if json_path else None, api_key=plan.options.api_key)
+    except ProfilingFailed as exc:
+        raise BenchError(f"--profile: {exc}") from None
 
 
 def _exit_status(seen: Observation, max_failed_fraction: float, err: TextIO) -> int:
@@ -179,6 +258,8 @@ def _exit_status(seen: Observation, max_failed_fraction: float, err: TextIO) -> 
 
 
 def plan_from_args(args: argparse.Namespace) -> BenchPlan:
+    if args.ray is not None and args.client_cpus:
+        raise BenchError("--client-cpus pins a client on this machine; with --ray the workers run on the cluster's nodes, one CPU each")
     try:
         api_key = resolve_api_key(args.api_key, os.environ)
     except ApiKeyError as exc:
@@ -200,8 +281,7 @@ def plan_from_args(args: argparse.Namespace) -> BenchPlan:
         arrival=_arrival(args, len(requests) - args.warmup),
         options=LoadOptions(args.warmup, args.duration, args.timeout, args.continuous_usage, api_key=api_key),
         slo=_slo(args.goodput),
-        workers=args.workers,
-        client_cpus=args.client_cpus or frozenset(),
+        client=ClientSetup(cpus=args.client_cpus or frozenset(), workers=args.workers, ray=args.ray),
     )
     _check_first_request(plan)
     return plan

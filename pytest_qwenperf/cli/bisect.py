@@ -43,6 +43,8 @@ from pytest_qwenperf.core.verdict import DEFAULT_CONFIDENCE, Judgement
 from pytest_qwenperf.history import bisect_report, bisect_state
 from pytest_qwenperf.history.bisect import Bisection, Step, bisect
 from pytest_qwenperf.measure.method import Method
+from pytest_qwenperf.measure.observe import ClientSetup
+from pytest_qwenperf.measure.progress import BootMeter, Meter
 from pytest_qwenperf.measure.sequential import ServerOf, measure_pair
 from pytest_qwenperf.serving.hardware import detect
 from pytest_qwenperf.serving.placement import gpu_ids, placement
@@ -68,6 +70,14 @@ class StepFailed(Exception):
 
 ERRORS: tuple[type[Exception], ...] = (BisectError, ReleaseError, SuiteError, bisect_state.StateError)
 _AT_LEAST_1 = whole_number(1)
+
+PROGRESS_EVERY_S = 30.0
+"""Seconds between two status lines of a step's boots and load runs on stderr (a finished repeat
+and a finished boot always get theirs): a step takes minutes, a release's install more."""
+
+
+def _progress_line(line: str) -> None:
+    print(line, file=sys.stderr, flush=True)
 
 
 def _installed_package() -> str:
@@ -233,14 +243,15 @@ class Stepper:
         self.by_label = {v.label: (i, v) for i, v in enumerate(versions)}
         hardware = detect()
         self.placed = placement(rung.config, hardware)
-        self.method = Method.of(rung.suite, rung.plan, self.placed.client_cpus)
+        self.method = Method.of(rung.suite, rung.plan, ClientSetup(cpus=self.placed.client_cpus))
         self.gpus = gpu_ids(rung.config, hardware)  # what a config of several replicas shares out
         self.good: ServerPool | None = None  # booted at the first step, kept up for the next ones
 
     def _pool(self, version: Candidate, index: int) -> ServerPool:
         folder = self.args.log_dir / _folder_name(index, version.label)
         launcher = self.envs.launcher(version, folder / "install.log")
-        return ServerPool(PoolSettings(log_dir=folder, launcher=launcher, boot_timeout_s=self.args.boot_timeout))
+        boots = BootMeter(_progress_line, PROGRESS_EVERY_S, side=version.label)
+        return ServerPool(PoolSettings(log_dir=folder, launcher=launcher, boot_timeout_s=self.args.boot_timeout, boot_progress=boots))
 
     def __call__(self, label: str) -> Step:
         index, version = self.by_label[label]
@@ -257,6 +268,7 @@ class Stepper:
                 rung.workload,
                 self.method,
                 side_by_side=rung.side_by_side,
+                progress=Meter(f"{label}: {rung.config.key} / {rung.workload.id}", _progress_line, PROGRESS_EVERY_S),
             )
             run, judgements = pair.run, pair.judgements
         except (ServerError, ReleaseError) as exc:

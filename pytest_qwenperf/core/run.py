@@ -25,6 +25,8 @@ from pytest_qwenperf.core.environment import Environment
 from pytest_qwenperf.core.formats import show
 from pytest_qwenperf.core.identity import Context, Count, Identity, Text, argv_digest
 from pytest_qwenperf.core.metrics import CAPACITY_GATED, GATED, find, gate_order
+from pytest_qwenperf.core.profile import OperatorProfile
+from pytest_qwenperf.core.timeline import Timeline
 from pytest_qwenperf.core.verdict import SessionSpread
 
 Number = int | float | None
@@ -167,9 +169,43 @@ class Decline(msgspec.Struct, frozen=True, kw_only=True):
         )
 
 
+CLOCK_LIMIT_S = 1e-3
+"""A client worker's clock offset against the driver's, or its drift over a run, beyond this is reported."""
+
+
+def session_counts(counts: tuple[int, ...] | None, samples: int) -> tuple[int, ...]:
+    """How many of ``samples`` samples each pooled session measured: ``counts`` where they add up
+    to ``samples``, else one session of them all."""
+    return counts if counts and sum(counts) == samples else (samples,)
+
+
+class WorkerClock(msgspec.Struct, frozen=True, kw_only=True):
+    """A client worker on another node (Ray) and its clock against the driver's: where it ran, the
+    offset added to its times (seconds, measured before the run), how far that offset moved by the
+    end, and the round trip the offset rests on (it is known to within half of it)."""
+
+    worker: int
+    node: str  # the Ray node id
+    address: str  # the node's IP address
+    pid: int
+    offset_s: float
+    drift_s: float
+    round_trip_s: float
+
+    def reported(self) -> str | None:
+        """Why this clock is worth a line (offset or drift beyond :data:`CLOCK_LIMIT_S`); None if not."""
+        if abs(self.offset_s) <= CLOCK_LIMIT_S and abs(self.drift_s) <= CLOCK_LIMIT_S:
+            return None
+        return (
+            f"client worker {self.worker} on {self.address}: clock offset {self.offset_s * 1e3:+.2f} ms, "
+            f"drift {self.drift_s * 1e3:+.2f} ms over the run (round trip {self.round_trip_s * 1e3:.2f} ms)"
+        )
+
+
 class ClientLoad(msgspec.Struct, frozen=True, kw_only=True):
     bound: str | None = None  # why the client, not the server, limited the run
     cpu_busy: float | None = None  # fraction of the run the client process spent on a CPU
+    workers: tuple[WorkerClock, ...] = ()  # client workers on a Ray cluster's nodes, with their clocks
 
 
 class ReplicaScaling(msgspec.Struct, frozen=True, kw_only=True):
@@ -264,6 +300,9 @@ class Run(msgspec.Struct, frozen=True, kw_only=True):
     sessions: dict[str, tuple[int, ...]] | None = None  # gated metric -> how many of its samples each pooled session measured; None: one session
     trace: TraceReplay | None = None  # set when the workload is a trace
     capacity: tuple[CapacitySearch, ...] = ()  # a search workload's: one search per repeat; ``metrics`` are then its chosen probe's
+    timeline: Timeline | None = None  # the run over time (``core.timeline``); None: not kept
+    distributions: dict[str, tuple[float, ...]] = msgspec.field(default_factory=dict)  # latency -> its percentiles 0..100 (``core.summary.latency_quantiles``)
+    profile: OperatorProfile | None = None  # operators by self time in one extra, unmeasured repeat (``core.profile``); None: not profiled
 
     @property
     def config_key(self) -> str:
@@ -297,8 +336,7 @@ class Run(msgspec.Struct, frozen=True, kw_only=True):
     def sessions_of(self, name: str, samples: int) -> tuple[int, ...]:
         """How many of the run's ``samples`` samples of ``name`` each session measured: one session
         unless the run pooled several whose counts still add up."""
-        counts = (self.sessions or {}).get(name)
-        return counts if counts and sum(counts) == samples else (samples,)
+        return session_counts((self.sessions or {}).get(name), samples)
 
     def gated_samples(self) -> dict[str, tuple[float, ...]]:
         """Every gated metric the run has a number for: ``samples.<name>`` when the run carries

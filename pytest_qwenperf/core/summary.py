@@ -232,6 +232,28 @@ def _latency_stats(completed: Sequence[RequestRecord], percentiles: Sequence[flo
     }
 
 
+QUANTILES = tuple(range(101))
+"""The percentiles a run keeps of each latency, for its distribution (``latency_quantiles``)."""
+
+
+def latency_quantiles(records: Iterable[RequestRecord]) -> dict[str, tuple[float, ...]]:
+    """The distribution of each latency of the completed non-warm-up requests, as its percentiles
+    :data:`QUANTILES` in milliseconds (``ttft_ms``, ``tpot_ms``, ``itl_ms``, ``e2el_ms``), computed
+    as the run's ``p99_*`` figures are; a latency nothing measured is left out."""
+    completed = [r for r in _measured(records) if r.ok]
+    families = {
+        "ttft_ms": [_ttft(r) for r in completed],
+        "tpot_ms": [tpot for r in completed if (tpot := _tpot(r)) is not None],
+        "itl_ms": [gap for r in completed for gap in inter_token_latencies(r)],
+        "e2el_ms": [_e2el(r) for r in completed],
+    }
+    return {
+        name: tuple(float(f"{v * 1000:.4g}") for v in np.percentile(seconds, QUANTILES))
+        for name, seconds in families.items()
+        if seconds
+    }
+
+
 def _peaks(completed: Sequence[RequestRecord]) -> dict[str, float | int]:
     """vLLM's busiest one-second bucket of output tokens and of concurrent requests."""
     if not completed:

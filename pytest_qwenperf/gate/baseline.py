@@ -1,7 +1,7 @@
 """Baselines: what one (hardware, model, config, workload) measured before, as versioned JSON.
 
 A baseline lives at ``baselines/<hardware>/<model-slug>/<config>/<workload>.json`` and
-holds five blocks:
+holds six blocks:
 
 * ``identity``: what was measured (hardware kind, model, suite, config id, sha256 of the
   rendered vLLM argv, workload id and fingerprint). A run is compared with a baseline
@@ -17,6 +17,9 @@ holds five blocks:
 * ``provenance``: ``measured`` (by this tool) or ``published`` (a figure from elsewhere,
   with its source).
 * ``history``: earlier ``{context, metrics, provenance}`` entries, newest last.
+* ``evidence``: what a diagnosis of a regression against it weighs
+  (:data:`~pytest_qwenperf.gate.diagnosis.EVIDENCE`), each repeat's value as the recorded run
+  had it (empty in a published baseline, and in one recorded before baselines kept it).
 
 Writes are atomic and refuse runs that must not become a baseline: failed requests,
 client and server token counts that disagree, a client-bound run, or a run whose
@@ -44,6 +47,7 @@ from pytest_qwenperf.core.metrics import GATED, Direction, find, gate_order
 from pytest_qwenperf.core.run import MISSING, Run, RunJsonError
 from pytest_qwenperf.core.stats import centre
 from pytest_qwenperf.core.textfiles import read_text
+from pytest_qwenperf.gate.diagnosis import Evidence, evidence_values
 
 SCHEMA = "qwenperf-baseline/1"
 
@@ -111,6 +115,9 @@ class Baseline(msgspec.Struct, frozen=True, kw_only=True):
     metrics: Metrics  # in gate order
     provenance: Provenance
     history: tuple[HistoryEntry, ...]  # earlier entries, newest last
+    # What a diagnosis weighs (``gate.diagnosis.EVIDENCE``), kept from the run recorded: per quantity its value
+    # per repeat (null: lost). Empty in a published baseline and in one recorded before baselines kept it.
+    evidence: dict[str, tuple[NonNegative | None, ...]] = msgspec.field(default_factory=dict)
 
 
 class PooledBaseline(Baseline, frozen=True, kw_only=True):
@@ -248,6 +255,19 @@ def baseline_from_run(run: Run, *, source: str, git_commit: str | None = None) -
         metrics={name: stored(name, values) for name, values in samples.items()},
         provenance=Provenance(kind="measured", source=source),
         history=(),
+        evidence=evidence_values(run),
+    )
+
+
+def evidence(baseline: Baseline) -> Evidence:
+    """What ``baseline`` holds for a diagnosis of a run judged against it: its context's versions
+    and environment, and the evidence it kept of the run it was recorded from (a published
+    baseline, or one recorded before baselines kept any, gives a diagnosis the setup alone)."""
+    return Evidence(
+        vllm_version=baseline.context.vllm_version,
+        environment=baseline.context.environment,
+        argv=baseline.identity.argv_sha256,
+        values=dict(baseline.evidence),
     )
 
 

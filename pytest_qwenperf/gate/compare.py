@@ -45,6 +45,14 @@ session that ran no correctness test) is not judged on them; one that has answer
 config the reference answered is ``missing`` there. Where a column holds differing answers of
 one config, the one that agrees least with the reference is shown.
 
+Where a group's verdicts in a later file include a regression, or its config's canary answer there
+changed, the group carries that file's likely causes (:attr:`Group.diagnoses`, from
+:func:`~pytest_qwenperf.gate.diagnosis.diagnose` on the two runs): what differs in their setup and
+what moved beyond its noise, ranked.
+
+A group also carries each file's operator profile, where its run has one (``--qwenperf-profile``,
+``qwenperf bench --profile``): shown, never judged.
+
 :mod:`pytest_qwenperf.gate.compare_output` shows a comparison: a table, markdown, JSON or a plot.
 """
 
@@ -61,10 +69,12 @@ import msgspec
 
 from pytest_qwenperf.core.canary import Canary, CanaryJudgement, judge_canary
 from pytest_qwenperf.core.metrics import METRICS, gate_order, metric
+from pytest_qwenperf.core.profile import OperatorProfile
 from pytest_qwenperf.core.run import Run, pooled
 from pytest_qwenperf.core.stats import centre
 from pytest_qwenperf.core.verdict import Judgement, Verdict
 from pytest_qwenperf.gate import sources
+from pytest_qwenperf.gate.diagnosis import Diagnosis, diagnose
 from pytest_qwenperf.gate.judge import judge_against_run, judge_run
 from pytest_qwenperf.gate.sources import BENCH_KEY, Result, RunKey, Setup
 
@@ -93,6 +103,9 @@ class RunSet:
     setups: Mapping[RunKey, Setup] = dataclasses.field(default_factory=dict)
     canaries: Mapping[str, tuple[Canary, ...]] = dataclasses.field(default_factory=dict)  # by config key, distinct answers
     results: tuple[Result, ...] = ()  # every run as read, unpooled, with its file (the Pareto view's points)
+    verdicts: Mapping[RunKey, tuple[Judgement, ...]] = dataclasses.field(default_factory=dict)  # as its one session decided them
+    diagnoses: Mapping[RunKey, Diagnosis] = dataclasses.field(default_factory=dict)  # why a run regressed, as its session decided
+    canary_verdicts: Mapping[str, CanaryJudgement] = dataclasses.field(default_factory=dict)  # by config key, as its one session judged
 
 
 # ------------------------------------------------------------------ reading
@@ -148,7 +161,14 @@ def load_runs(path: Path) -> RunSet:
     setups = {key: found[0].setup for key, found in by_key.items() if found[0].setup is not None}
     runs = {key: _pooled(Path(path), key, found) for key, found in by_key.items()}
     canaries = {key: tuple(found) for key, found in answers.items()}
-    return RunSet(Path(path), label, runs, setups, canaries, results)
+    # A run pooled from several sessions has no one session's verdicts.
+    decided = Counter(verdicts.key for verdicts in read.verdicts)
+    ones = [v for v in read.verdicts if decided[v.key] == 1 and len(by_key.get(v.key, ())) == 1]
+    verdicts = {v.key: v.judgements for v in ones}
+    diagnoses = {v.key: v.diagnosis for v in ones if v.diagnosis is not None}
+    judged = Counter(j.config for j in read.canary_verdicts)
+    canary_verdicts = {j.config: j for j in read.canary_verdicts if judged[j.config] == 1}
+    return RunSet(Path(path), label, runs, setups, canaries, results, verdicts, diagnoses, canary_verdicts)
 
 
 # ------------------------------------------------------------------ comparing
@@ -169,6 +189,8 @@ class Group:
     rows: tuple[Row, ...]
     throughput: tuple[float | None, ...]  # total tok/s per file, for the plot whatever the rows
     setups: tuple[Setup | None, ...] = ()  # per file, where bench results are in the group
+    diagnoses: tuple[Diagnosis | None, ...] = ()  # per file after the first: why it changed; None: no regression or changed output
+    profiles: tuple[OperatorProfile | None, ...] = ()  # per file: its run's operator profile (``--qwenperf-profile``); None: none
 
     @property
     def title(self) -> str:
@@ -267,6 +289,7 @@ def compare(sets: Sequence[RunSet], metrics: Sequence[str] = ()) -> Comparison:
     """Tables of ``metrics`` (default: the standard rows) per config × workload, judged against ``sets[0]``."""
     sets = _aligned(sets)
     keys = list(dict.fromkeys(key for run_set in sets for key in run_set.runs))
+    canaries = _canary_rows(sets)
     groups = []
     for key in keys:
         runs = [run_set.runs.get(key) for run_set in sets]
@@ -289,13 +312,28 @@ def compare(sets: Sequence[RunSet], metrics: Sequence[str] = ()) -> Comparison:
         )
         first = next(run for run in runs if run is not None)
         throughput = tuple(v.get("total_token_throughput") for v in values)
-        groups.append(Group(key, first.identity.hardware, rows, throughput, setups if any(setups) else ()))
+        diagnoses = _diagnoses(key, runs, rows, canaries)
+        profiles = tuple(run.profile if run is not None else None for run in runs)
+        groups.append(Group(key, first.identity.hardware, rows, throughput, setups if any(setups) else (), diagnoses, profiles))
     shown = {row.metric for group in groups for row in group.rows}
     missing = [m for m in metrics if m not in shown]
     if missing:
         present = sorted({name for run_set in sets for run in run_set.runs.values() for name in _values(run)})
         raise CompareError(f"--metric {', '.join(missing)}: no input has it; metrics present: {', '.join(present)}")
-    return Comparison(_unique_labels(sets), tuple(groups), tuple(s.path for s in sets), _canary_rows(sets))
+    return Comparison(_unique_labels(sets), tuple(groups), tuple(s.path for s in sets), canaries)
+
+
+def _diagnoses(key: RunKey, runs: Sequence[Run | None], rows: Sequence[Row], canaries: Sequence[CanaryRow]) -> tuple[Diagnosis | None, ...]:
+    """Per file after the first, why its run of ``key`` changed (:func:`~pytest_qwenperf.gate.diagnosis.diagnose`)
+    where the group's verdicts in it include a regression or its config's canary answer changed; None elsewhere."""
+    config = f"{key[0]}/{key[1]}"
+    answers = next((row.judgements for row in canaries if key != BENCH_KEY and row.config == config), (None,) * (len(runs) - 1))
+    found = []
+    for i, run in enumerate(runs[1:]):
+        judgements = [j for row in rows if (j := row.judgements[i]) is not None]
+        diagnosis = diagnose(runs[0], run, judgements, answers[i]) if runs[0] is not None and run is not None else None
+        found.append(diagnosis if diagnosis is not None and diagnosis.changed else None)
+    return tuple(found)
 
 
 def _canary_rows(sets: Sequence[RunSet]) -> tuple[CanaryRow, ...]:

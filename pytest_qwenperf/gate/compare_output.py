@@ -15,6 +15,8 @@ from pytest_qwenperf.core.formats import json_safe
 from pytest_qwenperf.core.tables import format_table
 from pytest_qwenperf.core.verdict import COMPARED, MIN_SESSIONS, Judgement, Verdict, format_mde, format_value
 from pytest_qwenperf.gate.compare import CompareError, Comparison, Group, Row
+from pytest_qwenperf.gate.compare_profiles import profiles_json, render_profiles
+from pytest_qwenperf.gate.diagnosis import RANKING, Diagnosis
 from pytest_qwenperf.gate.judge import environment_notes
 from pytest_qwenperf.gate.pareto import ParetoPoint, by_rung, frontier
 from pytest_qwenperf.gate.sources import BENCH_KEY
@@ -50,8 +52,9 @@ def _mde(judgement: Judgement) -> float | None:
 
 def render(comparison: Comparison, *, markdown: bool = False) -> str:
     """The tables, each followed by the detail of every verdict that is not a pass (metrics with the
-    same verdict and detail on one line), then how many verdicts rest on one session's repeats,
-    then a line counting every verdict."""
+    same verdict and detail on one line) and the likely causes where a file's verdicts include a
+    regression or a changed output, then how many verdicts rest on one session's repeats, then a
+    line counting every verdict."""
     labels = comparison.labels
     header = ["metric", labels[0]]
     for label in labels[1:]:
@@ -77,6 +80,8 @@ def render(comparison: Comparison, *, markdown: bool = False) -> str:
             notes += [f"{label}: environment differs (allowed): {d}" for d in environment_notes(judged)]
         if notes:
             lines += [""] + ([f"- {note}" for note in notes] if markdown else notes)
+        lines += _render_causes(group, labels, markdown)
+        lines += render_profiles(group.profiles, labels, markdown)
         lines.append("")
     lines += _render_canaries(comparison, markdown)
     counts = comparison.verdicts()
@@ -90,6 +95,21 @@ def render(comparison: Comparison, *, markdown: bool = False) -> str:
         )
     lines.append(f"verdicts against {labels[0]}: {summary}")
     return "\n".join(lines)
+
+
+def _render_causes(group: Group, labels: Sequence[str], markdown: bool) -> list[str]:
+    """Per later file that has them, the group's likely causes, numbered in the order of :data:`RANKING`."""
+    lines = []
+    for label, diagnosis in zip(labels[1:], group.diagnoses, strict=True):
+        if diagnosis is None:
+            continue
+        what = f"likely causes in {label} against {labels[0]}"
+        about = f"{', '.join(diagnosis.changed)} changed; ranked: {RANKING}"
+        if markdown:
+            lines += ["", f"**{what}** ({about}):", "", *diagnosis.lines()]
+        else:
+            lines += ["", f"{what} ({about}):", *(f"  {line}" for line in diagnosis.lines())]
+    return lines
 
 
 def _render_canaries(comparison: Comparison, markdown: bool) -> list[str]:
@@ -130,8 +150,16 @@ def as_json(comparison: Comparison, pareto: Sequence[ParetoPoint] | None = None)
     where fewer than 3 sessions and no history told it), and
     ``verdicts`` counted as the summary line does. ``canaries``: per config, one judgement of its
     canary answer per later file (null where the file has no answers), with the match rate, the
-    drift and the floor. A group of bench results has no suite, config,
-    workload or hardware (nulls) but ``setups``, one per file (null where a file has none).
+    drift and the floor. Per group, ``diagnoses``: one per later file, null unless its verdicts there
+    include a regression or its config's canary answer changed, else the likely causes
+    (:class:`~pytest_qwenperf.gate.diagnosis.Diagnosis`): ``changed`` (the metrics judged a
+    regression, ``canary``) and ``causes`` in rank order, each with ``kind``, ``subject``, ``text``,
+    ``figures`` (``name``, ``value``, ``unit``) and ``size`` (a telemetry move over the least it had
+    to be; null for the other kinds, and where it is infinite: from or to zero, or repeats without
+    spread). A group of bench results has no suite, config,
+    workload or hardware (nulls) but ``setups``, one per file (null where a file has none). A group
+    where a file's run has an operator profile has ``profiles`` and ``profile_changes``
+    (:func:`~pytest_qwenperf.gate.compare_profiles.profiles_json`).
     ``pareto``, only where ``pareto`` points are given (``--pareto``): each point's file label,
     suite, config, workload, ``per_user`` and ``per_device`` output tok/s, ``device`` (``GPU`` or
     ``core``), ``source`` and whether it is on its column's ``frontier`` on its rung.
@@ -159,7 +187,9 @@ def as_json(comparison: Comparison, pareto: Sequence[ParetoPoint] | None = None)
                     }
                     for row in group.rows
                 ],
+                "diagnoses": [_diagnosis_json(label, d) for label, d in zip(labels[1:], group.diagnoses, strict=True)],
             }
+            | (profiles_json(group.profiles, labels) if any(group.profiles) else {})
             for group in comparison.groups
         ],
         "canaries": [
@@ -180,6 +210,10 @@ def _pareto_json(points: Sequence[ParetoPoint]) -> list[dict[str, object]]:
         | {"per_device": p.per_device, "device": p.device, "source": p.source, "frontier": p in edges}
         for p in points
     ]
+
+
+def _diagnosis_json(label: str, diagnosis: Diagnosis | None) -> dict[str, object] | None:
+    return None if diagnosis is None else {"file": label} | cast(dict[str, object], msgspec.to_builtins(diagnosis))
 
 
 def _canary_json(label: str, j: CanaryJudgement | None) -> dict[str, object] | None:

@@ -57,7 +57,7 @@ import msgspec
 
 from pytest_qwenperf.core import schema
 from pytest_qwenperf.core.bench import BenchResult
-from pytest_qwenperf.core.canary import Canary
+from pytest_qwenperf.core.canary import Canary, CanaryJudgement
 from pytest_qwenperf.core.formats import BENCH_SCHEMA, SESSION_SCHEMA, show
 from pytest_qwenperf.core.identity import Count, Text
 from pytest_qwenperf.core.metrics import find
@@ -74,6 +74,8 @@ from pytest_qwenperf.core.run import (
     decode_run,
 )
 from pytest_qwenperf.core.textfiles import read_text
+from pytest_qwenperf.core.verdict import Judgement
+from pytest_qwenperf.gate.diagnosis import Diagnosis
 
 T = TypeVar("T")
 RunKey = tuple[str, str, str]  # suite, config id, workload id
@@ -203,19 +205,41 @@ class Result:
         return BENCH_KEY if self.setup is not None else (identity.suite, identity.config, identity.workload)
 
 
+class Verdicts(msgspec.Struct, frozen=True, kw_only=True):
+    """The verdicts a session decided for one of its runs as it measured it (a session JSON's ``verdicts``)."""
+
+    suite: str
+    config: str
+    workload: str
+    judgements: tuple[Judgement, ...]
+    diagnosis: Diagnosis | None = None  # why it regressed, as the session decided (an older session JSON has none)
+
+    @property
+    def key(self) -> RunKey:
+        return (self.suite, self.config, self.workload)
+
+
 @dataclass(frozen=True)
 class Results:
-    """What a results file, or a directory of them, holds: its runs, and its sessions' canary answers."""
+    """What a results file, or a directory of them, holds: its runs, its sessions' canary answers
+    and the verdicts its sessions decided."""
 
     runs: tuple[Result, ...]
     canaries: tuple[Canary, ...] = ()
+    verdicts: tuple[Verdicts, ...] = ()
+    canary_verdicts: tuple[CanaryJudgement, ...] = ()  # each config's canary answer as its session judged it
 
 
 def read(path: Path, *, recursive: bool = False) -> Results:
     """Every run and canary answer of a results file, or of every results file in a directory (and in
     its subfolders when ``recursive``, as pytest-benchmark's storage is laid out); :class:`SourceError` otherwise."""
     found = [_read(file) for file in _files(Path(path), recursive)]
-    return Results(tuple(r for f in found for r in f.runs), tuple(c for f in found for c in f.canaries))
+    return Results(
+        tuple(r for f in found for r in f.runs),
+        tuple(c for f in found for c in f.canaries),
+        tuple(v for f in found for v in f.verdicts),
+        tuple(j for f in found for j in f.canary_verdicts),
+    )
 
 
 def read_results(path: Path, *, recursive: bool = False) -> tuple[Result, ...]:
@@ -254,7 +278,8 @@ def _read(path: Path) -> Results:
             runs.append(Result(path, decode_run(data_of_run, where)))
         except RunJsonError as exc:
             raise SourceError(str(exc)) from None
-    return Results(tuple(runs), canaries)
+    verdicts = _convert(path, _session_part(data, "verdicts", "canary_verdicts"), _SessionVerdicts)
+    return Results(tuple(runs), canaries, verdicts.verdicts, verdicts.canary_verdicts)
 
 
 class _SessionCanaries(msgspec.Struct, frozen=True, kw_only=True):
@@ -263,10 +288,24 @@ class _SessionCanaries(msgspec.Struct, frozen=True, kw_only=True):
     canaries: tuple[Canary, ...] = ()
 
 
+class _SessionVerdicts(msgspec.Struct, frozen=True, kw_only=True):
+    """The verdicts of a session JSON, its runs' and its canary answers' (an older one has none)."""
+
+    verdicts: tuple[Verdicts, ...] = ()
+    canary_verdicts: tuple[CanaryJudgement, ...] = ()
+
+
 def _canaries(path: Path, data: object) -> tuple[Canary, ...]:
     if not (isinstance(data, dict) and data.get("schema") == SESSION_SCHEMA):
         return ()
     return _convert(path, {"canaries": data.get("canaries", [])}, _SessionCanaries).canaries
+
+
+def _session_part(data: object, *keys: str) -> dict[str, object]:
+    """The ``keys`` of a session JSON (none of another file)."""
+    if not (isinstance(data, dict) and data.get("schema") == SESSION_SCHEMA):
+        return {}
+    return {key: data[key] for key in keys if key in data}
 
 
 def _suite_runs(path: Path, data: object, answered: bool = False) -> list[tuple[str, object]]:
@@ -359,6 +398,7 @@ def _qwenperf_bench(path: Path, data: object) -> Result:
         client=bench.client,
         telemetry=bench.telemetry,
         conditions=bench.conditions,
+        profile=bench.profile,
     )
 
 

@@ -9,8 +9,9 @@ chunk delays the timing of every other stream. It speaks HTTP/1.1 itself, on soc
 read through the event loop, rather than through aiohttp. Measured on a 2-vCPU VM with uvloop, aiohttp's
 client spends ~450 us of CPU per request and ~32 us per chunk (its body reader wakes a
 task for every chunk), which at 256 streams put timing errors of 5-15 ms at p99; this
-one spends ~160 us per request and ~19 us per chunk, of which ~5 us is Python and the
-rest the kernel's, and times each chunk by when the kernel received it
+one spends ~144 us per request and ~13 us per chunk read on its own (2026-11-27), of which
+~4 us is Python and the rest the kernel's (a bare loop that only waits and reads costs 8-10 us a
+chunk here), and times each chunk by when the kernel received it
 (:mod:`~pytest_qwenperf.loadgen.stamped_socket`), not when Python got to it. There is
 no pool limit, no proxy and no line-length limit to configure.
 The connections are :mod:`~pytest_qwenperf.loadgen.http`; :class:`~pytest_qwenperf.loadgen.sse.StreamParser`
@@ -35,6 +36,7 @@ from time import perf_counter
 
 from pytest_qwenperf.core.apikey import ApiKey
 from pytest_qwenperf.core.records import RequestRecord
+from pytest_qwenperf.core.run import WorkerClock
 from pytest_qwenperf.loadgen.arrivals import (
     Arrival,
     ClosedLoop,
@@ -118,6 +120,8 @@ class LoadResult:
     options: LoadOptions
     client_cpus: tuple[tuple[int, ...], ...]
     requested_rate: float | None = None
+    cpu_s: float | None = None  # CPU seconds of client workers that are neither this process nor its children (Ray actors)
+    clocks: tuple[WorkerClock, ...] = ()  # client workers on a Ray cluster's nodes, with their clocks against this one
 
     def __repr__(self) -> str:
         """Short: asyncio.Runner formats its task's result on exit (Python 3.11), and a full
@@ -207,7 +211,7 @@ class _Client:
             endpoint=endpoint.url,
             scheduled_at=sent_at if scheduled_at is None else scheduled_at,
             sent_at=sent_at,
-            ended_at=perf_counter(),
+            ended_at=conn.completed_at if conn is not None and conn.completed_at is not None else perf_counter(),
             chunk_times=tuple(parser.times),
             chunk_tokens=tuple(parser.tokens),
             prompt_tokens=prompt_tokens,

@@ -5,6 +5,7 @@ stamped with when the kernel received it, and the endpoints that hold idle conne
 from __future__ import annotations
 
 import asyncio
+from time import perf_counter
 from urllib.parse import urlsplit
 
 from pytest_qwenperf.core.apikey import ApiKey
@@ -26,6 +27,7 @@ class Connection:
         self.transport: StampedConnection | None = None
         self.status: int | None = None
         self.error_body = bytearray()
+        self.completed_at: float | None = None  # when the kernel received the response's last bytes
         self._parser: StreamParser | None = None
         self._done: asyncio.Future[bool] | None = None  # result: whether the connection can be reused
         self._buffer = b""
@@ -46,7 +48,7 @@ class Connection:
     def request(self, data: bytes, parser: StreamParser) -> asyncio.Future[bool]:
         """Write a request; the future completes when its response has been read in full."""
         assert self.transport is not None and self._done is None
-        self.status, self.error_body, self._parser = None, bytearray(), parser
+        self.status, self.error_body, self._parser, self.completed_at = None, bytearray(), parser, None
         self._buffer, self._framing, self._left = b"", "", 0
         self._done = asyncio.get_running_loop().create_future()
         self.transport.write(data)
@@ -87,6 +89,7 @@ class Connection:
             else:
                 self.error_body += body
         if complete:
+            self.completed_at = now
             self._finish(None)
 
     def _head(self, head: bytes) -> bool:
@@ -147,6 +150,7 @@ class Connection:
         if self._done is None or self._done.done():
             return
         if exc is None and self._framing == "close":  # the body ran to the end of the connection
+            self.completed_at = perf_counter()
             self._finish(None)
         else:
             reason = f" ({type(exc).__name__}: {exc})" if exc else ""

@@ -121,7 +121,15 @@ def _worker(k: int, parent: int, barrier: Barrier, results: multiprocessing.Queu
         results.put(("error", k, traceback.format_exc()))
 
 
-def _share_of(whole: Assignment, n: int, k: int) -> Assignment:
+def check_split(arrival: Arrival, n_workers: int) -> None:
+    """Refuse a split of ``arrival`` over ``n_workers`` that cannot be made (ValueError)."""
+    if n_workers < 1:
+        raise ValueError(f"n_workers must be at least 1, got {n_workers}")
+    if isinstance(arrival, ClosedLoop) and arrival.concurrency < n_workers:
+        raise ValueError(f"concurrency {arrival.concurrency} cannot be split over {n_workers} workers")
+
+
+def share_of(whole: Assignment, n: int, k: int) -> Assignment:
     """Worker ``k``'s part of ``whole``: every ``n``-th unit (a request, or a whole conversation) from
     the ``k``-th, with the open loop's send times and ramp kept and the concurrency split."""
     arrival = whole.arrival
@@ -192,10 +200,7 @@ def run_load_in_workers(
     ``started_at`` and ``ended_at`` span all workers' measured phases; ``client_cpus`` has
     each worker's affinity.
     """
-    if n_workers < 1:
-        raise ValueError(f"n_workers must be at least 1, got {n_workers}")
-    if isinstance(arrival, ClosedLoop) and arrival.concurrency < n_workers:
-        raise ValueError(f"concurrency {arrival.concurrency} cannot be split over {n_workers} workers")
+    check_split(arrival, n_workers)
     whole = Assignment.of(endpoints, model, requests, arrival, options)
     ctx = multiprocessing.get_context("spawn")
     barrier = ctx.Barrier(n_workers)
@@ -203,7 +208,7 @@ def run_load_in_workers(
     procs = [
         ctx.Process(
             target=_worker,
-            args=(k, os.getpid(), barrier, results, _share_of(whole, n_workers, k)),
+            args=(k, os.getpid(), barrier, results, share_of(whole, n_workers, k)),
             name=f"qwenperf-loadgen-{k}",
             daemon=True,
         )

@@ -25,7 +25,7 @@ from pytest_qwenperf.core.validity import ValidityLimits
 from pytest_qwenperf.loadgen.arrivals import Arrival
 from pytest_qwenperf.loadgen.client import LoadOptions
 from pytest_qwenperf.loadgen.request import RequestSpec
-from pytest_qwenperf.measure.observe import Observation
+from pytest_qwenperf.measure.observe import ClientSetup, Observation
 from pytest_qwenperf.measure.validity import conditions
 from pytest_qwenperf.serving.server import ServerInfo
 from pytest_qwenperf.suite.workloads import Workload
@@ -43,8 +43,7 @@ class BenchPlan:
     arrival: Arrival
     options: LoadOptions
     slo: GoodputSLO | None
-    workers: int
-    client_cpus: frozenset[int]
+    client: ClientSetup  # where the load generator runs: its cores, its processes, a Ray cluster
 
 
 def failure_reasons(records: Iterable[RequestRecord]) -> tuple[FailureReason, ...]:
@@ -85,7 +84,8 @@ def bench_result(plan: BenchPlan, seen: Observation, *, detailed: bool, max_fail
             qwenperf_version=importlib.metadata.version("pytest-qwenperf"),
             servers=tuple(s.as_dict() for s in plan.servers),
             client_cpus=seen.load.client_cpus,
-            workers=plan.workers,
+            workers=plan.client.workers,
+            worker_clocks=seen.load.clocks,
             started=seen.started,
             host=os.uname().nodename,
             environment=plan.servers[0].environment,

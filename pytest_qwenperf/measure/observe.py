@@ -27,8 +27,10 @@ from pytest_qwenperf.core.summary import (
     summarize,
     summarize_window,
 )
+from pytest_qwenperf.core.timeline import Timeline, timeline
 from pytest_qwenperf.loadgen.arrivals import Arrival
-from pytest_qwenperf.loadgen.client import LoadOptions, LoadResult, Progress, Stop, run_load_sync
+from pytest_qwenperf.loadgen.client import Assignment, LoadOptions, LoadResult, Progress, Stop, run_load_sync
+from pytest_qwenperf.loadgen.ray_workers import run_load_on_ray
 from pytest_qwenperf.loadgen.request import RequestSpec
 from pytest_qwenperf.loadgen.workers import pin_current_process, run_load_in_workers
 from pytest_qwenperf.telemetry import Telemetry, TelemetrySummary
@@ -66,12 +68,15 @@ class Load:
 @dataclass(frozen=True)
 class ClientSetup:
     """Where the load generator runs: its cores (pinned while the load runs, the affinity restored
-    after; empty: not pinned), its processes, and whether telemetry is sampled at all
-    (``sample=False`` is what ``benchmarks/overhead.py`` compares against)."""
+    after; empty: not pinned), its processes, whether telemetry is sampled at all
+    (``sample=False`` is what ``benchmarks/overhead.py`` compares against), and the Ray cluster
+    whose nodes run the processes instead (``ray``: its address; this process is then not pinned,
+    as the cores are this machine's and the workers run on the cluster's)."""
 
     cpus: frozenset[int] = frozenset()
     workers: int = 1
     sample: bool = True
+    ray: str | None = None  # the Ray cluster whose nodes run the workers as actors (``loadgen.ray_workers``); None: here
 
 
 @dataclass(frozen=True)
@@ -88,6 +93,7 @@ class Observation:
     client_cpu_busy: float  # the CPU the client used per second per client process
     started: str  # ISO 8601, UTC
     telemetry: TelemetrySummary
+    timeline: Timeline | None = None  # the run over time, the samplers' quantities with the client's; None: not kept
 
     def record_losses(self) -> tuple[Loss, ...]:
         """What the client's records show was not the work asked for (the telemetry's conditions
@@ -117,7 +123,7 @@ def observe(target: Target, load: Load, client: ClientSetup = ClientSetup(), wat
     metrics_urls = target.base_urls if target.metrics_urls is None else target.metrics_urls
     started = datetime.datetime.now(datetime.UTC).isoformat(timespec="seconds")
     before = _counters(metrics_urls)
-    previous_cpus = pin_current_process(client.cpus) if client.cpus else None
+    previous_cpus = pin_current_process(client.cpus) if client.cpus and client.ray is None else None
     telemetry = (
         Telemetry.start(
             gpu_visible_devices=target.gpu_visible_devices,
@@ -130,7 +136,10 @@ def observe(target: Target, load: Load, client: ClientSetup = ClientSetup(), wat
     )
     try:
         cpu_start, wall_start = _client_cpu_s(), time.perf_counter()
-        if client.workers > 1:
+        if client.ray is not None:
+            whole = Assignment.of(target.base_urls, target.model, load.requests, load.arrival, load.options)
+            result = run_load_on_ray(client.ray, client.workers, whole, progress=watching.progress)
+        elif client.workers > 1:
             result = run_load_in_workers(
                 client.workers, target.base_urls, target.model, load.requests, load.arrival, load.options, progress=watching.progress
             )
@@ -138,7 +147,8 @@ def observe(target: Target, load: Load, client: ClientSetup = ClientSetup(), wat
             result = run_load_sync(
                 target.base_urls, target.model, load.requests, load.arrival, load.options, progress=watching.progress, stop=watching.stop
             )
-        busy = (_client_cpu_s() - cpu_start) / max(time.perf_counter() - wall_start, 1e-9) / client.workers
+        used = result.cpu_s if result.cpu_s is not None else _client_cpu_s() - cpu_start
+        busy = used / max(time.perf_counter() - wall_start, 1e-9) / client.workers
     finally:
         telemetry.stop()
         if previous_cpus is not None:
@@ -164,6 +174,7 @@ def observe(target: Target, load: Load, client: ClientSetup = ClientSetup(), wat
         client_cpu_busy=busy,
         started=started,
         telemetry=telemetry.summary(window, tokens=int((steady or summary)["total_output_tokens"].value)),
+        timeline=timeline(result.records, telemetry.points(), window),
     )
 
 

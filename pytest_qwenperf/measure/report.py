@@ -5,7 +5,8 @@ Each run is kept with the verdicts decided as it was measured (against its basel
 against the reference's run when a candidate is measured, at the confidence of its last
 look: :mod:`pytest_qwenperf.measure.sequential`) and why its baseline could not be read,
 if it could not; the JSON holds the runs and each config's answer to the correctness canary
-(:attr:`SessionReport.canaries`), not the verdicts. A session that measures a
+(:attr:`SessionReport.canaries`), the verdicts of each run and why a run regressed (what the
+HTML report shows of a session on its own). A session that measures a
 candidate keeps the reference's runs in a report of their own (:attr:`SessionReport.reference`),
 written to a file of their own. The report is only added to, and holds immutable records (each
 run, its verdicts, each canary answer); how often each server booted is the pool's count, given
@@ -21,11 +22,12 @@ from types import MappingProxyType
 
 import msgspec
 
-from pytest_qwenperf.core.canary import Canary
+from pytest_qwenperf.core.canary import Canary, CanaryJudgement
 from pytest_qwenperf.core.files import folder_lock, keep_aside, write_atomically
 from pytest_qwenperf.core.formats import SESSION_SCHEMA, json_safe
 from pytest_qwenperf.core.run import Run
 from pytest_qwenperf.core.verdict import Judgement
+from pytest_qwenperf.gate.diagnosis import Diagnosis
 from pytest_qwenperf.gate.judge import references
 from pytest_qwenperf.serving.hardware import detect
 
@@ -39,8 +41,10 @@ class SessionReport:
         self._runs: dict[tuple[str, str], Run] = {}
         self._judgements: dict[tuple[str, str], tuple[Judgement, ...]] = {}
         self._unreadable: dict[tuple[str, str], str] = {}
+        self._diagnoses: dict[tuple[str, str], Diagnosis] = {}
         self.reference: SessionReport | None = None  # the reference's runs, when these are a candidate's
         self._canaries: dict[str, Canary] = {}
+        self._canary_judgements: dict[str, CanaryJudgement] = {}
 
     @property
     def canaries(self) -> Mapping[str, Canary]:
@@ -50,6 +54,10 @@ class SessionReport:
     def add_canary(self, config_key: str, canary: Canary) -> None:
         self._canaries[config_key] = canary
 
+    def add_canary_judgement(self, judged: CanaryJudgement) -> None:
+        """Keep a config's canary answer as judged against its reference answer (the stored one, or the launcher's)."""
+        self._canary_judgements[judged.config] = judged
+
     @property
     def runs(self) -> list[Run]:
         return list(self._runs.values())
@@ -57,20 +65,28 @@ class SessionReport:
     def get(self, config_key: str, workload_id: str) -> Run | None:
         return self._runs.get((config_key, workload_id))
 
-    def add(self, run: Run, judgements: tuple[Judgement, ...] = (), *, unreadable: str | None = None) -> Run:
+    def add(
+        self, run: Run, judgements: tuple[Judgement, ...] = (), *, unreadable: str | None = None, diagnosis: Diagnosis | None = None
+    ) -> Run:
         """Keep ``run`` with its verdicts, naming the reference they were judged against; returns the
-        run as kept. ``unreadable``: why its baseline file could not be read."""
+        run as kept. ``unreadable``: why its baseline file could not be read; ``diagnosis``: why it regressed."""
         key = (run.config_key, run.identity.workload)
         named = references(judgements)
         kept = self._runs[key] = msgspec.structs.replace(run, reference=", ".join(named)) if named else run
         self._judgements[key] = judgements
         if unreadable is not None:
             self._unreadable[key] = unreadable
+        if diagnosis is not None:
+            self._diagnoses[key] = diagnosis
         return kept
 
     def judgements(self, run: Run) -> tuple[Judgement, ...]:
         """The verdicts ``run`` was added with."""
         return self._judgements.get((run.config_key, run.identity.workload), ())
+
+    def diagnosis(self, run: Run) -> Diagnosis | None:
+        """Why ``run`` regressed against its reference, as it was added (None: it did not, or nothing was kept to tell)."""
+        return self._diagnoses.get((run.config_key, run.identity.workload))
 
     def unreadable(self, run: Run) -> str | None:
         """Why the baseline of ``run`` could not be read (None: it could, or there is none)."""
@@ -84,6 +100,18 @@ class SessionReport:
             "boots": dict(boots),
             "runs": [msgspec.to_builtins(run) for run in self.runs],
             "canaries": [msgspec.to_builtins(canary) for canary in self.canaries.values()],
+            "canary_verdicts": [msgspec.to_builtins(judged) for judged in self._canary_judgements.values()],
+            "verdicts": [
+                {
+                    "suite": run.identity.suite,
+                    "config": run.identity.config,
+                    "workload": run.identity.workload,
+                    "judgements": [msgspec.to_builtins(j) for j in self.judgements(run)],
+                    "diagnosis": msgspec.to_builtins(self.diagnosis(run)),
+                }
+                for run in self.runs
+                if self.judgements(run)
+            ],
         }
 
     def write_json(self, path: Path, boots: Mapping[str, int] = MappingProxyType({})) -> Path | None:

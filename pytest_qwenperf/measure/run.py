@@ -9,7 +9,8 @@ from __future__ import annotations
 
 import json
 from collections.abc import Mapping, Sequence
-from functools import partial
+from dataclasses import dataclass
+from functools import cache
 from types import MappingProxyType
 
 import msgspec
@@ -28,11 +29,15 @@ from pytest_qwenperf.core.run import (
     TraceReplay,
     combined,
 )
+from pytest_qwenperf.core.summary import latency_quantiles
+from pytest_qwenperf.gate.diagnosis import telemetry_figures
 from pytest_qwenperf.loadgen.arrivals import Replay
 from pytest_qwenperf.loadgen.client import LoadOptions
 from pytest_qwenperf.loadgen.tokenizer import PromptTokenizer
 from pytest_qwenperf.measure.method import Method
-from pytest_qwenperf.measure.observe import ClientSetup, Load, Observation, Target, observe
+from pytest_qwenperf.measure.observe import Load, Observation, Target, observe
+from pytest_qwenperf.measure.profile import capture
+from pytest_qwenperf.measure.progress import PointProgress, load_label, watched
 from pytest_qwenperf.measure.scaling import (
     SCALING_THROUGHPUT,
     Route,
@@ -85,13 +90,15 @@ def build_run(
         steady_state=dict(seen.steady.values()) if seen.steady else None,
         server=ServerCounters.of(seen.server_deltas),
         token_check=TokenCheck(matches=seen.tokens.matches, detail=seen.tokens.describe()),
-        client=ClientLoad(bound=seen.client_bound, cpu_busy=seen.client_cpu_busy),
+        client=ClientLoad(bound=seen.client_bound, cpu_busy=seen.client_cpu_busy, workers=seen.load.clocks),
         telemetry=seen.telemetry.as_json(),
         requests_per_server=dict(seen.requests_per_server),
         samples={},
         tolerances=dict(method.tolerances),
         conditions=conditions(seen.telemetry, method.validity) + seen.record_losses(),
         trace=_trace(workload),
+        timeline=seen.timeline,
+        distributions=latency_quantiles(seen.load.records),
     )
 
 
@@ -117,8 +124,9 @@ def _environment(servers: Sequence[ServerInfo], hardware: Hardware) -> Environme
 
 
 def _scalar_metrics(run: Run) -> dict[str, float]:
-    """Client metrics, the server-side rates, tokens per joule and per server CPU-second: every
-    figure a repeat contributes a sample of."""
+    """Client metrics, the server-side rates, tokens per joule and per server CPU-second, and the
+    telemetry a diagnosis weighs (``gate.diagnosis.telemetry_figures``): every figure a repeat
+    contributes a sample of."""
     values = {name: float(value) for name, value in run.metrics.items() if value is not None}
     rates = {
         "prefix_cache_hit_rate": run.server.prefix_cache_hit_rate,
@@ -127,7 +135,7 @@ def _scalar_metrics(run: Run) -> dict[str, float]:
         "tokens_per_joule": run.value("tokens_per_joule"),
         "tokens_per_server_cpu_s": run.value("tokens_per_server_cpu_s"),
     }
-    return values | {name: value for name, value in rates.items() if value is not None}
+    return values | telemetry_figures(run) | {name: value for name, value in rates.items() if value is not None}
 
 
 Repeat = Mapping[int, Run]
@@ -160,17 +168,15 @@ def measure(server: Server, config: ServingConfig, workload: SuiteWorkload, meth
     return combine_repeats(measured, config.replicas, method)
 
 
-def measure_repeat(server: Server, config: ServingConfig, workload: SuiteWorkload, method: Method) -> Repeat:
+def measure_repeat(
+    server: Server, config: ServingConfig, workload: SuiteWorkload, method: Method, progress: PointProgress | None = None
+) -> Repeat:
     """One repeat of a point: a load run on each route, fewest replicas first, each on empty
-    prefix caches (see :func:`measure`)."""
+    prefix caches (see :func:`measure`); ``progress`` is told of each load run and its requests."""
     runs: dict[int, Run] = {}
     for route in sorted(method.routes or routes_of(server, config.replicas), key=lambda route: route.replicas):
-        if workload.search is None:
-            reset_prefix_caches(route.metrics_urls)
-            runs[route.replicas] = _measure_once(server, route, config, workload, method)
-        else:
-            runs[route.replicas] = search_once(partial(_probe_once, server, route, config, method=method), workload)
-        server.check_alive()
+        driver = Driver(server, route, config, method, progress)
+        runs[route.replicas] = driver.run(workload) if workload.search is None else search_once(driver.run, workload)
     return MappingProxyType(runs)
 
 
@@ -186,9 +192,9 @@ def combine_repeats(repeats: Sequence[Repeat], replicas: int, method: Method) ->
     ranked = sorted(own, key=lambda run: _throughput(run, CAPACITY if run.capacity else "total_token_throughput"))
     chosen = ranked[(len(ranked) - 1) // 2]
     per_run = [_scalar_metrics(run) for run in own]
-    samples: dict[str, tuple[float | None, ...]] = {
-        name: tuple(values[name] for values in per_run) for name in per_run[0] if all(name in v for v in per_run)
-    }
+    # A figure one repeat lacks is a null among the samples (lost data the verdicts see), not dropped.
+    names = dict.fromkeys(name for values in per_run for name in values)
+    samples: dict[str, tuple[float | None, ...]] = {name: tuple(values.get(name) for values in per_run) for name in names}
     scaling = None
     if len(counts) > 1:
         throughput = {n: [_throughput(run, SCALING_THROUGHPUT) for run in measured] for n, measured in runs.items()}
@@ -249,40 +255,57 @@ def _reset_succeeded(body: bytes) -> bool:
     return not isinstance(answer, dict) or answer.get("success") is not False
 
 
-def _measure_once(
-    server: Server, route: Route, config: ServingConfig, workload: SuiteWorkload, method: Method, watch: Watch | None = None
-) -> Run:
-    """One load run of ``workload`` on ``route``; ``watch`` (a search's probe) sees its records as
-    they finish and may end its sending early."""
-    hardware = detect()
-    tokenizer = PromptTokenizer.load(embedded.resolve_model(config.model))
-    n = route.replicas
-    # Usage in every chunk costs the server CPU per chunk (~20 % on the 2-core CPU build), but
-    # without it a chunk whose text is empty (a partial UTF-8 byte token) cannot be timed, and
-    # speculative chunks carry several tokens: exact timing needs it (the client always asks).
-    options = LoadOptions(warmup=workload.warmup * n, routing=_client_routing(config.routing), api_key=method.api_key)
-    load = Load(copies_of(workload.workload, n, tokenizer), times_arrival(workload.arrival, n), options, workload.slo)
-    seen = observe(
-        Target(
-            tuple(route.load_urls),
-            server.model,
-            metrics_urls=tuple(route.metrics_urls),
-            server_pids=tuple(server.pids),
-            gpu_visible_devices=_gpu_devices(config, hardware),
-        ),
-        load,
-        ClientSetup(cpus=method.client_cpus, workers=method.workers),
-        watch.start(load) if watch else None,
-    )
-    return build_run(config, workload, seen, method, server.info, hardware)
+@dataclass(frozen=True)
+class Driver:
+    """What every load run on one route of a point shares: the server and the route to it, the
+    config it runs, how the point is measured, and who is told of each load run and its requests."""
+
+    server: Server
+    route: Route
+    config: ServingConfig
+    method: Method
+    progress: PointProgress | None = None
+
+    def run(self, workload: SuiteWorkload, watch: Watch | None = None) -> Run:
+        """One load run of ``workload`` on empty prefix caches, the server checked after it;
+        ``watch`` (a search's probe) sees its records as they finish and may end its sending early."""
+        reset_prefix_caches(self.route.metrics_urls)
+        run = self._observed(workload, watch)
+        self.server.check_alive()
+        return run
+
+    def _observed(self, workload: SuiteWorkload, watch: Watch | None) -> Run:
+        server, route, config, method = self.server, self.route, self.config, self.method
+        hardware = detect()
+        n = route.replicas
+        # Usage in every chunk costs the server CPU per chunk (~20 % on the 2-core CPU build), but
+        # without it a chunk whose text is empty (a partial UTF-8 byte token) cannot be timed, and
+        # speculative chunks carry several tokens: exact timing needs it (the client always asks).
+        options = LoadOptions(warmup=workload.warmup * n, routing=_client_routing(config.routing), api_key=method.api_key)
+        load = Load(copies_of(workload.workload, n, _tokenizer(config.model)), times_arrival(workload.arrival, n), options, workload.slo)
+        if self.progress is not None:
+            label = load_label(n if config.replicas > 1 else None, workload.arrival if watch else None)
+            self.progress.load_started(len(load.requests), label)
+        seen = observe(
+            Target(
+                tuple(route.load_urls),
+                server.model,
+                metrics_urls=tuple(route.metrics_urls),
+                server_pids=tuple(server.pids),
+                gpu_visible_devices=_gpu_devices(config, hardware),
+            ),
+            load,
+            method.client,
+            watched(watch.start(load) if watch else None, self.progress),
+        )
+        return build_run(config, workload, seen, method, server.info, hardware)
 
 
-def _probe_once(server: Server, route: Route, config: ServingConfig, workload: SuiteWorkload, watch: Watch, *, method: Method) -> Run:
-    """One probe of a search: a load run on empty prefix caches, the server checked after it."""
-    reset_prefix_caches(route.metrics_urls)
-    run = _measure_once(server, route, config, workload, method, watch)
-    server.check_alive()
-    return run
+@cache
+def _tokenizer(model: str) -> PromptTokenizer:
+    """The tokenizer prompts for ``model`` are built with, read once a session (a search's probes,
+    repeats and points of one model share it)."""
+    return PromptTokenizer.load(embedded.resolve_model(model))
 
 
 def _client_routing(routing: str) -> str:
@@ -295,3 +318,21 @@ def _gpu_devices(config: ServingConfig, hardware: Hardware) -> tuple[str | None,
     if hardware.kind == "cpu":
         return ()
     return (dict(config.env).get("CUDA_VISIBLE_DEVICES"),)
+
+
+def profiled(run: Run, server: Server, config: ServingConfig, workload: SuiteWorkload, method: Method) -> Run:
+    """``run`` with its point's operator profile where the method asks for one: one more load run of the
+    workload (its own load, a search's too) on the config's own route, after the measured repeats,
+    between ``/start_profile`` and ``/stop_profile`` (:func:`~pytest_qwenperf.measure.profile.capture`);
+    its figures are kept nowhere, and the profiler is off again before this returns."""
+    if method.profile is None:
+        return run
+    routes = method.routes or routes_of(server, config.replicas)
+    route = next((r for r in routes if r.replicas == config.replicas), max(routes, key=lambda r: r.replicas))
+
+    def drive() -> None:
+        Driver(server, route, config, method).run(workload)
+
+    folder = method.profile.point(config.key, workload.id)
+    found = capture(route.metrics_urls, drive, folder, relative_to=method.profile.relative_to, api_key=method.api_key)
+    return msgspec.structs.replace(run, profile=found)

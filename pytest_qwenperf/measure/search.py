@@ -4,14 +4,18 @@ whose probes are load runs of the workload at the loads the search picks.
 The repeat's run is the run of its *chosen* probe (the highest load that met the SLO; the lowest
 probed when none did), so every figure a run has describes the server at its capacity, with
 ``capacity_at_slo`` and ``capacity_output_throughput`` added and the whole search in
-``Run.capacity``. Only the capacity is gated on such a run (``Run.gated_samples``).
+``Run.capacity``. Only the capacity is gated on such a run (``Run.gated_samples``). A search
+that finds no load meeting the SLO has a capacity of 0 (and 0 tok/s at it): the worst outcome,
+weighed with the other repeats, never a gap in their samples (``Run.capacity`` keeps that no
+load was found).
 
 A probe fails the SLO whatever its latencies when its requests failed or the client fell behind
 the load (for a rate, the requests it could not send in time): that is a server past its capacity.
 What makes any probe's run invalid for another reason (the device's conditions, token counts that
 disagree with the server) makes the repeat invalid: the whole search rested on that device.
 A rate probe is stopped early when it is clearly over-saturated (:class:`Watch`): its queue and the
-TTFT of its requests by send time both keep rising (:func:`~pytest_qwenperf.measure.slo_capacity.oversaturated`).
+TTFT of its requests by send time both keep rising, the TTFT to twice what it was and past the
+SLO's TTFT limit (:func:`~pytest_qwenperf.measure.slo_capacity.oversaturated`).
 It sends no more requests, those in flight finish, and it fails the SLO. A concurrency probe caps
 its requests in flight, so it cannot run away and is not watched; nor is a probe whose client runs
 in several worker processes, which the watch cannot reach.
@@ -45,8 +49,11 @@ class Watch:
     CHECK_EVERY = 8
     """Finished requests between two looks: each look refits both slopes over every request so far."""
 
-    def __init__(self) -> None:
+    def __init__(self, ttft_limit_s: float | None = None) -> None:
+        """``ttft_limit_s``: the SLO's TTFT limit, below which a rising TTFT stops no probe (see
+        :func:`~pytest_qwenperf.measure.slo_capacity.oversaturated`)."""
         self.reason: str | None = None
+        self._ttft_limit_s = ttft_limit_s
         self._offsets: tuple[float, ...] = ()
         self._warmup = 0
         self._finished: list[RequestRecord] = []
@@ -68,7 +75,7 @@ class Watch:
     def _stop(self) -> bool:
         if self.reason is None and len(self._finished) - self._looked >= self.CHECK_EVERY:
             self._looked = len(self._finished)
-            self.reason = oversaturated(self._window())
+            self.reason = oversaturated(self._window(), self._ttft_limit_s)
         return self.reason is not None
 
     def _window(self) -> ProbeWindow:
@@ -87,10 +94,11 @@ def search_once(measure: Callable[[SuiteWorkload, Watch], Run], workload: SuiteW
     under a fresh :class:`Watch`."""
     assert workload.search is not None, "a search workload has a plan"
     slo = workload.capacity_slo()
+    ttft_limit_ms = slo.targets.get("p99_ttft_ms")
     runs: list[tuple[float, Run]] = []
 
     def probe(load: float) -> Probe:
-        watch = Watch()
+        watch = Watch(ttft_limit_ms / 1000 if ttft_limit_ms is not None else None)
         run = measure(workload.at_load(load), watch)
         runs.append((load, run))
         return _probe(load, run, slo, watch.reason)
@@ -109,7 +117,9 @@ def search_once(measure: Callable[[SuiteWorkload, Watch], Run], workload: SuiteW
         bound=found.bound,
         probes=tuple(_record(probe, run) for probe, (_, run) in zip(found.probes, runs, strict=True)),
     )
-    metrics = {**chosen.metrics, CAPACITY: found.load, CAPACITY_OUTPUT: found.output_throughput}
+    # None found: not even the lowest load met the SLO, which weighs as no capacity at all.
+    capacity, output = (0.0, 0.0) if found.load is None else (found.load, found.output_throughput)
+    metrics = {**chosen.metrics, CAPACITY: capacity, CAPACITY_OUTPUT: output}
     # A probe's workload sends as many requests as its load needs: the search's is what was measured.
     identity = msgspec.structs.replace(chosen.identity, workload_fingerprint=workload.workload.fingerprint())
     # The chosen probe's failures and client alone: a probe past the capacity failing is what the search looks for.

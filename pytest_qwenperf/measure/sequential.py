@@ -21,7 +21,7 @@ from __future__ import annotations
 
 from collections.abc import Callable, Sequence
 from contextlib import AbstractContextManager
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import TypeVar
 
 import msgspec
@@ -29,10 +29,12 @@ import msgspec
 from pytest_qwenperf.core.run import Run
 from pytest_qwenperf.core.sequential import SequentialPlan
 from pytest_qwenperf.core.verdict import UNDECIDED, Judgement
-from pytest_qwenperf.gate.baseline import Baseline, BaselineError
+from pytest_qwenperf.gate.baseline import Baseline, BaselineError, evidence
+from pytest_qwenperf.gate.diagnosis import Diagnosis, Evidence, diagnose
 from pytest_qwenperf.gate.judge import judge_against_run, judge_run
 from pytest_qwenperf.measure.method import Method
-from pytest_qwenperf.measure.run import Repeat, combine_repeats, measure_repeat
+from pytest_qwenperf.measure.progress import PointProgress, told
+from pytest_qwenperf.measure.run import Repeat, combine_repeats, measure_repeat, profiled
 from pytest_qwenperf.serving.server import Server
 from pytest_qwenperf.suite.config import ServingConfig, SuiteWorkload
 
@@ -47,6 +49,7 @@ class Decided:
     run: Run
     judgements: tuple[Judgement, ...]
     unreadable: str | None = None  # why the run's baseline could not be read (then judged without one)
+    diagnosis: Diagnosis | None = None  # why it regressed, from what its baseline kept; None: no regression, or no baseline
 
 
 def undecided(judgements: Sequence[Judgement]) -> bool:
@@ -80,7 +83,14 @@ def decide(
         repeats.append(repeat())
         run = combine(repeats)
         judgements = judge_run(baseline, run, confidence=plan.confidence_at(len(repeats)))
-    return Decided(msgspec.structs.replace(run, extra_repeats=len(repeats) - plan.first), judgements, unreadable)
+    diagnosis = why(evidence(baseline), run, judgements) if baseline is not None else None
+    return Decided(msgspec.structs.replace(run, extra_repeats=len(repeats) - plan.first), judgements, unreadable, diagnosis)
+
+
+def why(reference: Run | Evidence, run: Run, judgements: Sequence[Judgement]) -> Diagnosis | None:
+    """The likely causes of a regression among ``judgements`` (:func:`~pytest_qwenperf.gate.diagnosis.diagnose`); None without one."""
+    found = diagnose(reference, run, judgements)
+    return found if found.changed else None
 
 
 @dataclass(frozen=True)
@@ -92,6 +102,7 @@ class DecidedPair:
     run: Run
     reference: Run
     judgements: tuple[Judgement, ...]
+    diagnosis: Diagnosis | None = None  # why the candidate regressed against the reference; None: it did not
 
 
 def decide_interleaved(
@@ -123,7 +134,10 @@ def decide_interleaved(
         reference, run, judgements = look()
     extra = len(candidates) - plan.first
     return DecidedPair(
-        msgspec.structs.replace(run, extra_repeats=extra), msgspec.structs.replace(reference, extra_repeats=extra), judgements
+        msgspec.structs.replace(run, extra_repeats=extra),
+        msgspec.structs.replace(reference, extra_repeats=extra),
+        judgements,
+        why(reference, run, judgements),
     )
 
 
@@ -133,30 +147,47 @@ def measure_point(
     workload: SuiteWorkload,
     method: Method,
     baseline_of: Callable[[Run], Baseline | None],
+    progress: PointProgress | None = None,
 ) -> Decided:
-    """:func:`~pytest_qwenperf.measure.run.measure` with as many repeats as :func:`decide` takes on the method's plan."""
+    """:func:`~pytest_qwenperf.measure.run.measure` with as many repeats as :func:`decide` takes on the method's plan;
+    ``progress`` is told of each repeat, its load runs and their requests. Its operator profile, where the
+    method asks for one, comes after them all (:func:`~pytest_qwenperf.measure.run.profiled`)."""
 
     def repeat() -> Repeat:
-        return measure_repeat(server, config, workload, method)
+        return measure_repeat(server, config, workload, method, progress)
 
     def combine(repeats: Sequence[Repeat]) -> Run:
         return combine_repeats(repeats, config.replicas, method)
 
-    return decide(method.plan, repeat, combine, baseline_of)
+    decided = decide(method.plan, told(repeat, method.plan, progress), combine, baseline_of)
+    return replace(decided, run=profiled(decided.run, server, config, workload, method))
 
 
 def measure_interleaved(
-    reference: Server, candidate: Server, config: ServingConfig, workload: SuiteWorkload, method: Method
+    reference: Server,
+    candidate: Server,
+    config: ServingConfig,
+    workload: SuiteWorkload,
+    method: Method,
+    progress: PointProgress | None = None,
 ) -> DecidedPair:
-    """The point on both servers, as many repeats each as :func:`decide_interleaved` takes on the method's plan."""
+    """The point on both servers, as many repeats each as :func:`decide_interleaved` takes on the method's plan;
+    then, where the method asks, each side's operator profile (the reference's first), in folders of their own."""
 
-    def repeat_on(server: Server) -> Callable[[], Repeat]:
-        return lambda: measure_repeat(server, config, workload, method)
+    def repeat_on(server: Server, side: str) -> Callable[[], Repeat]:
+        return told(lambda: measure_repeat(server, config, workload, method, progress), method.plan, progress, side)
 
     def combine(repeats: Sequence[Repeat]) -> Run:
         return combine_repeats(repeats, config.replicas, method)
 
-    return decide_interleaved(method.plan, repeat_on(reference), repeat_on(candidate), combine)
+    pair = decide_interleaved(method.plan, repeat_on(reference, "reference"), repeat_on(candidate, "candidate"), combine)
+    base = profiled(pair.reference, reference, config, workload, _side(method, "reference"))
+    return replace(pair, reference=base, run=profiled(pair.run, candidate, config, workload, _side(method, "candidate")))
+
+
+def _side(method: Method, side: str) -> Method:
+    """``method`` with one side's operator profiles in a subfolder of their own."""
+    return replace(method, profile=method.profile.under(side)) if method.profile else method
 
 
 ServerOf = Callable[[], AbstractContextManager[Server]]
@@ -164,7 +195,14 @@ ServerOf = Callable[[], AbstractContextManager[Server]]
 
 
 def measure_pair(
-    reference: ServerOf, candidate: ServerOf, config: ServingConfig, workload: SuiteWorkload, method: Method, *, side_by_side: bool
+    reference: ServerOf,
+    candidate: ServerOf,
+    config: ServingConfig,
+    workload: SuiteWorkload,
+    method: Method,
+    *,
+    side_by_side: bool,
+    progress: PointProgress | None = None,
 ) -> DecidedPair:
     """The point on a reference's server and a candidate's, the candidate judged against the
     reference's run: the one way the plugin (``--qwenperf-candidate``) and ``qwenperf bisect``
@@ -174,12 +212,13 @@ def measure_pair(
     :func:`measure_interleaved` does. Otherwise (a GPU node holds one server at a time) each is
     measured alone with the plan's first repeats, the reference first, inside its own block so
     that its server can stop before the candidate's boots; the verdicts are at the confidence of
-    the plan's first look."""
+    the plan's first look. ``progress`` is told of the repeats of both, as :func:`measure_point` tells it."""
     if side_by_side:
         with reference() as ref, candidate() as cand:
-            return measure_interleaved(ref, cand, config, workload, method)
+            return measure_interleaved(ref, cand, config, workload, method, progress)
     with reference() as server:
-        base = measure_point(server, config, workload, method, lambda run: None).run
+        base = measure_point(server, config, workload, _side(method, "reference"), lambda run: None, progress).run
     with candidate() as server:
-        run = measure_point(server, config, workload, method, lambda run: None).run
-    return DecidedPair(run, base, judge_against_run(base, run, confidence=method.plan.confidence_at(method.plan.first)))
+        run = measure_point(server, config, workload, _side(method, "candidate"), lambda run: None, progress).run
+    judgements = judge_against_run(base, run, confidence=method.plan.confidence_at(method.plan.first))
+    return DecidedPair(run, base, judgements, why(base, run, judgements))

@@ -99,7 +99,7 @@ def _capacity(run: Run) -> str:
             searches.append(f"none: even the lowest load failed the SLO ({len(search.probes)} probes)")
             continue
         interval = f" [{search.interval[0]:.3g}, {search.interval[1]:.3g}]" if search.interval else ""
-        edge = {"above-highest": ", at the highest load searched", "below-lowest": ""}.get(search.bound, "")
+        edge = {"above-highest": ", at the highest load probed", "below-lowest": ""}.get(search.bound, "")
         cliff = ", a cliff" if search.cliff else ""
         searches.append(f"{search.load:.3g}{interval} ({search.binding or 'no term'} binds{cliff}{edge}, {len(search.probes)} probes)")
     return f"{run.capacity[0].unit}: " + "; ".join(searches)

@@ -5,11 +5,13 @@ The search, given a way to measure one load (a *probe*: a concurrency or a reque
 
 1. **Bracket.** Probe the start load, then double it while the SLO holds (up to the plan's
    highest load), or halve it while it does not (down to the lowest): one load that meets the
-   SLO below one that does not.
+   SLO below one that does not. Whenever the fit of the probes so far (step 3) has no such pair,
+   the search brackets again from the highest or lowest load probed.
 2. **Bisect** the bracket at its geometric middle (integer loads for concurrency) until the
    failing load is within the plan's resolution of the meeting one, then probe both ends of that
    bracket again (:data:`CONFIRMATIONS`), resuming the bisection wherever the pooled probes move
-   it, until it holds or the probe budget is spent. Each step bisects the bracket that the
+   it (and the bracketing, where a failing load that meets the SLO when probed again moves it
+   past every load probed), until it holds or the probe budget is spent. Each step bisects the bracket that the
    monotone fit of every probe so far gives, not the last two probes, so one noisy probe does not
    send the search the wrong way.
 3. **Fit.** Every probe's worst SLO term, as the log of its ratio to its target, is fitted by
@@ -95,35 +97,24 @@ class Capacity:
 
 def find_capacity(probe: Callable[[float], Probe], slo: Slo, plan: SearchPlan) -> Capacity:
     """Bracket, bisect and fit (see the module docstring); ``probe`` measures one load."""
-    probes: list[Probe] = []
-
-    def run(load: float) -> Probe:
-        found = probe(load)
-        probes.append(found)
-        return found
-
-    load = plan.load(plan.start)
-    first = run(load)
-    meets = first.meets(slo)
+    probes = [probe(plan.load(plan.start))]
     while len(probes) < plan.max_probes:
-        step = plan.load(load * 2 if meets else load / 2)
-        if step == load or _known(probes, step):
-            break
-        load = step
-        if run(load).meets(slo) != meets:
-            break
-    while len(probes) < plan.max_probes:
-        bracket = _bracket(_fit(probes, slo))
-        if bracket is None:
-            break
+        fit = _fit(probes, slo)
+        bracket = _bracket(fit)
+        if bracket is None:  # on the fit every load probed meets the SLO, or none does: double or halve from the edge
+            step = plan.load(fit.loads[-1] * 2 if fit.fitted[-1] <= 0 else fit.loads[0] / 2)
+            if _known(probes, step):  # the plan's highest or lowest load, probed already
+                break
+            probes.append(probe(step))
+            continue
         middle = plan.load(math.sqrt(bracket[0] * bracket[1]))
         if not plan.settled(*bracket) and not _known(probes, middle):
-            run(middle)
+            probes.append(probe(middle))
             continue
         unconfirmed = [load for load in bracket if sum(p.load == load for p in probes) < CONFIRMATIONS]
         if not unconfirmed:
             break
-        run(unconfirmed[0])
+        probes.append(probe(unconfirmed[0]))
     return _capacity(probes, slo, plan)
 
 
@@ -276,13 +267,19 @@ MIN_POINTS = 20
 """Finished requests (and in-flight samples) a slope needs before it can stop a probe."""
 RATE_SHORTFALL = 0.10
 """A rate probe whose achieved rate is more than this fraction below the requested one is over-saturated."""
+MATERIAL_RISE = 2.0
+"""The rising TTFT that stops a probe must have grown this many times over it, on its fitted line:
+a slope can be significant and tiny (0.2 ms/s on 15 ms in a real probe far inside its capacity)."""
 
 
-def oversaturated(window: ProbeWindow, confidence: float = 0.95) -> str | None:
+def oversaturated(window: ProbeWindow, ttft_limit_s: float | None = None, confidence: float = 0.95) -> str | None:
     """Why a probe should stop now, or None: the rate sent fell behind the rate asked for, or both
     the requests in flight and the TTFT of requests as they are sent keep rising (each slope
-    positive beyond its one-sided ``confidence`` bound: GuideLLM's rule). A server that keeps up
-    holds both flat; one past its capacity queues, so both grow for as long as the probe lasts."""
+    positive beyond its one-sided ``confidence`` bound: GuideLLM's rule) and the rise is material:
+    the TTFT at the latest send, on its fitted line, is :data:`MATERIAL_RISE` times that at the
+    first and, where the SLO limits TTFT (``ttft_limit_s``), beyond that limit, so the probe would
+    fail anyway. A server that keeps up holds both flat; one past its capacity queues, so both grow
+    for as long as the probe lasts. (GuideLLM likewise counts only TTFTs above 2.5 s.)"""
     if window.requested_rate and window.achieved_rate is not None:
         short = 1 - window.achieved_rate / window.requested_rate
         if short > RATE_SHORTFALL:
@@ -291,13 +288,19 @@ def oversaturated(window: ProbeWindow, confidence: float = 0.95) -> str | None:
         return None
     ttft = _rising(list(window.sent), list(window.ttft), confidence)
     queue = _rising([t for t, _ in window.in_flight], [n for _, n in window.in_flight], confidence)
-    if ttft is not None and queue is not None:
-        return f"over-saturated: TTFT rising {ttft * 1000:.3g} ms/s and requests in flight rising {queue:.3g}/s"
-    return None
+    if ttft is None or queue is None:
+        return None
+    first, last = (ttft.intercept + ttft.slope * t for t in (window.sent[0], window.sent[-1]))
+    if last < MATERIAL_RISE * max(first, 0.0) or (ttft_limit_s is not None and last <= ttft_limit_s):
+        return None
+    return (
+        f"over-saturated: TTFT rising {ttft.slope * 1000:.3g} ms/s (to {last * 1000:.4g} ms from {max(first, 0.0) * 1000:.4g} ms) "
+        f"and requests in flight rising {queue.slope:.3g}/s"
+    )
 
 
-def _rising(xs: list[float], ys: list[float], confidence: float) -> float | None:
-    """The least-squares slope of ``ys`` on ``xs`` when it is positive beyond its one-sided bound; else None."""
+def _rising(xs: list[float], ys: list[float], confidence: float) -> statistics.LinearRegression | None:
+    """The least-squares fit of ``ys`` on ``xs`` when its slope is positive beyond its one-sided bound; else None."""
     n = len(xs)
     if n < 3 or len(set(xs)) < 2:
         return None
@@ -307,4 +310,4 @@ def _rising(xs: list[float], ys: list[float], confidence: float) -> float | None
     mean = statistics.fmean(xs)
     sxx = sum((x - mean) ** 2 for x in xs)
     se = math.sqrt(spread / sxx) if sxx > 0 else math.inf
-    return fit.slope if fit.slope - t_quantile(confidence, n - 2) * se > 0 else None
+    return fit if fit.slope - t_quantile(confidence, n - 2) * se > 0 else None

@@ -14,6 +14,15 @@ fails when the median throughput drops by about 5 %.
 Registered as a plugin, the module also puts the GPU, CPU and vLLM version into
 pytest-benchmark's ``machine_info`` (its storage folder name ignores the GPU) and warns
 loudly when a run is compared with one measured on other hardware.
+
+Its table stays on the terminal, saying what it holds: a run's group is
+``<suite/config>: seconds per million total tokens (lower is better)`` (:data:`GROUP_UNIT`), and
+the figures of a table of such groups stay in seconds (:func:`pytest_benchmark_scale_unit`), where
+pytest-benchmark would rescale them to ms and call them "time". Keeping the table off the terminal
+instead would mean forcing its ``--benchmark-quiet`` on, which also hides its own lines (where it
+saved a run, what it compared against) and takes an option from its users; a group's name and the
+unit hook are public, change nothing in the JSON or storage but the group's label (comparisons
+match on ``fullname``), and keep the table for those who read it (``--benchmark-quiet`` still hides it).
 """
 
 from __future__ import annotations
@@ -32,6 +41,8 @@ from pytest_qwenperf.serving.hardware import detect
 from pytest_qwenperf.suite.vllm_args import installed_vllm
 
 UNIT = "seconds per 1,000,000 total tokens (1e6 / total_token_throughput)"
+GROUP_UNIT = "seconds per million total tokens (lower is better)"
+"""What a run's figures are, in its pytest-benchmark group's name (the table's heading)."""
 HARDWARE_KEYS = ("gpu_name", "gpu_count", "cpu_model")
 """``machine_info`` keys that say which hardware measured a run; results differ across them."""
 
@@ -91,7 +102,7 @@ def record(
 
 
 def record_run(benchmark: Any, run: Run) -> None:
-    """Record one run: group ``suite/config``, name the workload, one round per repeat
+    """Record one run: group ``suite/config`` and what the figures are, name the workload, one round per repeat
     (``samples.total_token_throughput``), so pytest-benchmark's statistics and
     ``--benchmark-compare-fail`` weigh the run-to-run spread; a run without samples (one
     measured before repeats were kept) is its single ``metrics`` value, one round."""
@@ -102,7 +113,7 @@ def record_run(benchmark: Any, run: Run) -> None:
         benchmark,
         run,
         seconds_per_million_tokens(None if t is None else float(t) for t in throughputs),
-        group=run.config_key,
+        group=f"{run.config_key}: {GROUP_UNIT}",
         name=identity.workload,
         params={"suite": identity.suite, "config": identity.config, "workload": identity.workload},
     )
@@ -149,6 +160,21 @@ def pytest_benchmark_update_machine_info(machine_info: dict[str, Any]) -> None:
         vllm_distribution=distribution,
         vllm_version=version,
     )
+
+
+@pytest.hookimpl(optionalhook=True)
+def pytest_benchmark_scale_unit(
+    config: pytest.Config | None, unit: str, benchmarks: Sequence[Mapping[str, Any]], best: Any, worst: Any, sort: str
+) -> tuple[str, float] | None:
+    """Seconds as they are (``time in s``) in a table of load runs alone: its groups say "seconds per
+    million total tokens", which pytest-benchmark's rescaling to ms or us would contradict. Other
+    tables, operations per second, and an explicit ``--benchmark-time-unit`` are left to pytest-benchmark."""
+    asked = config.getoption("benchmark_time_unit", None) if config is not None else None
+    if unit != "seconds" or asked not in (None, "auto") or not benchmarks:
+        return None
+    if all(str(bench.get("group") or "").endswith(GROUP_UNIT) for bench in benchmarks):
+        return "", 1.0
+    return None
 
 
 @pytest.hookimpl(optionalhook=True)

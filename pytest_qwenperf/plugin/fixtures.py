@@ -18,14 +18,19 @@ from pytest_qwenperf.core.run import Run
 from pytest_qwenperf.core.verdict import Judgement
 from pytest_qwenperf.gate.baseline import Baseline, BaselineError, find_baseline
 from pytest_qwenperf.gate.canary import canary_path, find_canary
+from pytest_qwenperf.gate.diagnosis import Diagnosis
 from pytest_qwenperf.gate.judge import losses
 from pytest_qwenperf.history.declines import judged_by_history
 from pytest_qwenperf.history.reference import history_baseline
 from pytest_qwenperf.measure.canary import canary_of
 from pytest_qwenperf.measure.method import Method
+from pytest_qwenperf.measure.observe import ClientSetup
+from pytest_qwenperf.measure.profile import ProfilerLeftOn, ProfileSetting
+from pytest_qwenperf.measure.progress import BootMeter
 from pytest_qwenperf.measure.report import SessionReport
 from pytest_qwenperf.measure.scaling import endpoint_routes
 from pytest_qwenperf.measure.sequential import measure_pair, measure_point
+from pytest_qwenperf.plugin.progress import boot_progress, point_progress
 from pytest_qwenperf.plugin.settings import (
     POOLS_KEY,
     REPORT_KEY,
@@ -33,6 +38,7 @@ from pytest_qwenperf.plugin.settings import (
     SUITES_KEY,
     USES_KEY,
     QwenperfSettings,
+    profiles_path,
     repeat_plan,
 )
 from pytest_qwenperf.serving.endpoints import set_urls
@@ -48,7 +54,8 @@ def qwenperf_settings(pytestconfig: pytest.Config) -> QwenperfSettings:
     return pytestconfig.stash[SETTINGS_KEY]
 
 
-def _pool(settings: QwenperfSettings, log_dir: Path, launcher: tuple[str, ...]) -> ServerPool:
+def _pool(settings: QwenperfSettings, log_dir: Path, launcher: tuple[str, ...], boots: BootMeter | None) -> ServerPool:
+    """``boots``: the terminal's lines of each server's boot (None: no progress shown)."""
     return ServerPool(
         PoolSettings(
             log_dir=log_dir,
@@ -57,6 +64,8 @@ def _pool(settings: QwenperfSettings, log_dir: Path, launcher: tuple[str, ...]) 
             endpoints=settings.endpoints or set_urls(settings.endpoint_sets),
             endpoint_model=settings.endpoint_sets.model if settings.endpoint_sets else None,
             api_key=settings.api_key,
+            profile=settings.profile,
+            boot_progress=boots,
         )
     )
 
@@ -72,7 +81,8 @@ def qwenperf_pool(
     pytestconfig: pytest.Config, qwenperf_settings: QwenperfSettings, tmp_path_factory: pytest.TempPathFactory
 ) -> Iterator[ServerPool]:
     """All servers of the session; each config boots once and everything stops at the end."""
-    pool = _pool(qwenperf_settings, _log_dir(qwenperf_settings, tmp_path_factory), qwenperf_settings.launcher)
+    boots = boot_progress(pytestconfig, qwenperf_settings.progress)
+    pool = _pool(qwenperf_settings, _log_dir(qwenperf_settings, tmp_path_factory), qwenperf_settings.launcher, boots)
     pytestconfig.stash[POOLS_KEY]["launcher"] = pool
     try:
         yield pool
@@ -88,7 +98,8 @@ def qwenperf_candidate_pool(
     if qwenperf_settings.candidate is None:
         yield None
         return
-    pool = _pool(qwenperf_settings, _log_dir(qwenperf_settings, tmp_path_factory, "candidate"), qwenperf_settings.candidate)
+    boots = boot_progress(pytestconfig, qwenperf_settings.progress, "candidate")
+    pool = _pool(qwenperf_settings, _log_dir(qwenperf_settings, tmp_path_factory, "candidate"), qwenperf_settings.candidate, boots)
     pytestconfig.stash[POOLS_KEY]["candidate"] = pool
     try:
         yield pool
@@ -169,27 +180,50 @@ def qwenperf_measure(
         method = Method.of(
             suite,
             repeat_plan(settings, suite),
-            placed.client_cpus,
-            workers=settings.client_workers,
+            ClientSetup(cpus=placed.client_cpus, workers=settings.client_workers, ray=settings.ray),
             api_key=settings.api_key,
             routes=endpoint_routes(sets) if sets else None,
+            profile=_profile_setting(settings, qwenperf_pool),
         )
+        progress = point_progress(pytestconfig, settings.progress, f"{cfg.key} / {workload.id}")
         if qwenperf_candidate_pool is not None and report.reference is not None:
             candidate = qwenperf_candidate_pool.get(cfg, placed.server_cpus, gpus)
             # Both servers stay up for the config's other tests; vllm_server stops them after the last.
-            pair = measure_pair(lambda: nullcontext(server), lambda: nullcontext(candidate), cfg, workload, method, side_by_side=True)
+            servers = (lambda: nullcontext(server), lambda: nullcontext(candidate))
+            pair = measure_pair(*servers, cfg, workload, method, side_by_side=True, progress=progress)
             report.reference.add(pair.reference)
-            return report.add(pair.run, pair.judgements)
-        decided = measure_point(server, cfg, workload, method, partial(_reference, settings, suite))
+            return report.add(pair.run, pair.judgements, diagnosis=pair.diagnosis)
+        decided = measure_point(server, cfg, workload, method, partial(_reference, settings, suite), progress)
         run, unreadable = decided.run, decided.unreadable
         if settings.history is not None and unreadable is None:
             try:
                 run = judged_by_history(settings.history.where, run, valid=not losses(run), window=suite.history_window)
             except BaselineError as exc:
                 unreadable = str(exc)
-        return report.add(run, decided.judgements, unreadable=unreadable)
+        return report.add(run, decided.judgements, unreadable=unreadable, diagnosis=decided.diagnosis)
 
-    return _measure
+    def measured(cfg: ServingConfig, workload: SuiteWorkload) -> Run:
+        """A server whose profiler could not be turned off measures nothing more: it stops (the next test boots it)."""
+        try:
+            return _measure(cfg, workload)
+        except ProfilerLeftOn:
+            for pool in (qwenperf_pool, qwenperf_candidate_pool):
+                if pool is not None:
+                    pool.release(cfg.key)
+            raise
+
+    return measured
+
+
+def _profile_setting(settings: QwenperfSettings, pool: ServerPool) -> ProfileSetting | None:
+    """Where the points' operator profiles go with ``--qwenperf-profile``: beside the session JSON (their
+    paths recorded relative to its folder), else beside the servers' logs; None without the option."""
+    if not settings.profile:
+        return None
+    folder = profiles_path(settings)
+    if folder is None:
+        return ProfileSetting(pool.settings.log_dir / "profiles")
+    return ProfileSetting(folder, relative_to=folder.parent)
 
 
 def _reference(settings: QwenperfSettings, suite: Suite, run: Run) -> Baseline | None:
@@ -248,18 +282,24 @@ def qwenperf_canary_judgement(
     A stored answer that cannot be read fails the test with the one line that names the file,
     the field and what was expected."""
     report = pytestconfig.stash[REPORT_KEY]
-    answer = qwenperf_canary(serving_config)
+    judged = _canary_judgement(pytestconfig, serving_config, qwenperf_canary(serving_config), qwenperf_settings)
+    report.add_canary_judgement(judged)
+    return judged
+
+
+def _canary_judgement(pytestconfig: pytest.Config, serving_config: ServingConfig, answer: Canary, settings: QwenperfSettings) -> CanaryJudgement:
+    report = pytestconfig.stash[REPORT_KEY]
     floor = _suite_of(pytestconfig, serving_config).canary_floor
     if report.reference is not None:
         return judge_canary(report.reference.canaries[serving_config.key], answer, floor)
     unreadable = None
     try:
-        stored = find_canary(qwenperf_settings.baselines, answer)
+        stored = find_canary(settings.baselines, answer)
     except BaselineError as exc:
         stored, unreadable = None, str(exc)
     if unreadable is not None:  # failed outside the except, so no chained traceback hides the one line
         pytest.fail(f"qwenperf: {unreadable}", pytrace=False)
-    absent = f"no stored canary answer for this hardware, model and config ({canary_path(qwenperf_settings.baselines, answer)})"
+    absent = f"no stored canary answer for this hardware, model and config ({canary_path(settings.baselines, answer)})"
     return judge_canary(stored.answer if stored else None, answer, floor, absent=absent)
 
 
@@ -310,3 +350,11 @@ def qwenperf_judgements(pytestconfig: pytest.Config, qwenperf_run: Run) -> tuple
     if unreadable is not None:
         pytest.fail(f"qwenperf: {unreadable}", pytrace=False)
     return report.judgements(qwenperf_run)
+
+
+@pytest.fixture
+def qwenperf_diagnosis(pytestconfig: pytest.Config, qwenperf_run: Run) -> Diagnosis | None:
+    """Why the run regressed against its reference (:func:`~pytest_qwenperf.gate.diagnosis.diagnose`:
+    the setup differences, the telemetry that moved beyond its noise, the latency shape), as decided
+    when it was measured; None when nothing regressed or there was no reference."""
+    return pytestconfig.stash[REPORT_KEY].diagnosis(qwenperf_run)

@@ -10,6 +10,7 @@ the fixtures live in :mod:`~pytest_qwenperf.plugin.fixtures`. Tests that ask for
 from __future__ import annotations
 
 import signal
+import tempfile
 import threading
 from collections import Counter
 from pathlib import Path
@@ -18,11 +19,14 @@ import pytest
 
 from pytest_qwenperf.core.apikey import CLIENT_ENVS
 from pytest_qwenperf.core.options import cpu_list, endpoint_url, launcher_argv, positive_seconds, whole_number
-from pytest_qwenperf.gate.history_store import HistoryError
+from pytest_qwenperf.gate.compare import CompareError, load_runs
+from pytest_qwenperf.gate.history_store import HistoryError, HistoryStore
 from pytest_qwenperf.gate.judge import losses
 from pytest_qwenperf.gate.update import update_baselines
+from pytest_qwenperf.history.report import Series
 from pytest_qwenperf.measure.report import SessionReport
 from pytest_qwenperf.measure.session_table import session_table
+from pytest_qwenperf.plugin.progress import end_live_line, progress_setting
 from pytest_qwenperf.plugin.settings import (
     DEFAULT_HISTORY,
     POOLS_KEY,
@@ -31,11 +35,14 @@ from pytest_qwenperf.plugin.settings import (
     SUITES_KEY,
     USES_KEY,
     HistorySetting,
+    QwenperfSettings,
     open_history,
     reference_path,
     repeat_plan,
     resolve_settings,
 )
+from pytest_qwenperf.report.html import ReportUnavailable, write_report
+from pytest_qwenperf.report.page import history_series
 from pytest_qwenperf.serving import gpu_memory, proctree
 from pytest_qwenperf.serving.endpoints import endpoints_file
 from pytest_qwenperf.serving.hardware import detect
@@ -107,6 +114,13 @@ def pytest_addoption(parser: pytest.Parser) -> None:
         "--qwenperf-suite", type=Path, action="append", default=[], help="suite file to run (repeatable; default: ini qwenperf_suites)"
     )
     group.addoption("--qwenperf-json", type=Path, help="write the session's results (every run, boots per config) to this file")
+    group.addoption(
+        "--qwenperf-html",
+        type=Path,
+        metavar="PATH",
+        help="write the session's report as one HTML file that opens offline: verdicts, throughput per rung, telemetry over "
+        "time, latency distributions, environment differences (default: ini qwenperf_html; see qwenperf report)",
+    )
     group.addoption("--qwenperf-server-cpus", type=cpu_list, help="CPUs for the servers, e.g. 0-6 (CPU suites default: all but the last)")
     group.addoption("--qwenperf-client-cpus", type=cpu_list, help="CPUs for the load generator (CPU suites default: the last one)")
     group.addoption("--qwenperf-repeats", type=whole_number(1), help="load runs per (config, workload) (default: the suite's repeats)")
@@ -120,6 +134,12 @@ def pytest_addoption(parser: pytest.Parser) -> None:
         "--qwenperf-client-workers",
         type=whole_number(1),
         help="load-generator processes, each with its own event loop, for loads one process cannot drive (default 1)",
+    )
+    group.addoption(
+        "--qwenperf-ray",
+        metavar="ADDRESS",
+        help="run the --qwenperf-client-workers processes as actors spread over the nodes of this Ray cluster (auto, "
+        "host:port or ray://host:port; needs the ray extra), their times put on this machine's clock",
     )
     group.addoption("--qwenperf-baselines", type=Path, help="baseline folder (default: baselines/ under the rootdir)")
     group.addoption(
@@ -155,20 +175,39 @@ def pytest_addoption(parser: pytest.Parser) -> None:
         help="with --qwenperf-update-baselines: let the runs of this config (its key, e.g. b200/dp8) or this baseline "
         "file replace a baseline of published figures (repeatable; without it, published baselines are kept)",
     )
+    group.addoption(
+        "--qwenperf-progress",
+        type=progress_setting,
+        metavar="off|on|SECONDS",
+        help="each point's progress while it is measured: a status line redrawn in place in a terminal; in a log "
+        "(no terminal), a line every SECONDS (default 30) and one per finished repeat. off: none (nor with -qq)",
+    )
+    group.addoption(
+        "--qwenperf-profile",
+        action="store_true",
+        default=None,
+        help="boot servers with vLLM's torch profiler and, after each point's measured repeats, profile one extra repeat "
+        "that nothing measures: its traces go beside --qwenperf-json (<stem>.profiles/<suite>/<config>/<workload>/), its "
+        "top operators by self time into the run",
+    )
     parser.addini("qwenperf_launcher", "default for --qwenperf-launcher")
     parser.addini("qwenperf_candidate", "default for --qwenperf-candidate")
     parser.addini("qwenperf_boot_timeout", "default for --qwenperf-boot-timeout")
     parser.addini("qwenperf_log_dir", "default for --qwenperf-log-dir")
     parser.addini("qwenperf_endpoints", "default for --qwenperf-endpoint", type="linelist")
     parser.addini("qwenperf_suites", "suite files or globs, relative to the rootdir", type="linelist")
+    parser.addini("qwenperf_html", "default for --qwenperf-html, relative to the rootdir")
     parser.addini("qwenperf_repeats", "default for --qwenperf-repeats")
     parser.addini("qwenperf_max_repeats", "default for --qwenperf-max-repeats")
     parser.addini("qwenperf_client_workers", "default for --qwenperf-client-workers")
+    parser.addini("qwenperf_ray", "default for --qwenperf-ray")
     parser.addini("qwenperf_baselines", "default for --qwenperf-baselines, relative to the rootdir")
     parser.addini("qwenperf_allow_invalid", "default for --qwenperf-allow-invalid", type="bool", default=False)
     parser.addini("qwenperf_history", "default for --qwenperf-history (a path relative to the rootdir, or a URL)")
     parser.addini("qwenperf_no_history", "default for --qwenperf-no-history", type="bool", default=False)
     parser.addini("qwenperf_api_key_env", "default for --qwenperf-api-key-env (a variable name, never the key)")
+    parser.addini("qwenperf_profile", "default for --qwenperf-profile", type="bool", default=False)
+    parser.addini("qwenperf_progress", "default for --qwenperf-progress (off, on or seconds)")
 
 
 def pytest_configure(config: pytest.Config) -> None:
@@ -298,6 +337,12 @@ def pytest_collection_finish(session: pytest.Session) -> None:
         )
 
 
+@pytest.hookimpl(tryfirst=True)
+def pytest_runtest_makereport(item: pytest.Item) -> None:
+    """End a point's live progress line before pytest reports the phase that drew it."""
+    end_live_line(item.config)
+
+
 def _say(config: pytest.Config, text: str, red: bool = False) -> None:
     """A line on pytest's terminal, or on stdout when its reporter is off (``-p no:terminal``)."""
     reporter = config.pluginmanager.get_plugin("terminalreporter")
@@ -338,6 +383,8 @@ def pytest_sessionfinish(session: pytest.Session) -> None:
             _write_results(config, report.reference, reference, launcher)
     if settings is not None and settings.history is not None and report is not None and report.runs:
         _record_history(session, settings.history, report)
+    if settings is not None and settings.html_path is not None and report is not None and report.runs:
+        _write_html(session, report, settings)
     if settings is not None and settings.update_baselines and report is not None:
         update = update_baselines(
             settings.baselines,
@@ -382,6 +429,36 @@ def _record_history(session: pytest.Session, where: HistorySetting, report: Sess
             f"qwenperf: {len(first)} of {len(report.runs)} point(s) had no stored baseline and no history to be judged "
             "against: this session's runs are now their reference on this machine, and the next session is judged against them",
         )
+
+
+def _write_html(session: pytest.Session, report: SessionReport, settings: QwenperfSettings) -> None:
+    """The report of the session's runs (with a candidate: the candidate's against the reference's),
+    read back from their JSON as ``qwenperf report`` reads it, so both draw the same page, with the
+    points' series from the history store the runs were recorded in; a report that cannot be
+    written fails the session."""
+    path = settings.html_path
+    assert path is not None, "called for a session that writes one"
+    with tempfile.TemporaryDirectory(prefix="qwenperf-report-") as folder:
+        sessions = [report.reference, report] if report.reference is not None and report.reference.runs else [report]
+        paths = [Path(folder) / f"{i}.json" for i in range(len(sessions))]
+        for part, json_path in zip(sessions, paths, strict=True):
+            part.write_json(json_path)
+        try:
+            kept = write_report([load_runs(json_path) for json_path in paths], path, history=_history_series(settings.history))
+        except (CompareError, ReportUnavailable, HistoryError, OSError) as exc:
+            _say(session.config, f"qwenperf: the HTML report was not written: {exc}", red=True)
+            session.exitstatus = pytest.ExitCode.TESTS_FAILED
+            return
+    note = f" (previous file kept as {kept})" if kept else ""
+    _say(session.config, f"qwenperf: HTML report written to {path}{note}")
+
+
+def _history_series(where: HistorySetting | None) -> list[Series]:
+    """The report's series from the session's history store; none where it records in none, or its store was never made."""
+    if where is None or not (where.named or Path(where.where).exists()):
+        return []
+    with HistoryStore.open(where.where, create=False) as store:
+        return history_series(store)
 
 
 def _write_results(config: pytest.Config, report: SessionReport, path: Path, pool: ServerPool | None) -> None:

@@ -16,7 +16,7 @@ import glob
 import os
 from collections import Counter
 from collections.abc import Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TypeVar
 
@@ -29,6 +29,7 @@ from pytest_qwenperf.core.sequential import SequentialPlan
 from pytest_qwenperf.core.verdict import DEFAULT_CONFIDENCE
 from pytest_qwenperf.gate.history_store import HistoryError, HistoryStore, is_url
 from pytest_qwenperf.measure.report import SessionReport
+from pytest_qwenperf.plugin.progress import ProgressSetting, progress_setting
 from pytest_qwenperf.serving.endpoints import EndpointSets
 from pytest_qwenperf.serving.pool import ServerPool
 from pytest_qwenperf.serving.server import DEFAULT_BOOT_TIMEOUT_S, DEFAULT_LAUNCHER
@@ -45,6 +46,7 @@ class QwenperfSettings:
     endpoint_sets: EndpointSets | None  # replicas already deployed, per replica count (multi-node scaling)
     suites: tuple[Path, ...]
     json_path: Path | None
+    html_path: Path | None  # the session's HTML report
     server_cpus: frozenset[int] | None  # None: the default placement for the suite's hardware
     client_cpus: frozenset[int] | None
     repeats: int | None  # None: each suite's own
@@ -56,8 +58,11 @@ class QwenperfSettings:
     replace_published: tuple[str, ...] = ()  # config keys or baseline files whose published figures a run may replace
     api_key: ApiKey | None = None  # from the environment (see _api_key); booted servers require it, requests carry it
     history: HistorySetting | None = None  # where the session's runs are recorded; None: nowhere (--qwenperf-no-history)
+    ray: str | None = None  # the Ray cluster whose nodes run the client workers as actors; None: this machine
     repeats_from: str = ""  # the option or ini key repeats came from, for messages ("": neither)
     max_repeats_from: str = ""  # the same for max_repeats
+    progress: ProgressSetting = field(default_factory=ProgressSetting)  # each point's live progress on the terminal
+    profile: bool = False  # servers boot with vLLM's profiler; each point gets one extra, unmeasured, profiled repeat
 
 
 DEFAULT_HISTORY = Path(".qwenperf") / "history.sqlite"
@@ -102,11 +107,13 @@ def resolve_settings(config: pytest.Config) -> QwenperfSettings:
         endpoint_sets=config.getoption("qwenperf_endpoints_file"),
         suites=tuple(config.getoption("qwenperf_suite")) or _ini_suites(config),
         json_path=config.getoption("qwenperf_json"),
+        html_path=_html_path(config),
         server_cpus=config.getoption("qwenperf_server_cpus"),
         client_cpus=config.getoption("qwenperf_client_cpus"),
         repeats=_resolve(config, "qwenperf_repeats", whole_number(1), None),
         max_repeats=_resolve(config, "qwenperf_max_repeats", whole_number(1), None),
         client_workers=_resolve(config, "qwenperf_client_workers", whole_number(1), 1),
+        ray=_resolve(config, "qwenperf_ray", str, None),
         baselines=config.rootpath / _resolve(config, "qwenperf_baselines", Path, Path("baselines")),
         update_baselines=config.getoption("qwenperf_update_baselines"),
         allow_invalid=_flag(config, "qwenperf_allow_invalid"),
@@ -115,9 +122,20 @@ def resolve_settings(config: pytest.Config) -> QwenperfSettings:
         history=_history(config),
         repeats_from=_origin(config, "qwenperf_repeats"),
         max_repeats_from=_origin(config, "qwenperf_max_repeats"),
+        progress=_resolve(config, "qwenperf_progress", progress_setting, ProgressSetting()),
+        profile=_flag(config, "qwenperf_profile"),
     )
     _check_outputs(settings)
     return settings
+
+
+def _html_path(config: pytest.Config) -> Path | None:
+    """The option as given (relative to the working directory, as --qwenperf-json), else the ini key under the rootdir."""
+    given = config.getoption("qwenperf_html")
+    if given is not None:
+        return Path(given)
+    ini = config.getini("qwenperf_html")
+    return config.rootpath / ini if ini else None
 
 
 def _flag(config: pytest.Config, name: str) -> bool:
@@ -177,8 +195,13 @@ def _check_outputs(settings: QwenperfSettings) -> None:
             HistoryStore.open(settings.history.where).close()  # created or migrated now, not after the measurement
         except HistoryError as exc:
             raise pytest.UsageError(f"--qwenperf-history (or ini qwenperf_history): {exc}") from None
+    if settings.html_path is not None and (why := unwritable(settings.html_path)):
+        raise pytest.UsageError(f"--qwenperf-html {settings.html_path} (or ini qwenperf_html): cannot write the report there: {why}")
     if settings.json_path is not None and (why := unwritable(settings.json_path)):
         raise pytest.UsageError(f"--qwenperf-json {settings.json_path}: cannot write the results there: {why}")
+    profiles = profiles_path(settings)
+    if profiles is not None and (why := unwritable_folder(profiles)):
+        raise pytest.UsageError(f"--qwenperf-profile: cannot keep the traces beside --qwenperf-json, in {profiles}: {why}")
     reference = reference_path(settings)
     if reference is not None and (why := unwritable(reference)):
         raise pytest.UsageError(f"--qwenperf-json {settings.json_path}: cannot write the reference's runs beside it, to {reference}: {why}")
@@ -210,6 +233,14 @@ def reference_path(settings: QwenperfSettings) -> Path | None:
     if settings.candidate is None or settings.json_path is None:
         return None
     return settings.json_path.with_name(f"{settings.json_path.stem}.reference{settings.json_path.suffix}")
+
+
+def profiles_path(settings: QwenperfSettings) -> Path | None:
+    """Where the operator profiles' traces go with ``--qwenperf-profile``: beside ``--qwenperf-json``,
+    ``results.json`` → ``results.profiles/``; None without a JSON path (or without profiling)."""
+    if not settings.profile or settings.json_path is None:
+        return None
+    return settings.json_path.with_name(f"{settings.json_path.stem}.profiles")
 
 
 def repeat_plan(settings: QwenperfSettings, suite: Suite) -> SequentialPlan:

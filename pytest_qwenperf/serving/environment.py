@@ -23,14 +23,18 @@ _GIT_SHA = re.compile(r"\(git sha: ([0-9a-f]+)")
 
 def server_environment(base_url: str, api_key: ApiKey | None = None, timeout: float = 60.0) -> Environment | None:
     """The server's environment, or None where it does not serve ``/server_info`` as JSON."""
+    answer = _server_info(base_url, api_key, timeout)
+    return None if answer is None else environment_of(answer)
+
+
+def _server_info(base_url: str, api_key: ApiKey | None, timeout: float) -> dict[str, Any] | None:
+    """The server's ``/server_info`` (engine config as JSON); None where it does not serve one."""
     try:
         status, body = http_get(f"{base_url}/server_info?config_format=json", timeout=timeout, api_key=api_key)
         answer = json.loads(body) if status == 200 else None
     except (OSError, ValueError):
         return None
-    if not isinstance(answer, dict):
-        return None
-    return environment_of(answer)
+    return answer if isinstance(answer, dict) else None
 
 
 def environment_of(answer: Mapping[str, Any]) -> Environment:
@@ -68,3 +72,16 @@ def _package(line: str) -> tuple[str, str]:
 def _text(value: object) -> str | None:
     """A reported string; None for a missing, empty or "N/A" one."""
     return value if isinstance(value, str) and value and value not in ("N/A", "None") else None
+
+
+def profiler_dir(base_url: str, api_key: ApiKey | None = None, timeout: float = 60.0) -> str | None:
+    """Where the server's torch profiler writes its traces, as ``/server_info`` says: the profiler config's
+    ``torch_profiler_dir`` (vLLM 0.32), else the ``VLLM_TORCH_PROFILER_DIR`` it read (older releases); None
+    where it says neither (no profiler, no ``/server_info``)."""
+    answer = _server_info(base_url, api_key, timeout)
+    if answer is None:
+        return None
+    profiler = _table(_table(answer.get("vllm_config")).get("profiler_config"))
+    if profiler.get("profiler") == "torch":
+        return _text(profiler.get("torch_profiler_dir"))
+    return _text(_table(answer.get("vllm_env")).get("VLLM_TORCH_PROFILER_DIR"))

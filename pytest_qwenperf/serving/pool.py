@@ -11,6 +11,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from pytest_qwenperf.core.apikey import ApiKey
+from pytest_qwenperf.serving.boot_progress import BootProgress, BootWatch
 from pytest_qwenperf.serving.replicas import ReplicaSet, replica_specs
 from pytest_qwenperf.serving.server import (
     DEFAULT_BOOT_TIMEOUT_S,
@@ -23,6 +24,7 @@ from pytest_qwenperf.serving.server import (
 )
 from pytest_qwenperf.suite import embedded
 from pytest_qwenperf.suite.config import ServingConfig
+from pytest_qwenperf.suite.vllm_args import ParserUnavailable, ProfilerSwitch, launcher_python, profiler_switch
 
 
 def server_spec(
@@ -32,6 +34,7 @@ def server_spec(
     boot_timeout_s: float,
     cpus: frozenset[int] = frozenset(),
     api_key: ApiKey | None = None,
+    profiler: ProfilerSwitch | None = None,
 ) -> ServerSpec:
     """How to start one server of ``config`` (the embedded model is built here when needed)."""
     return ServerSpec(
@@ -44,6 +47,7 @@ def server_spec(
         boot_timeout_s=boot_timeout_s,
         cpus=cpus,
         api_key=api_key,
+        profiler=profiler,
     )
 
 @dataclass(frozen=True)
@@ -56,6 +60,8 @@ class PoolSettings:
     endpoints: tuple[str, ...] = ()
     endpoint_model: str | None = None  # the served model the endpoints must list (None: whichever they serve)
     api_key: ApiKey | None = None  # booted servers require it (through their environment); requests carry it
+    profile: bool = False  # boot servers with vLLM's torch profiler on (off until /start_profile)
+    boot_progress: BootProgress | None = None  # told of each boot as it waits for readiness (None: nobody)
 
 
 class BootFailedEarlier(ServerError):
@@ -71,6 +77,7 @@ class ServerPool:
         self._running: dict[str, ManagedServer | ReplicaSet] = {}
         self._failed: dict[str, ServerError] = {}
         self._external: ExternalServer | None = None
+        self._profiler: ProfilerSwitch | None = None
 
     def get(self, config: ServingConfig, cpus: frozenset[int] = frozenset(), gpus: tuple[str, ...] = ()) -> Server:
         """The running server for ``config`` (on ``cpus`` if given), booting it on first use.
@@ -86,22 +93,38 @@ class ServerPool:
         if key in self._failed:
             raise BootFailedEarlier(f"config {key!r} failed to boot earlier in this session:\n{self._failed[key]}")
         spec = server_spec(
-            config, launcher=self.settings.launcher, boot_timeout_s=self.settings.boot_timeout_s, cpus=cpus, api_key=self.settings.api_key
+            config,
+            launcher=self.settings.launcher,
+            boot_timeout_s=self.settings.boot_timeout_s,
+            cpus=cpus,
+            api_key=self.settings.api_key,
+            profiler=self._profiler_switch(),
         )
         self.boots[key] += 1
         try:
             server: ManagedServer | ReplicaSet
+            watch = BootWatch(self.settings.boot_progress, key) if self.settings.boot_progress is not None else None
             if config.replicas == 1:
-                server = ManagedServer(spec, self.settings.log_dir)
+                server = ManagedServer(spec, self.settings.log_dir, watch)
             else:
                 specs = replica_specs(spec, config.replicas, gpu_devices=gpus)
-                server = ReplicaSet(config.id, specs, self.settings.log_dir, routing=config.routing)
+                server = ReplicaSet(config.id, specs, self.settings.log_dir, routing=config.routing, watch=watch)
             server.start()
         except ServerError as exc:
             self._failed[key] = exc
             raise
         self._running[key] = server
         return server
+
+    def _profiler_switch(self) -> ProfilerSwitch | None:
+        """How the launcher's vLLM turns its profiler on, asked of its parser once (None: not profiling)."""
+        if self.settings.profile and self._profiler is None:
+            python = launcher_python(self.settings.launcher)
+            try:
+                self._profiler = profiler_switch(python)
+            except ParserUnavailable as exc:
+                raise ServerError(f"cannot tell how the launcher's vLLM turns its profiler on: {exc}") from None
+        return self._profiler
 
     def release(self, key: str) -> None:
         """Stop the server of config ``key`` (no more consumers); a later :meth:`get` boots it again."""
@@ -124,6 +147,10 @@ class ServerPool:
         if self._external is None:
             # Whatever model the endpoints serve is the one measured; it is recorded in ``info``.
             self._external = ExternalServer(
-                self.settings.endpoints, self.settings.endpoint_model, self.settings.boot_timeout_s, self.settings.api_key
+                self.settings.endpoints,
+                self.settings.endpoint_model,
+                self.settings.boot_timeout_s,
+                self.settings.api_key,
+                self.settings.boot_progress,
             ).wait_ready()
         return self._external

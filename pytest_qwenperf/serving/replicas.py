@@ -16,6 +16,7 @@ from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
 from pytest_qwenperf.core.parallel import gpus_per_server
+from pytest_qwenperf.serving.boot_progress import BootWatch
 from pytest_qwenperf.serving.process import ServerError, StartStop
 from pytest_qwenperf.serving.router import NginxRouter
 from pytest_qwenperf.serving.server import ManagedServer, ServerInfo, ServerSpec
@@ -68,11 +69,13 @@ class ReplicaSet(StartStop):
     ``load_urls`` is where requests go: the replicas, or the router in front of them.
     """
 
-    def __init__(self, name: str, specs: Sequence[ServerSpec], log_dir: Path, *, routing: str = "round-robin") -> None:
+    def __init__(
+        self, name: str, specs: Sequence[ServerSpec], log_dir: Path, *, routing: str = "round-robin", watch: BootWatch | None = None
+    ) -> None:
         if not specs:
             raise ValueError("a replica set needs at least one server spec")
         self.name = name
-        self.replicas = tuple(ManagedServer(spec, log_dir) for spec in specs)
+        self.replicas = tuple(ManagedServer(spec, log_dir, watch.replica(i) if watch else None) for i, spec in enumerate(specs))
         self.routing = routing
         self.log_dir = log_dir
         self._router: NginxRouter | None = None

@@ -35,6 +35,7 @@ from pytest_qwenperf.core.apikey import (
 )
 from pytest_qwenperf.core.environment import Environment
 from pytest_qwenperf.core.http import http_get
+from pytest_qwenperf.serving.boot_progress import BootProgress, BootWatch
 from pytest_qwenperf.serving.environment import server_environment
 from pytest_qwenperf.serving.process import (
     LOG_TAIL_LINES,
@@ -45,6 +46,7 @@ from pytest_qwenperf.serving.process import (
     check_port_free,
     unused_path,
 )
+from pytest_qwenperf.suite.vllm_args import ProfilerSwitch, profiler_launch
 from pytest_qwenperf.telemetry.capacity import KvCapacity, read_kv_capacity
 from pytest_qwenperf.telemetry.server_metrics import (
     MetricsUnreadable,
@@ -98,6 +100,9 @@ class ServerSpec:
     # The server requires this key (it gets it as VLLM_API_KEY, never in argv); None: it requires none,
     # whatever VLLM_API_KEY this process has. See pytest_qwenperf.core.apikey.
     api_key: ApiKey | None = None
+    # Start it with vLLM's torch profiler on (how: suite.vllm_args.profiler_switch), writing its traces
+    # beside its log when asked (/start_profile ... /stop_profile); None: no profiler.
+    profiler: ProfilerSwitch | None = None
 
     @property
     def server_env(self) -> dict[str, str]:
@@ -276,14 +281,17 @@ class ManagedServer(StartStop):
     """One vLLM server process tree that this object starts and stops.
 
     Use as a context manager, or call :meth:`start` / :meth:`stop` (``stop`` is idempotent).
+    ``watch`` is told of the boot from the loop that polls the readiness probe (None: nobody).
     """
 
-    def __init__(self, spec: ServerSpec, log_dir: Path) -> None:
+    def __init__(self, spec: ServerSpec, log_dir: Path, watch: BootWatch | None = None) -> None:
         self.spec = spec
         self.log_dir = Path(log_dir)
+        self._watch = watch
+        self._launched_at = time.monotonic()  # of the latest boot attempt
         self._process = ManagedProcess(
             f"server {spec.name!r}",
-            lambda: probe_ready(self.base_url, self.model, spec.api_key),
+            self._probe,
             self._exit_headline,
             host=spec.host,
             port=spec.port,
@@ -356,6 +364,8 @@ class ManagedServer(StartStop):
         except BaseException:
             self.stop()
             raise
+        if self._watch is not None:
+            self._watch.booted(time.monotonic() - self._launched_at)
 
     def stop(self) -> None:
         try:
@@ -381,14 +391,25 @@ class ManagedServer(StartStop):
     def log_tail(self, lines: int = LOG_TAIL_LINES) -> str:
         return self._process.log_tail(lines)
 
+    def _probe(self) -> str | None:
+        """The readiness probe, its "not yet" told to the watch."""
+        reason = probe_ready(self.base_url, self.model, self.spec.api_key)
+        if reason is not None and self._watch is not None:
+            self._watch.waiting(time.monotonic() - self._launched_at, reason, self.log_path)
+        return reason
+
     def _launch(self, port: int) -> Launch:
+        self._launched_at = time.monotonic()
         log_path = unused_path(self.log_dir, self.spec.name, ".log")
         argv = tuple(self.spec.argv(port))
-        log_path.write_text(f"# qwenperf: {json.dumps(redact_argv(argv))}\n")
         # Dev mode adds POST /reset_prefix_cache, which measure() calls before each repeat so
-        # that repeats of a prefix-cache workload start equally cold (the server listens on
-        # this host's loopback only; nothing else of dev mode is used).
+        # that repeats of a prefix-cache workload start equally cold, and GET /server_info (what
+        # ran it; where its profiler writes); the server listens on this host's loopback only.
         env = {"VLLM_SERVER_DEV_MODE": "1", **self.spec.server_env}
+        if self.spec.profiler is not None:
+            flags, variables = profiler_launch(self.spec.profiler, str(log_path.with_suffix(".profiles")))
+            argv, env = argv + flags, env | variables
+        log_path.write_text(f"# qwenperf: {json.dumps(redact_argv(argv))}\n")
         return Launch(argv, log_path, env, self.spec.cpus)
 
     def _exit_headline(self, code: int, after_s: float) -> str:
@@ -421,6 +442,7 @@ class ExternalServer:
     model_name: str | None = None
     boot_timeout_s: float = DEFAULT_BOOT_TIMEOUT_S
     api_key: ApiKey | None = None  # the key they require (vLLM's --api-key); None: none is sent
+    progress: BootProgress | None = None  # told of each endpoint's wait, named by its URL (None: nobody)
     _info: tuple[ServerInfo, ...] = field(default=(), init=False)
 
     def __post_init__(self) -> None:
@@ -456,16 +478,25 @@ class ExternalServer:
         return ()
 
     def wait_ready(self) -> ExternalServer:
-        deadline = time.monotonic() + self.boot_timeout_s
+        """Wait until every endpoint is ready (a deployment may still be starting them); each
+        endpoint's wait is told to ``progress`` as a boot of its URL."""
+        started = time.monotonic()
+        deadline = started + self.boot_timeout_s
+        watches = {url: BootWatch(self.progress, url) if self.progress else None for url in self.urls}
         pending = list(self.urls)
         reasons: dict[str, str] = {}
         while pending:
             for url in list(pending):
                 reason = probe_ready(url, self.model_name, self.api_key)
+                watch, elapsed = watches[url], time.monotonic() - started
                 if reason is None:
                     pending.remove(url)
+                    if watch is not None and url in reasons:  # an endpoint ready at once needs no line
+                        watch.booted(elapsed)
                 else:
                     reasons[url] = reason
+                    if watch is not None:
+                        watch.waiting(elapsed, reason, None)
             if pending and time.monotonic() > deadline:
                 detail = "; ".join(f"{u}: {reasons[u]}" for u in pending)
                 raise ServerError(f"external endpoints not ready after {self.boot_timeout_s:.0f} s: {detail}")

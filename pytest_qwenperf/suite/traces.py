@@ -30,6 +30,7 @@ import json
 import math
 from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass
+from functools import lru_cache
 from pathlib import Path
 from typing import Annotated
 
@@ -60,8 +61,21 @@ class TraceEntry:
 
 def read_trace(path: Path) -> tuple[TraceEntry, ...]:
     """A Mooncake JSONL (``.jsonl``) or ``timestamp,input_len,output_len`` CSV (``.csv``) trace;
-    :class:`TraceError` names the file, the line, the field and what was expected."""
+    :class:`TraceError` names the file, the line, the field and what was expected.
+
+    A file is parsed once while it is unchanged (same size and modification time): a replay's
+    repeats build their prompts from it and check the cache share against it each time."""
     path = Path(path)
+    try:
+        stat = path.stat()
+    except OSError as exc:
+        raise TraceError(f"{path}: cannot read the trace ({exc})") from None
+    return _parsed(path.resolve(), stat.st_mtime_ns, stat.st_size)
+
+
+@lru_cache(maxsize=8)
+def _parsed(path: Path, mtime_ns: int, size: int) -> tuple[TraceEntry, ...]:
+    """:func:`read_trace` of ``path`` as it was at ``mtime_ns`` and ``size`` (the cache key)."""
     try:
         text = path.read_text(encoding="utf-8")
     except (OSError, UnicodeDecodeError) as exc:

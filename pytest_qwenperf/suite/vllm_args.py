@@ -21,7 +21,7 @@ import sys
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, Literal
 
 if TYPE_CHECKING:  # not at run time: the child Python may not have this package
     from pytest_qwenperf.suite.config import ServingConfig
@@ -123,6 +123,47 @@ def _ask(python: str, argvs: dict[str, list[str]]) -> dict[str, Any]:
     if "unavailable" in reply:
         raise ParserUnavailable(f"{python}: cannot import vLLM ({reply['unavailable']}); {_WANTED}")
     return reply
+
+
+ProfilerSwitch = Literal["--profiler-config", "VLLM_TORCH_PROFILER_DIR"]
+"""How a vLLM turns its torch profiler on: the flag (vLLM 0.32 has it), or the variable older releases read."""
+
+
+def profiler_switch(python: str = sys.executable) -> ProfilerSwitch:
+    """How the vLLM installed for ``python`` turns its profiler on, asked of its own parser: the flag
+    where the parser takes it, the variable where it does not know it; :class:`ParserUnavailable`
+    when it rejects the profiler config itself (the message is the parser's)."""
+    argv = profiler_launch("--profiler-config", "/tmp/qwenperf-profiles")[0]
+    error = _ask(python, {"profiler": list(argv)})["errors"].get("profiler")
+    if error is None:
+        return "--profiler-config"
+    unrecognized = _UNRECOGNIZED.search(error)
+    if unrecognized and "--profiler-config" in unrecognized.group(1).split():
+        return "VLLM_TORCH_PROFILER_DIR"
+    raise ParserUnavailable(f"{python}: vLLM's parser rejects the profiler config {argv[1]}: {error}")
+
+
+def launcher_python(launcher: Sequence[str]) -> str:
+    """The Python a launcher command runs vLLM with: the word before ``-m vllm…`` (a wrapper such as
+    ``env … python -m vllm.entrypoints.openai.api_server``), else a first word named ``python…``,
+    else this process's own (a ``vllm serve`` console script of the same environment)."""
+    for i in range(1, len(launcher) - 1):
+        if launcher[i] == "-m" and launcher[i + 1].startswith("vllm"):
+            return launcher[i - 1]
+    if launcher and Path(launcher[0]).name.startswith("python"):
+        return launcher[0]
+    return sys.executable
+
+
+def profiler_launch(switch: ProfilerSwitch, directory: str) -> tuple[tuple[str, ...], dict[str, str]]:
+    """The flags and the environment that make a server write torch profiler traces into ``directory``
+    when asked (``/start_profile`` … ``/stop_profile``), per :func:`profiler_switch`. Operators only:
+    no Python stacks (a large trace, slow to write, and the summary does not read them) and no trace of
+    the API server process (the engine's workers are what is profiled)."""
+    if switch == "--profiler-config":
+        config = {"profiler": "torch", "torch_profiler_dir": directory, "torch_profiler_with_stack": False, "ignore_frontend": True}
+        return ("--profiler-config", json.dumps(config, separators=(",", ":"))), {}
+    return (), {"VLLM_TORCH_PROFILER_DIR": directory, "VLLM_TORCH_PROFILER_WITH_STACK": "0"}
 
 
 def _server_args(cfg: ServingConfig) -> tuple[str, ...]:

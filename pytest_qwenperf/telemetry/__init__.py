@@ -111,6 +111,31 @@ class Telemetry:
             server=self.server.summary(window) if self.server else None,
         )
 
+    def points(self) -> dict[str, list[tuple[float, float]]]:
+        """Every sampled quantity of the run as (clock time, value) points, by its name in
+        :data:`~pytest_qwenperf.core.timeline.SERIES` (each GPU's points under the same name);
+        complete once the samplers are stopped."""
+        found: dict[str, list[tuple[float, float]]] = {}
+
+        def add(name: str, at: float, value: float | None) -> None:
+            if value is not None:
+                found.setdefault(name, []).append((at, float(value)))
+
+        for device in self.gpu.devices if self.gpu else ():
+            for sample in self.gpu.samples(device.uuid) if self.gpu else ():
+                add("gpu_utilization", sample.at, sample.utilization)
+                add("sm_activity", sample.at, sample.sm_activity)
+                add("power_w", sample.at, sample.power_w)
+        if self.cpu is not None and "server" in self.cpu.groups:
+            server = self.cpu.groups.index("server")
+            for cpu in self.cpu.samples:
+                add("server_cpu_cores", cpu.at, cpu.busy[server])
+        for gauges in self.server.samples if self.server else ():
+            add("running", gauges.at, gauges.running)
+            add("waiting", gauges.at, gauges.waiting)
+            add("kv_cache_usage", gauges.at, gauges.kv_cache_usage)
+        return found
+
     def __enter__(self) -> Self:
         return self
 

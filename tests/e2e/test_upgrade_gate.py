@@ -34,6 +34,7 @@ import pytest
 from pytest_qwenperf.gate.compare import compare, load_runs
 from pytest_qwenperf.loadgen.arrivals import ClosedLoop
 from pytest_qwenperf.measure.method import Method, repeats
+from pytest_qwenperf.measure.observe import ClientSetup
 from pytest_qwenperf.measure.report import SessionReport
 from pytest_qwenperf.measure.run import measure, reset_prefix_caches
 from pytest_qwenperf.serving.server import Server
@@ -52,7 +53,7 @@ WORKLOAD = SuiteWorkload(RandomWorkload(input_len=64, output_len=64, num_prompts
 
 
 def session_json(server: Server, path: Path, client_cpus: frozenset[int]) -> Path:
-    result = measure(server, TINY, WORKLOAD, Method.of(CPU_SUITE, repeats(3), client_cpus))
+    result = measure(server, TINY, WORKLOAD, Method.of(CPU_SUITE, repeats(3), ClientSetup(cpus=client_cpus)))
     report = SessionReport()
     report.add(result)
     assert report.write_json(path) is None  # a fresh path: nothing was set aside

@@ -19,6 +19,7 @@ from pytest_qwenperf.gate.baseline import baseline_from_run
 from pytest_qwenperf.gate.judge import judge_run
 from pytest_qwenperf.loadgen.arrivals import ClosedLoop
 from pytest_qwenperf.measure.method import Method, repeats
+from pytest_qwenperf.measure.observe import ClientSetup
 from pytest_qwenperf.measure.run import measure
 from pytest_qwenperf.serving.server import Server
 from pytest_qwenperf.suite.config import SuiteWorkload
@@ -34,7 +35,7 @@ def test_a_busy_process_on_the_servers_core_makes_the_run_invalid_not_a_regressi
     assert client_cpus, f"the server was placed on every CPU ({sorted(server_cpus)}): nothing left to pin the client to"
     with competitor(server_cpus, lasts_s=300) as spinners:  # ends by itself even if this test is killed
         assert all(psutil.Process(pid).ppid() != os.getpid() for pid in spinners)
-        run = measure(vllm_server, TINY, WORKLOAD, Method(plan=repeats(3), client_cpus=client_cpus))
+        run = measure(vllm_server, TINY, WORKLOAD, Method(plan=repeats(3), client=ClientSetup(cpus=client_cpus)))
 
     reasons = {loss.reason: loss.detail for loss in run.conditions}
     assert "cpu-contention" in reasons, run.telemetry

@@ -199,7 +199,7 @@ from pytest_qwenperf.loadgen.arrivals import ClosedLoop
 from pytest_qwenperf.loadgen.client import LoadOptions, LoadResult
 from pytest_qwenperf.plugin.settings import REPORT_KEY
 from pytest_qwenperf.measure.method import Method, repeats
-from pytest_qwenperf.measure.observe import Observation
+from pytest_qwenperf.measure.observe import ClientSetup, Observation
 from pytest_qwenperf.measure.run import build_run
 from pytest_qwenperf.serving.server import ServerInfo
 from pytest_qwenperf.telemetry import TelemetrySummary
@@ -227,7 +227,7 @@ def measured(pytestconfig, suite_name, config_id, workload_id, hardware, total):
                 client_bound=None, client_cpu_busy=0.4, started="2026-04-01T02:00:00+00:00",
                 telemetry=TelemetrySummary(window=None, gpu=None, cpu=None, server=None),
             ),
-            Method.of(suite, repeats(1), frozenset()), (ServerInfo("http://127.0.0.1:8000", "m", "0.32.0", 2048),), hardware,
+            Method.of(suite, repeats(1), ClientSetup()), (ServerInfo("http://127.0.0.1:8000", "m", "0.32.0", 2048),), hardware,
         )
     )
 """
