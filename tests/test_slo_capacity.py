@@ -13,6 +13,7 @@ from collections.abc import Callable
 import pytest
 
 from pytest_qwenperf.core.capacity import SearchPlan, Slo
+from pytest_qwenperf.loadgen.arrivals import OpenLoop
 from pytest_qwenperf.measure.slo_capacity import Probe, ProbeWindow, find_capacity, oversaturated
 
 SLO = Slo({"p99_ttft_ms": 1_000.0, "p99_tpot_ms": 40.0})
@@ -51,6 +52,22 @@ def test_a_rate_search_finds_where_ttft_binds() -> None:
     found = find_capacity(server(tpot_knee=1e6, saturation=10.0), SLO, plan)
     assert found.load is not None and abs(found.load - 9.0) <= 0.05 * 9.0, found
     assert found.binding == "p99_ttft_ms"
+
+
+def test_every_load_probed_is_a_python_float_that_an_arrival_accepts() -> None:
+    """A whole-number start (as TOML gives it) doubled on the fit's numpy loads came out as
+    ``np.int64``, which ``OpenLoop`` refuses as a rate: the CPU rate search failed that way in CI."""
+    served = server(tpot_knee=1e6, saturation=400.0)
+    loads: list[object] = []
+
+    def probe(load: float) -> Probe:
+        loads.append(load)
+        OpenLoop(rate=load)
+        return served(load)
+
+    found = find_capacity(probe, SLO, SearchPlan("rate", start=64, lowest=16, highest=1024, resolution=0.25, max_probes=7))
+    assert found.load is not None and len(loads) > 2
+    assert all(type(load) is float for load in loads), [type(load) for load in loads]
 
 
 def test_an_over_saturated_probe_fails_its_slo_whatever_it_measured() -> None:

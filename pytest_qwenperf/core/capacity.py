@@ -53,8 +53,11 @@ class SearchPlan:
             raise ValueError(f"max_probes must be at least 2, got {self.max_probes}")
 
     def load(self, value: float) -> float:
-        """``value`` as a load this search can probe: within bounds, a whole number for concurrency."""
-        value = min(max(value, self.lowest), self.highest)
+        """``value`` as a load this search can probe: within bounds, a whole number for concurrency.
+
+        Always a built-in float, never a numpy scalar: a load becomes an arrival's rate or concurrency,
+        which accept only Python numbers."""
+        value = min(max(float(value), self.lowest), self.highest)
         return float(max(1, round(value))) if self.search == "concurrency" else value
 
     def settled(self, meeting: float, failing: float) -> bool:

@@ -102,7 +102,7 @@ def find_capacity(probe: Callable[[float], Probe], slo: Slo, plan: SearchPlan) -
         fit = _fit(probes, slo)
         bracket = _bracket(fit)
         if bracket is None:  # on the fit every load probed meets the SLO, or none does: double or halve from the edge
-            step = plan.load(fit.loads[-1] * 2 if fit.fitted[-1] <= 0 else fit.loads[0] / 2)
+            step = plan.load(float(fit.loads[-1]) * 2 if fit.fitted[-1] <= 0 else float(fit.loads[0]) / 2)
             if _known(probes, step):  # the plan's highest or lowest load, probed already
                 break
             probes.append(probe(step))
