@@ -182,7 +182,8 @@ def session_counts(counts: tuple[int, ...] | None, samples: int) -> tuple[int, .
 class WorkerClock(msgspec.Struct, frozen=True, kw_only=True):
     """A client worker on another node (Ray) and its clock against the driver's: where it ran, the
     offset added to its times (seconds, measured before the run), how far that offset moved by the
-    end, and the round trip the offset rests on (it is known to within half of it)."""
+    end (its times in between take the offset interpolated between the two), and the round trip the
+    offset rests on (it is known to within half of it)."""
 
     worker: int
     node: str  # the Ray node id

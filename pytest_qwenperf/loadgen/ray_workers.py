@@ -11,9 +11,11 @@ here is a scheduler or an RPC of our own.
 **One time base.** ``perf_counter`` is per host. Before the run and after it, the driver asks each
 worker for its clock :data:`PINGS` times and keeps the answer with the shortest round trip (NTP's
 clock filter): the worker's clock read at the middle of that round trip, so the offset is known to
-within half of it. Every time a worker records is moved onto the driver's ``perf_counter`` by the
-offset measured before the run; the offset after it gives the drift. Both are kept per worker
-(:class:`~pytest_qwenperf.core.run.WorkerClock`), and an offset or drift above 1 ms is reported.
+within half of it. The two readings give a line: every time a worker records is moved onto the
+driver's ``perf_counter`` by the offset interpolated at that time between the reading before the
+run and the one after it (:class:`ClockLine`), so a clock that runs fast or slow is corrected over
+the run, not only at its start. The offset before and the drift (after minus before) are kept per
+worker (:class:`~pytest_qwenperf.core.run.WorkerClock`), and an offset or drift above 1 ms is reported.
 
 **Exact merge.** Workers return their raw per-request records; the driver sorts them by send time
 on its own clock. Percentiles then come from every request, and token totals are the records'
@@ -35,6 +37,7 @@ import logging
 import os
 import time
 from collections.abc import Sequence
+from dataclasses import dataclass
 from typing import Any
 
 from pytest_qwenperf.core.records import RequestRecord
@@ -127,26 +130,29 @@ def run_load_on_ray(address: str, n_workers: int, whole: Assignment, *, progress
     try:
         places = _get([actor.where.remote() for actor in actors], {})
         names = {k: f"client worker {k} (node {node[:12]}, {ip}, pid {pid})" for k, (node, ip, pid) in enumerate(places)}
-        before = [_offset(actor, names[k]) for k, actor in enumerate(actors)]
+        before = [_reading(actor, names[k]) for k, actor in enumerate(actors)]
         shares = [share_of(whole, n_workers, k) for k in range(n_workers)]
         outcomes = _get([actor.run.remote(share, barrier) for actor, share in zip(actors, shares, strict=True)], names)
-        after = [_offset(actor, names[k]) for k, actor in enumerate(actors)]
+        after = [_reading(actor, names[k]) for k, actor in enumerate(actors)]
     finally:
         for actor in [*actors, barrier]:
             with contextlib.suppress(Exception):  # an actor already dead has nothing left to stop
                 ray.kill(actor, no_restart=True)
+    lines = [ClockLine(start, end) for start, end in zip(before, after, strict=True)]
     records: list[RequestRecord] = []
     spans = []
-    for (found, started_at, ended_at, _, _), (offset, _) in zip(outcomes, before, strict=True):
-        records += [_shifted(record, offset) for record in found]
-        spans.append((started_at + offset, ended_at + offset))
+    for (found, started_at, ended_at, _, _), line in zip(outcomes, lines, strict=True):
+        records += [line.shifted(record) for record in found]
+        spans.append((line(started_at), line(ended_at)))
     records.sort(key=lambda record: record.sent_at)
     if progress is not None:
         for record in records:
             progress(record)
     clocks = tuple(
-        WorkerClock(worker=k, node=node, address=ip, pid=pid, offset_s=offset, drift_s=end - offset, round_trip_s=trip)
-        for k, ((node, ip, pid), (offset, trip), (end, _)) in enumerate(zip(places, before, after, strict=True))
+        WorkerClock(
+            worker=k, node=node, address=ip, pid=pid, offset_s=line.before.offset, drift_s=line.drift, round_trip_s=line.before.round_trip
+        )
+        for k, ((node, ip, pid), line) in enumerate(zip(places, lines, strict=True))
     )
     return LoadResult(
         records=tuple(records),
@@ -180,29 +186,57 @@ def _get(refs: Sequence[Any], names: dict[int, str]) -> list[Any]:
     return [values[k] for k in range(len(refs))]
 
 
-def _offset(actor: Any, name: str) -> tuple[float, float]:
-    """What to add to ``actor``'s clock to read the driver's, and the round trip it rests on: the
-    reading of the shortest of :data:`PINGS` round trips, taken to be at its middle."""
-    best: tuple[float, float] | None = None
+@dataclass(frozen=True)
+class ClockReading:
+    """A worker's clock against the driver's: ``offset`` is what to add to the worker's clock to
+    read the driver's at ``at`` (the worker's clock), known to within half of ``round_trip``."""
+
+    offset: float
+    round_trip: float
+    at: float
+
+
+@dataclass(frozen=True)
+class ClockLine:
+    """A worker's times on the driver's clock: the offset interpolated, at each time, between the
+    reading before the run and the one after it (held at the nearer reading outside them)."""
+
+    before: ClockReading
+    after: ClockReading
+
+    @property
+    def drift(self) -> float:
+        """How far the offset moved over the run."""
+        return self.after.offset - self.before.offset
+
+    def __call__(self, t: float) -> float:
+        span = self.after.at - self.before.at
+        share = min(max((t - self.before.at) / span, 0.0), 1.0) if span > 0 else 0.0
+        return t + self.before.offset + share * self.drift
+
+    def shifted(self, record: RequestRecord) -> RequestRecord:
+        """``record`` with every time it holds moved onto the driver's clock."""
+        return dataclasses.replace(
+            record,
+            scheduled_at=self(record.scheduled_at),
+            sent_at=self(record.sent_at),
+            ended_at=self(record.ended_at),
+            chunk_times=tuple(self(t) for t in record.chunk_times),
+        )
+
+
+def _reading(actor: Any, name: str) -> ClockReading:
+    """``actor``'s clock against the driver's: the shortest of :data:`PINGS` round trips, its
+    reading taken to be at the round trip's middle."""
+    best: ClockReading | None = None
     for _ in range(PINGS):
         sent = time.perf_counter()
         (theirs,) = _get([actor.clock.remote()], {0: name})
         back = time.perf_counter()
-        if best is None or back - sent < best[1]:
-            best = ((sent + back) / 2 - theirs, back - sent)
+        if best is None or back - sent < best.round_trip:
+            best = ClockReading(offset=(sent + back) / 2 - theirs, round_trip=back - sent, at=theirs)
     assert best is not None
     return best
-
-
-def _shifted(record: RequestRecord, offset: float) -> RequestRecord:
-    """``record`` with every time it holds moved by ``offset`` seconds."""
-    return dataclasses.replace(
-        record,
-        scheduled_at=record.scheduled_at + offset,
-        sent_at=record.sent_at + offset,
-        ended_at=record.ended_at + offset,
-        chunk_times=tuple(t + offset for t in record.chunk_times),
-    )
 
 
 def _first_line(exc: BaseException) -> str:
