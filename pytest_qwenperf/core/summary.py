@@ -49,12 +49,14 @@ and the whole-run and windowed figures share those formulas; apart they would ea
 from __future__ import annotations
 
 import math
-from collections.abc import Iterable, Iterator, Mapping, Sequence
+from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from types import MappingProxyType
 
 import numpy as np
+import numpy.typing as npt
 
+from pytest_qwenperf.core.chunks import Chunks, floats
 from pytest_qwenperf.core.metrics import Direction, metric
 from pytest_qwenperf.core.records import RequestRecord
 
@@ -116,29 +118,9 @@ def _tpot(record: RequestRecord) -> float | None:
     return (_e2el(record) - _ttft(record)) / (record.completion_tokens - 1)
 
 
-def _arrivals(record: RequestRecord) -> Iterator[tuple[float, int]]:
-    """(time, tokens) per token-carrying chunk; an unstreamed response is one chunk at ``ended_at``."""
-    if not record.chunk_times:
-        yield record.ended_at, record.completion_tokens
-        return
-    for at, tokens in zip(record.chunk_times, record.chunk_tokens, strict=True):
-        if tokens < 1:
-            raise ValueError(f"request {record.index}: a chunk carried {tokens} tokens; only token chunks are recorded")
-        yield at, tokens
-
-
 def inter_token_latencies(record: RequestRecord) -> list[float]:
     """Per-token gaps in seconds: k gaps of g/k for a k-token chunk after a gap g, 0 within the first chunk."""
-    (first_at, first_tokens), *rest = _arrivals(record)
-    gaps = [0.0] * (first_tokens - 1)
-    previous = first_at
-    for at, tokens in rest:
-        gaps += [(at - previous) / tokens] * tokens
-        previous = at
-    return gaps
-
-
-# --- goodput -------------------------------------------------------------------------
+    return floats(Chunks.of([record]).inter_token_latencies())
 
 
 @dataclass(frozen=True)
@@ -209,8 +191,8 @@ def _p_word(p: float) -> str:
     return str(int(p)) if int(p) == p else str(p)  # vLLM's key spelling: p99, p99.9
 
 
-def _stats(family: str, seconds: Sequence[float], percentiles: Sequence[float]) -> dict[str, float]:
-    data = seconds or 0  # vLLM's zero fill when nothing was measured
+def _stats(family: str, seconds: Sequence[float] | npt.NDArray[np.float64], percentiles: Sequence[float]) -> dict[str, float]:
+    data = seconds if len(seconds) else 0  # vLLM's zero fill when nothing was measured
     stats = {
         f"mean_{family}_ms": float(np.mean(data) * 1000),
         f"median_{family}_ms": float(np.median(data) * 1000),
@@ -223,7 +205,7 @@ def _stats(family: str, seconds: Sequence[float], percentiles: Sequence[float]) 
 
 def _latency_stats(completed: Sequence[RequestRecord], percentiles: Sequence[float]) -> dict[str, float]:
     tpots = [tpot for r in completed if (tpot := _tpot(r)) is not None]
-    itls = [gap for r in completed for gap in inter_token_latencies(r)]
+    itls = Chunks.of(completed).inter_token_latencies()
     return {
         **_stats("ttft", [_ttft(r) for r in completed], percentiles),
         **_stats("tpot", tpots, percentiles),
@@ -241,16 +223,16 @@ def latency_quantiles(records: Iterable[RequestRecord]) -> dict[str, tuple[float
     :data:`QUANTILES` in milliseconds (``ttft_ms``, ``tpot_ms``, ``itl_ms``, ``e2el_ms``), computed
     as the run's ``p99_*`` figures are; a latency nothing measured is left out."""
     completed = [r for r in _measured(records) if r.ok]
-    families = {
+    families: dict[str, Sequence[float] | npt.NDArray[np.float64]] = {
         "ttft_ms": [_ttft(r) for r in completed],
         "tpot_ms": [tpot for r in completed if (tpot := _tpot(r)) is not None],
-        "itl_ms": [gap for r in completed for gap in inter_token_latencies(r)],
+        "itl_ms": Chunks.of(completed).inter_token_latencies(),
         "e2el_ms": [_e2el(r) for r in completed],
     }
     return {
         name: tuple(float(f"{v * 1000:.4g}") for v in np.percentile(seconds, QUANTILES))
         for name, seconds in families.items()
-        if seconds
+        if len(seconds)
     }
 
 
@@ -260,12 +242,9 @@ def _peaks(completed: Sequence[RequestRecord]) -> dict[str, float | int]:
         return {"max_output_tokens_per_s": 0.0, "max_concurrent_requests": 0}
     origin = min(r.sent_at for r in completed)
     buckets = int(np.ceil(max(r.sent_at + _e2el(r) for r in completed) - origin)) + 1
-    tokens = np.zeros(buckets)
+    tokens = Chunks.of(completed).tokens_per_bin(origin, 1.0, buckets)
     concurrent = np.zeros(buckets)
     for r in completed:
-        for at, count in _arrivals(r):
-            if 0 <= (second := int(at - origin)) < buckets:
-                tokens[second] += count
         concurrent[int(r.sent_at - origin) : int(r.sent_at + _e2el(r) - origin) + 1] += 1
     return {"max_output_tokens_per_s": float(tokens.max()), "max_concurrent_requests": int(concurrent.max())}
 
@@ -361,7 +340,7 @@ def summarize_window(
         return start <= at < end
 
     completed = [r for r in _measured(records) if r.ok]
-    output_tokens = sum(count for r in completed for at, count in _arrivals(r) if inside(at))
+    output_tokens = Chunks.of(completed).tokens_within(start, end)
     prompt_tokens = sum(r.prompt_tokens for r in completed if inside(_first_token_at(r)))
     ended = [r for r in completed if inside(r.ended_at)]
     values: dict[str, float | int] = {

@@ -18,6 +18,7 @@ from collections.abc import Iterable, Mapping, Sequence
 
 import msgspec
 
+from pytest_qwenperf.core.chunks import Chunks, floats
 from pytest_qwenperf.core.records import RequestRecord
 
 MAX_BINS = 240
@@ -83,13 +84,7 @@ def _rounded(value: float) -> float:
 
 
 def _output(records: Sequence[RequestRecord], origin: float, bin_s: float, bins: int) -> tuple[float | None, ...]:
-    tokens = [0] * bins
-    for record in records:
-        if not record.chunk_times:
-            tokens[_bin(record.ended_at, origin, bin_s, bins)] += record.completion_tokens
-        for at, count in zip(record.chunk_times, record.chunk_tokens, strict=True):
-            tokens[_bin(at, origin, bin_s, bins)] += count
-    return tuple(_rounded(count / bin_s) for count in tokens)
+    return tuple(_rounded(count / bin_s) for count in floats(Chunks.of(records).tokens_per_bin(origin, bin_s, bins)))
 
 
 def _in_flight(records: Sequence[RequestRecord], origin: float, bin_s: float, bins: int) -> tuple[float | None, ...]:
