@@ -70,6 +70,7 @@ class BenchError(Exception):
 
 HELP = "drive a workload against running servers and report vllm-bench-serve-style metrics"
 DESCRIPTION = "Load-test already-running OpenAI-compatible vLLM servers with the suite's load generator."
+DEFAULT_OUTPUT_LEN = 128  # vllm bench serve's --random-output-len default
 ERRORS: tuple[type[Exception], ...] = (BenchError, HistoryError)
 
 
@@ -91,7 +92,12 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     work.add_argument("--dataset-name", default="random", choices=sorted(KINDS), help="default: %(default)s")
     work.add_argument("--dataset-path", help="JSON-lines file of prompts or conversations (--dataset-name jsonl)")
     work.add_argument("--input-len", "--random-input-len", type=_AT_LEAST_1, default=1024, help="prompt tokens (default %(default)s)")
-    work.add_argument("--output-len", "--random-output-len", type=_AT_LEAST_1, default=128, help="output tokens (default %(default)s)")
+    work.add_argument(
+        "--output-len",
+        "--random-output-len",
+        type=_AT_LEAST_1,
+        help=f"output tokens (default {DEFAULT_OUTPUT_LEN}; jsonl: each line's output_len unless given)",
+    )
     work.add_argument("--range-ratio", "--random-range-ratio", type=float, default=0.0, help="lengths vary within +-ratio")
     work.add_argument("--num-prompts", type=_AT_LEAST_1, default=1000, help="measured requests (default %(default)s)")
     work.add_argument("--num-prefixes", type=_AT_LEAST_1, default=4, help="shared-prefix: distinct prefixes")
@@ -303,22 +309,25 @@ def _servers(endpoints: Sequence[str], model: str | None, api_key: ApiKey | None
 def _workload(args: argparse.Namespace) -> Workload:
     kind = args.dataset_name
     count = args.num_prompts + args.warmup  # as in vllm bench serve, --num-prompts counts measured requests
+    output_len = DEFAULT_OUTPUT_LEN if args.output_len is None else args.output_len
     fields: dict[str, object] = {"kind": kind}
     if kind == "random":
-        fields |= {"input_len": args.input_len, "output_len": args.output_len, "num_prompts": count}
+        fields |= {"input_len": args.input_len, "output_len": output_len, "num_prompts": count}
         fields |= {"range_ratio": args.range_ratio, "seed": args.seed, "api": args.endpoint_type}
     elif kind == "shared-prefix":
         per_prefix = math.ceil(count / args.num_prefixes)
         fields |= {"num_prefixes": args.num_prefixes, "prompts_per_prefix": per_prefix, "prefix_len": args.prefix_len}
-        fields |= {"suffix_len": args.suffix_len, "output_len": args.output_len, "seed": args.seed}
+        fields |= {"suffix_len": args.suffix_len, "output_len": output_len, "seed": args.seed}
     elif kind == "fixed":
         if args.prompt is None:
             raise BenchError("--dataset-name fixed needs --prompt TEXT")
-        fields |= {"prompt": args.prompt, "output_len": args.output_len, "num_prompts": count, "api": args.endpoint_type}
+        fields |= {"prompt": args.prompt, "output_len": output_len, "num_prompts": count, "api": args.endpoint_type}
     else:
         if args.dataset_path is None:
             raise BenchError("--dataset-name jsonl needs --dataset-path FILE")
         fields |= {"path": args.dataset_path, "num_prompts": count, "api": args.endpoint_type}
+        if args.output_len is not None:  # else each line's own
+            fields["output_len"] = args.output_len
     try:
         return workload_from_dict(fields, source=f"--dataset-name {kind}")
     except ValueError as exc:
