@@ -8,7 +8,8 @@ import pytest
 
 from pytest_qwenperf.core.run import decode_run
 from pytest_qwenperf.core.summary import QUANTILES, latency_quantiles, summarize
-from pytest_qwenperf.core.timeline import MAX_BINS, MIN_BIN_S, Timeline, timeline
+from pytest_qwenperf.core.timeline import MAX_BINS, MIN_BIN_S, Timeline
+from pytest_qwenperf.measure.timeline import timeline
 from pytest_qwenperf.telemetry import Telemetry
 from pytest_qwenperf.telemetry.gauges import GaugeSample, MetricsPoller
 from tests.test_baseline import make_run
