@@ -17,7 +17,7 @@ import pytest
 
 from pytest_qwenperf.core.canary import EXACT, judge_canary
 from pytest_qwenperf.core.formats import json_safe
-from pytest_qwenperf.gate.diagnosis import NONE_FOUND, RANKING, SINGLE_MOVE, Cause, Diagnosis, diagnose
+from pytest_qwenperf.gate.diagnosis import NONE_FOUND, RANKING, REPEATS_MOVE, SINGLE_MOVE, Cause, Diagnosis, diagnose
 from pytest_qwenperf.gate.judge import judge_against_run
 from pytest_qwenperf.telemetry import Telemetry, TelemetrySummary
 from pytest_qwenperf.telemetry.cpu import CpuGroupSummary, CpuSummary
@@ -174,6 +174,20 @@ def test_repeats_decide_by_their_spread_and_a_lost_repeat_gives_no_line() -> Non
     assert "times its noise (95% interval ×" in cpu.text and "over 3 vs 3 repeats)" in cpu.text
     lost = point(samples={"tokens_per_server_cpu_s": [800.0, None, 790.0]})
     assert diagnosed(reference, lost).causes == ()
+
+
+def test_a_move_on_repeats_without_spread_ranks_by_the_least_move_not_above_a_measured_one() -> None:
+    """Requests running read 8 in every reference repeat and 7 in every repeat of the run (no spread,
+    so no noise to measure against); work per CPU-second fell 40 % against repeats within 1 %. The
+    measured move ranks first: the other's noise is unknown, not zero (CI saw the whole-number
+    gauge ranked above the server CPU of a run given half a core)."""
+    reference = point(samples={"num_requests_running": [8.0, 8.0, 8.0], "tokens_per_server_cpu_s": [1_000.0, 1_010.0, 990.0]})
+    run = point(samples={"num_requests_running": [7.0, 7.0], "tokens_per_server_cpu_s": [600.0, 606.0]})
+    causes = diagnosed(reference, run).causes
+    assert [cause.subject for cause in causes] == ["tokens_per_server_cpu_s", "num_requests_running"], causes
+    running = causes[1]
+    assert running.size == pytest.approx(math.log(8 / 7) / -math.log1p(-REPEATS_MOVE))
+    assert f"{running.size:.1f} times the least move of 5% (repeats without spread)" in running.text
 
 
 def test_server_cpu_and_the_latency_shape_of_a_server_given_less_cpu() -> None:

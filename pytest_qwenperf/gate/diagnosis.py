@@ -36,7 +36,10 @@ When a quantity moved, and its size:
   runner's noise as a verdict takes them): a move is a change beyond :data:`REPEATS_MOVE` (a
   ratio below 0.95 or above 1/0.95, the bounds of a verdict at that tolerance) whose interval
   lies wholly on one side of no change. Its size is the log ratio over the interval's
-  half-width (how many times its noise; infinite for repeats without any spread).
+  half-width (how many times its noise). Repeats without any spread (a gauge whose every repeat
+  read the same whole number of requests) give no noise to measure against: their size is the
+  log ratio over :data:`REPEATS_MOVE`'s bound, the least a move had to be, so that a move whose
+  noise is unknown does not outrank one measured at several times its noise.
 * With one value per side (most telemetry: the run's single load run, not every repeat's), a
   move is a ratio at or beyond the bounds of :data:`SINGLE_MOVE` (0.90 or 1/0.90), and the line
   says that it rests on one value per side. Its size is the log ratio over that bound's.
@@ -378,12 +381,12 @@ def _judged(
     assert j.baseline is not None and j.now is not None and j.ratio is not None and j.mde is not None
     half = -math.log1p(-j.mde) if j.mde < 1 else math.inf  # the interval's half-width, log scale
     log_ratio = abs(math.log(j.ratio))
-    size = log_ratio / half if half > 0 else math.inf
+    size = log_ratio / half if half > 0 else log_ratio / -math.log1p(-REPEATS_MOVE)
     beyond = j.verdict in ("regression", "improvement")
     low, high = j.ratio * math.exp(-half), j.ratio * math.exp(half)
     sessions = "" if j.between is None else f", sessions differing by SD {j.between:.1%}"
     interval = f"{j.confidence:.0%} interval ×{low:.3f}–×{high:.3f} over {len(before)} vs {len(after)} repeats{sessions}"
-    noise = f"{size:.1f} times its noise" if half > 0 else "beyond repeats without spread"
+    noise = f"{size:.1f} times its noise" if half > 0 else f"{size:.1f} times the least move of {REPEATS_MOVE:.0%} (repeats without spread)"
     shown = _outcome(quantity, beyond, big_enough, noise, f"within its noise or {REPEATS_MOVE:.0%}")
     figures = (*_sides(j.baseline, j.now, quantity.unit), Figure("ratio", j.ratio), Figure("mde", j.mde, "fraction"), *counts)
     return _Move(quantity, j.baseline, j.now, beyond and big_enough, size, f"{shown} ({interval})", figures)
