@@ -206,9 +206,9 @@ def test_ladder(suite_workload, serving_config): pass
     result = pytester.runpytest_subprocess(f"--qwenperf-suite={SUITES / 'cpu.toml'}", "-m", "cpu", "--collect-only", "-q")
     ids = [line.split("[", 1)[1].rstrip("]") for line in result.stdout.lines if "::" in line]
     configs = [i.split("/")[0] for i in ids]
-    ladder = ["cpu-base", "cpu-ctx-short", "cpu-fp8kv", "cpu-ngram-spec", "cpu-prefix-cache", "cpu-prefix-cache-2k", "cpu-seqs-32", "cpu-replicas-2"]
+    ladder = ["cpu-base", "cpu-ctx-short", "cpu-fp8kv", "cpu-ngram-spec", "cpu-prefix-cache", "cpu-seqs-32", "cpu-replicas-2"]
     assert configs == sorted(configs, key=ladder.index)
-    assert "cpu-ctx-short/isl128-osl128" in ids and "cpu-prefix-cache/shared-prefix-p4x24" in ids
+    assert "cpu-ctx-short/isl128-osl128" in ids and "cpu-prefix-cache/shared-prefix-pl1536" in ids
     assert [i for i in result.stdout.lines if "test_ladder" in i] == ["test_a.py::test_ladder[cpu-ngram-spec/isl128-osl128]"]
 
 
