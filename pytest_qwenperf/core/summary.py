@@ -203,9 +203,9 @@ def _stats(family: str, seconds: Sequence[float] | npt.NDArray[np.float64], perc
     return stats
 
 
-def _latency_stats(completed: Sequence[RequestRecord], percentiles: Sequence[float]) -> dict[str, float]:
+def _latency_stats(completed: Sequence[RequestRecord], chunks: Chunks, percentiles: Sequence[float]) -> dict[str, float]:
     tpots = [tpot for r in completed if (tpot := _tpot(r)) is not None]
-    itls = Chunks.of(completed).inter_token_latencies()
+    itls = chunks.inter_token_latencies()
     return {
         **_stats("ttft", [_ttft(r) for r in completed], percentiles),
         **_stats("tpot", tpots, percentiles),
@@ -236,13 +236,13 @@ def latency_quantiles(records: Iterable[RequestRecord]) -> dict[str, tuple[float
     }
 
 
-def _peaks(completed: Sequence[RequestRecord]) -> dict[str, float | int]:
-    """vLLM's busiest one-second bucket of output tokens and of concurrent requests."""
+def _peaks(completed: Sequence[RequestRecord], chunks: Chunks) -> dict[str, float | int]:
+    """vLLM's busiest one-second bucket of output tokens and of concurrent requests (``chunks``: ``completed``'s)."""
     if not completed:
         return {"max_output_tokens_per_s": 0.0, "max_concurrent_requests": 0}
     origin = min(r.sent_at for r in completed)
     buckets = int(np.ceil(max(r.sent_at + _e2el(r) for r in completed) - origin)) + 1
-    tokens = Chunks.of(completed).tokens_per_bin(origin, 1.0, buckets)
+    tokens = chunks.tokens_per_bin(origin, 1.0, buckets)
     concurrent = np.zeros(buckets)
     for r in completed:
         concurrent[int(r.sent_at - origin) : int(r.sent_at + _e2el(r) - origin) + 1] += 1
@@ -285,8 +285,9 @@ def summarize(
         values["request_goodput"] = _per_s(sum(goodput_slo.met_by(r) for r in completed), duration_s)
     values["output_throughput"] = _per_s(total_output, duration_s)
     values["total_token_throughput"] = _per_s(total_input + total_output, duration_s)
-    values |= _latency_stats(completed, percentiles)
-    values |= _peaks(completed)
+    chunks = Chunks.of(completed)
+    values |= _latency_stats(completed, chunks, percentiles)
+    values |= _peaks(completed, chunks)
     values["achieved_request_rate"] = _send_rate(run)
     if requested_rate is not None:
         values["requested_request_rate"] = requested_rate
@@ -352,9 +353,9 @@ def summarize_window(
         "output_throughput": output_tokens / length,
         "total_token_throughput": (prompt_tokens + output_tokens) / length,
     }
-    values |= _latency_stats([r for r in ended if r.sent_at >= start], percentiles)
+    sent_inside = [r for r in ended if r.sent_at >= start]
+    values |= _latency_stats(sent_inside, Chunks.of(sent_inside), percentiles)
     return RunSummary.from_values(values)
-
 
 
 # --- sanity checks -------------------------------------------------------------------
