@@ -25,7 +25,7 @@ def test_every_pair_a_workload_runs_on_in_suite_workload_config_order() -> None:
 def test_each_selector_keeps_its_kind_of_pair() -> None:
     assert _ids("ladder") == ["cpu/ngram-spec/isl128-osl128"]  # the rungs that claim to improve
     assert _ids("prefix-cache") == ["cpu/prefix-cache/shared-prefix-pl1536"]
-    assert _ids("speculative") == ["cpu/ngram-spec/isl128-osl128", "cpu/ngram-spec/capacity-isl64-osl128"]
+    assert _ids("speculative") == ["cpu/ngram-spec/isl128-osl128", "cpu/ngram-spec/capacity-tpot-isl64-osl128"]
     assert _ids("scaling") == ["cpu/replicas-2/scaling-isl128-osl128"]
     # The canary is per config: once each, on its first workload.
     assert _ids("canary") == [
@@ -40,9 +40,15 @@ def test_each_selector_keeps_its_kind_of_pair() -> None:
     # fp8kv has a canary table; ngram-spec is speculative, so it must give its parent's tokens.
     assert _ids("canary-floor") == ["cpu/fp8kv/isl128-osl128", "cpu/ngram-spec/isl128-osl128"]
     assert _ids("trace") == ["cpu/prefix-cache/trace-synthetic"]
-    searched = ["cpu/seqs-32/capacity-isl64-osl128", "cpu/ctx-short/capacity-isl64-osl128", "cpu/ngram-spec/capacity-isl64-osl128"]
-    assert _ids("capacity") == [i for i in _ids("all") if i in searched] and len(searched) == 3
-    assert _ids("capacity-order") == ["cpu/ngram-spec/capacity-isl64-osl128"]  # the last of its order
+    searched = [
+        "cpu/seqs-32/capacity-isl64-osl128",
+        "cpu/ctx-short/capacity-isl64-osl128",
+        "cpu/ctx-short/capacity-tpot-isl64-osl128",
+        "cpu/ngram-spec/capacity-tpot-isl64-osl128",
+    ]
+    assert _ids("capacity") == [i for i in _ids("all") if i in searched] and len(searched) == 4
+    # one per workload with an order, on the last config of it
+    assert _ids("capacity-order") == ["cpu/ctx-short/capacity-isl64-osl128", "cpu/ngram-spec/capacity-tpot-isl64-osl128"]
     # the shared-prefix and trace workloads have no SLO and no CPU floor
     unchecked = [i for i in _ids("all") if not i.endswith(("/shared-prefix-pl1536", "/trace-synthetic"))]
     assert _ids("slo") == unchecked  # a search holds its chosen probe to its SLO
