@@ -95,7 +95,7 @@ def test_markdown_for_a_job_summary(tmp_path: Path, capsys: pytest.CaptureFixtur
 
 
 def test_plot_writes_a_png(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
-    old = session_file(tmp_path / "old.json", [make_run("base"), make_run("ctx-short"), make_run("ctx-short", "shared-prefix-p4x24")])
+    old = session_file(tmp_path / "old.json", [make_run("base"), make_run("ctx-short"), make_run("ctx-short", "shared-prefix-pl1536")])
     new = session_file(tmp_path / "new.json", [make_run("base", version="0.33.0", total=11_000.0)])
     status, _, _ = compare(capsys, old, new, "--plot", tmp_path / "throughput.png")
     assert status == 0

@@ -184,7 +184,7 @@ def two_versions(tmp_path: Path) -> tuple[Path, Path]:
     """Two sessions, 0.32.0 and 0.33.0, of three rungs (``cpu/ctx-short`` with two workloads); 0.33.0 lacks ``cpu/seqs-32``."""
     old = session_file(
         tmp_path / "old.json",
-        [cpu_run("base"), cpu_run("ctx-short"), cpu_run("ctx-short", "shared-prefix-p4x24", tpot=40.0, output=6_000.0), cpu_run("seqs-32")],
+        [cpu_run("base"), cpu_run("ctx-short"), cpu_run("ctx-short", "shared-prefix-pl1536", tpot=40.0, output=6_000.0), cpu_run("seqs-32")],
     )
     new = session_file(tmp_path / "new.json", [cpu_run("base", version="0.33.0", tpot=15.0), cpu_run("ctx-short", version="0.33.0")])
     return old, new
@@ -211,7 +211,7 @@ def test_compare_writes_the_pareto_png_and_json(tmp_path: Path, capsys: pytest.C
     assert (width, height) == (int(16.5 * 110), int(4.0 * 110))  # three charts in a row
     points = json.loads(out)["pareto"]
     short = [(p["file"], p["workload"], p["per_user"], p["frontier"]) for p in points if p["config"] == "ctx-short"]
-    assert short == [("0.32.0", "isl128-osl128", 50.0, True), ("0.32.0", "shared-prefix-p4x24", 25.0, True), ("0.33.0", "isl128-osl128", 50.0, True)]
+    assert short == [("0.32.0", "isl128-osl128", 50.0, True), ("0.32.0", "shared-prefix-pl1536", 25.0, True), ("0.33.0", "isl128-osl128", 50.0, True)]
     assert points[0] == {
         "file": "0.32.0", "suite": "cpu", "config": "base", "workload": "isl128-osl128", "per_user": 50.0, "per_device": 5_000.0,
         "device": "core", "source": "old.json", "frontier": True,
