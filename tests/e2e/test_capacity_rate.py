@@ -3,10 +3,13 @@ highest rate whose p99 TTFT and p99 TPOT stay within the SLO, a probe far past t
 early as over-saturated, and the session's run keeps every probe.
 
 The SLO is met at tens of requests per second by the tiny model on one core (about 50 to 150 in
-runs here) and broken well below the search's highest rate. A probe measures 800 requests, so a
-rate past the capacity keeps sending for seconds while its queue and TTFT grow, long enough for
-the watch to stop it; the first probe runs at 64 requests/s. A stop is held to be above the
-capacity found: a significant but tiny TTFT slope once stopped a probe far inside it.
+runs here) and broken well below the search's highest rate. The first probe runs at 256
+requests/s, past every capacity measured, so that some probe is over-saturated on a fast runner
+too: starting at 64, CI's runner (2026-11-27) met the SLO at 128 in one probe and missed it in
+another, and the search never went higher. A probe measures 800 requests, so a rate past the
+capacity keeps sending for seconds while its queue and TTFT grow, long enough for the watch to
+stop it. A stop is held to be above the capacity found: a significant but tiny TTFT slope once
+stopped a probe far inside it.
 """
 
 from __future__ import annotations
@@ -37,7 +40,7 @@ input_len = 32
 output_len = 64
 num_prompts = 832
 warmup = 32
-load = {{ rate = 64 }}
+load = {{ rate = 256 }}
 slo = "ttft:300 tpot:30"
 search = {{ by = "rate", lowest = {LOWEST}, highest = {HIGHEST}, resolution = 0.25, max_probes = 7 }}
 floors = {{ capacity_at_slo = {{ "*" = {LOWEST} }} }}
