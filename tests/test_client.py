@@ -423,7 +423,7 @@ def test_stop_ends_an_open_loops_sending_and_what_was_sent_finishes(source: Stre
 
     specs = [spec(i, max_tokens=2, itl_ms=5) for i in range(12)]
     load = run_load_sync(source.urls, MODEL, specs, OpenLoop(rate=200, distribution="constant"), LoadOptions(warmup=2), stop=stop)
-    assert [r.index for r in load.records] == [0, 1, 2, 3, 4] and all(r.ok for r in load.records)
+    assert sorted(r.index for r in load.records) == [0, 1, 2, 3, 4] and all(r.ok for r in load.records)  # the warm-up pair ends in either order
     assert len(asked) == 4
 
 
