@@ -32,8 +32,9 @@ def test_capacity_at_slo_is_found_and_above_its_floor(qwenperf_run: Run, serving
 def test_capacities_rise_along_the_ladder(
     qwenperf_measure: Callable[[ServingConfig, SuiteWorkload], Run], qwenperf_suite: Suite, suite_workload: SuiteWorkload
 ) -> None:
-    """Each config of ``capacity_order`` carries more than the one before it, and at least its factor
-    times the first where one is given (the median of each config's searches)."""
+    """Each config of ``capacity_order`` carries more than the one before it (``capacity_relation =
+    "not-below"``: at least as much, short of it by no more than the search's resolution), and at
+    least its factor times the first where one is given (the median of each config's searches)."""
     capacities = []
     for config_id, factor in suite_workload.capacity_order:
         run = qwenperf_measure(qwenperf_suite.config(config_id), suite_workload)
@@ -42,11 +43,18 @@ def test_capacities_rise_along_the_ladder(
         capacities.append((config_id, factor, statistics.median(found)))
     every = ", ".join(f"{c} {v:.3g}" for c, _, v in capacities)
     first, _, base = capacities[0]
-    highest = suite_workload.search.highest if suite_workload.search else None
+    assert suite_workload.search is not None, "a capacity_order needs a search"
+    highest, resolution = suite_workload.search.highest, suite_workload.search.resolution
     for (below, _, low), (above, factor, high) in itertools.pairwise(capacities):
         assert low != highest, (
             f"{below}'s capacity at the SLO is the highest load searched ({highest:g}): the search cannot show that "
             f"{above} carries more; raise the search's highest load for this runner (in order: {every})"
         )
-        assert high > low, f"{above}'s capacity at the SLO {high:.3g} is not above {below}'s {low:.3g} (in order: {every})"
+        if suite_workload.capacity_relation == "above":
+            assert high > low, f"{above}'s capacity at the SLO {high:.3g} is not above {below}'s {low:.3g} (in order: {every})"
+        else:
+            assert high >= low * (1 - resolution), (
+                f"{above}'s capacity at the SLO {high:.3g} is below {below}'s {low:.3g} by more than the search's resolution "
+                f"({resolution:.0%}; in order: {every})"
+            )
         assert high >= base * factor, f"{above}'s capacity at the SLO {high:.3g} is not {factor:g}x {first}'s {base:.3g} (in order: {every})"

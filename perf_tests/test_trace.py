@@ -1,5 +1,6 @@
-"""A trace replayed as recorded: its prompt lengths, its send times, and the prefix cache its
-shared blocks allow against the cache the server hit."""
+"""A trace replayed as recorded: its prompt and output lengths, its send times, its token totals
+against the server's counters, and the prefix cache its shared blocks allow against the cache the
+server hit."""
 
 from __future__ import annotations
 
@@ -22,6 +23,10 @@ def test_trace_replayed_as_recorded(qwenperf_run: Run, serving_config: ServingCo
     reasons = {loss.reason for loss in qwenperf_run.conditions}
     assert "prompt-lengths" not in reasons, "the server counted other prompt lengths than the trace's"
     assert qwenperf_run.client_bound is None, f"the replay fell behind its trace: {qwenperf_run.client_bound}"
+    assert qwenperf_run.failed_requests == 0, f"{qwenperf_run.failed_requests} request(s) failed or ended short of the trace's output length"
+    # Exactly, and compared at all: a replay is held to the server's own token counts, not to a check that found no counters.
+    tokens = qwenperf_run.token_check
+    assert tokens.matches is True, f"the replay's token totals against the server's /metrics: {tokens.detail or 'not compared'}"
     if "--no-enable-prefix-caching" in serving_config.vllm_args:
         return  # nothing to hold the trace's shared blocks against
     hit_rate = qwenperf_run.server.prefix_cache_hit_rate

@@ -67,6 +67,8 @@ def test_a_search_table_starts_at_the_load_and_holds_the_p99_of_the_slo(tmp_path
     assert workload.search == SearchPlan("concurrency", 16.0, 2.0, 64.0)
     assert workload.capacity_slo() == Slo({"p99_ttft_ms": 500.0, "p99_tpot_ms": 20.0})
     assert workload.capacity_order == (("small", 1.0), ("big", 1.5))
+    assert workload.capacity_relation == "above"
+    assert load(tmp_path, SUITE + 'capacity_relation = "not-below"\n').capacity_relation == "not-below"
 
 
 @pytest.mark.parametrize(
@@ -82,6 +84,7 @@ def test_a_search_table_starts_at_the_load_and_holds_the_p99_of_the_slo(tmp_path
         (("capacity_factors = { big = 1.5 }", "capacity_factors = { small = 1.5 }"), r"workload 'cap'.capacity_factors.small: expected a config after the first"),
         (("capacity_factors = { big = 1.5 }", "capacity_factors = { big = 0.5 }"), r"capacity_factors.big: expected a factor >= 1"),
         (('search = { by = "concurrency", lowest = 2, highest = 64 }\n', ""), r"workload 'cap'.capacity_order: expected a search table"),
+        (("capacity_factors = { big = 1.5 }", 'capacity_relation = "below"'), r"capacity_relation: expected"),
     ],
 )
 def test_a_bad_search_names_the_file_key_and_expectation(tmp_path: Path, change: tuple[str, str], message: str) -> None:
@@ -175,18 +178,21 @@ def _report(run: Run) -> SessionReport:
     return report
 
 
-def _watched(ends: Callable[[int], float], ttft: Callable[[int], float], n: int = 64) -> tuple[Watch, list[bool]]:
+def _watched(
+    ends: Callable[[int], float], ttft: Callable[[int], float], n: int = 64, late: Callable[[int], float] = lambda i: 0.0
+) -> tuple[Watch, list[bool]]:
     """A watch over an open loop of 10 requests/s (constant: request i due at (i + 1) / 10 s, sent
-    on time) whose request i gets its first token ``ttft(i)`` after it was sent and ends at
-    ``ends(i)``; the records reach it in the order they end, and ``stop`` is asked after each."""
+    ``late(i)`` after that) whose request i gets its first token ``ttft(i)`` after it was sent and
+    ends at ``ends(i)``; the records reach it in the order they end, and ``stop`` is asked after each."""
     specs = [RequestSpec(i, 4, prompt=(1, 2, 3)) for i in range(n + 2)]
     watch = Watch()
     watching = watch.start(Load(specs, OpenLoop(rate=10, distribution="constant"), LoadOptions(warmup=2)))
     assert watching is not None and watching.progress is not None and watching.stop is not None
     records = []
     for i in range(n):
-        sent = (i + 1) / 10
-        records.append(RequestRecord(index=i + 2, endpoint="e", scheduled_at=sent, sent_at=sent, ended_at=ends(i), chunk_times=(sent + ttft(i),)))
+        due = (i + 1) / 10
+        sent = due + late(i)
+        records.append(RequestRecord(index=i + 2, endpoint="e", scheduled_at=due, sent_at=sent, ended_at=ends(i), chunk_times=(sent + ttft(i),)))
     asked = []
     for record in sorted(records, key=lambda r: r.ended_at):
         watching.progress(record)
@@ -200,6 +206,13 @@ def test_a_rate_probe_whose_queue_and_ttft_keep_rising_is_stopped() -> None:
     assert watch.reason is not None and watch.reason.startswith("over-saturated: TTFT rising")
     assert asked[-1] and not asked[Watch.CHECK_EVERY - 1]  # it looks every few requests, after enough of them
     assert asked.index(True) < len(asked) - 1  # before the probe's end
+
+
+def test_a_rate_probe_whose_client_falls_behind_the_schedule_is_stopped() -> None:
+    """The client sends 8 requests/s of the 10 asked (each a quarter later than due), the server keeps up."""
+    watch, asked = _watched(ends=lambda i: (i + 1) / 8 + 0.3, ttft=lambda i: 0.05, late=lambda i: (i + 1) / 40)
+    assert watch.reason is not None and watch.reason.startswith("over-saturated: sent 8 requests/s of 10 asked (20% behind)")
+    assert asked.index(True) < len(asked) - 1
 
 
 def test_a_rate_probe_that_keeps_up_runs_to_its_end() -> None:

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import msgspec
 
-from pytest_qwenperf.core.run import Decline, ServerCounters, TraceReplay
+from pytest_qwenperf.core.run import PROMPT_LENGTHS, Decline, Loss, ServerCounters, TraceReplay
 from pytest_qwenperf.core.verdict import judge
 from pytest_qwenperf.measure.report import SessionReport
 from pytest_qwenperf.measure.session_table import noise_line, session_table
@@ -51,22 +51,32 @@ def test_a_slid_point_is_marked_and_its_decline_listed_after_the_table() -> None
     )
 
 
-def test_a_replayed_trace_says_how_late_it_went_and_what_the_cache_could_hit_against_what_it_hit() -> None:
+def test_a_replayed_trace_says_how_late_it_went_its_lengths_and_what_the_cache_could_hit_against_what_it_hit() -> None:
     report = SessionReport()
     run = night(20, 5_000.0)
     lags = {**run.metrics, "p50_scheduling_lag_ms": 0.4131335000057425, "p99_scheduling_lag_ms": 1.93}
     cached = ServerCounters.of({"prefix_cache_hits": 640.0, "prefix_cache_queries": 1_000.0})
     report.add(msgspec.structs.replace(run, metrics=lags, server=cached, trace=TraceReplay(cacheable_share=0.679, time_scale=1.0)))
-    report.add(msgspec.structs.replace(night(20, 5_000.0, config="ctx-short"), trace=TraceReplay(cacheable_share=0.5)))
+    short = night(20, 5_000.0, config="ctx-short")
+    report.add(
+        msgspec.structs.replace(
+            short,
+            metrics={**short.metrics, "failed": 2},
+            conditions=(Loss(reason=PROMPT_LENGTHS, detail="request 7 counted 300 prompt tokens of 256"),),
+            trace=TraceReplay(cacheable_share=0.5),
+        )
+    )
     lines = session_table(report)
     at = lines.index("traces replayed:")
     assert lines[at + 1 : at + 3] == [
         (
             "  cpu/base / isl128-osl128: sent at the traced times x1, late by p50 0.413 ms, p99 1.93 ms; "
+            "prompt and output lengths as traced (the server's counts); "
             "67.9% of prompt tokens could hit a prefix cache, the server hit 64.0%"
         ),
         (
             "  cpu/ctx-short / isl128-osl128: sent by a loop, not at the traced times; "
+            "request 7 counted 300 prompt tokens of 256; 2 request(s) failed or ended short of the traced output length; "
             "50.0% of prompt tokens could hit a prefix cache, prefix caching off or not counted"
         ),
     ]

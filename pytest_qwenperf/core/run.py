@@ -235,15 +235,23 @@ class TraceReplay(msgspec.Struct, frozen=True, kw_only=True):
     cacheable_share: float  # of the trace's prompt tokens, in blocks an earlier request sent: against ``server.prefix_cache_hit_rate``
     time_scale: float | None = None  # the replay's; None: sent by a loop, not at the traced times
 
-    def describe(self, lag_p50_ms: Number, lag_p99_ms: Number, hit_rate: float | None) -> str:
-        """One line: when the requests went against the trace, and the cache it allowed against the cache hit."""
+    def describe(self, run: Run) -> str:
+        """One line on ``run``, this trace's run: when its requests went against the trace, whether
+        their prompt and output lengths were the trace's, and the cache the trace allowed against
+        the cache the server hit."""
         when = (
             "sent by a loop, not at the traced times"
             if self.time_scale is None
-            else f"sent at the traced times x{self.time_scale:g}, late by p50 {_ms(lag_p50_ms)}, p99 {_ms(lag_p99_ms)}"
+            else f"sent at the traced times x{self.time_scale:g}, late by p50 {_ms(run.metrics.get('p50_scheduling_lag_ms'))}, "
+            f"p99 {_ms(run.metrics.get('p99_scheduling_lag_ms'))}"
         )
+        off = [loss.detail for loss in run.conditions if loss.reason == PROMPT_LENGTHS]
+        if run.failed_requests:
+            off.append(f"{run.failed_requests} request(s) failed or ended short of the traced output length")
+        lengths = "; ".join(off) or "prompt and output lengths as traced (the server's counts)"
+        hit_rate = run.server.prefix_cache_hit_rate
         hits = "prefix caching off or not counted" if hit_rate is None else f"the server hit {hit_rate:.1%}"
-        return f"{when}; {self.cacheable_share:.1%} of prompt tokens could hit a prefix cache, {hits}"
+        return f"{when}; {lengths}; {self.cacheable_share:.1%} of prompt tokens could hit a prefix cache, {hits}"
 
 
 class CapacityProbe(msgspec.Struct, frozen=True, kw_only=True):

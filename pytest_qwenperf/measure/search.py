@@ -13,9 +13,11 @@ A probe fails the SLO whatever its latencies when its requests failed or the cli
 the load (for a rate, the requests it could not send in time): that is a server past its capacity.
 What makes any probe's run invalid for another reason (the device's conditions, token counts that
 disagree with the server) makes the repeat invalid: the whole search rested on that device.
-A rate probe is stopped early when it is clearly over-saturated (:class:`Watch`): its queue and the
-TTFT of its requests by send time both keep rising, the TTFT to twice what it was and past the
-SLO's TTFT limit (:func:`~pytest_qwenperf.measure.slo_capacity.oversaturated`).
+A rate probe is stopped early when it is clearly over-saturated (:class:`Watch`): the client's
+sends fell behind the schedule (by more than
+:data:`~pytest_qwenperf.measure.slo_capacity.RATE_SHORTFALL`), or its queue and the TTFT of its requests by send
+time both keep rising, the TTFT to twice what it was and past the SLO's TTFT limit
+(:func:`~pytest_qwenperf.measure.slo_capacity.oversaturated`).
 It sends no more requests, those in flight finish, and it fails the SLO. A concurrency probe caps
 its requests in flight, so it cannot run away and is not watched; nor is a probe whose client runs
 in several worker processes, which the watch cannot reach.
@@ -33,7 +35,7 @@ from pytest_qwenperf.core.records import RequestRecord
 from pytest_qwenperf.core.run import CapacityProbe, CapacitySearch, Run, combined
 from pytest_qwenperf.loadgen.arrivals import OpenLoop
 from pytest_qwenperf.measure.observe import Load, Watching
-from pytest_qwenperf.measure.slo_capacity import Capacity, Probe, ProbeWindow, find_capacity, oversaturated
+from pytest_qwenperf.measure.slo_capacity import MIN_POINTS, Capacity, Probe, ProbeWindow, find_capacity, oversaturated
 from pytest_qwenperf.suite.config import SuiteWorkload
 
 CAPACITY = "capacity_at_slo"
@@ -42,9 +44,9 @@ CAPACITY_OUTPUT = "capacity_output_throughput"
 
 class Watch:
     """Watches one probe's requests as they finish and says when to stop sending: when the probe
-    is an open loop and :func:`~pytest_qwenperf.measure.slo_capacity.oversaturated` finds both its
-    queue (the requests its schedule has sent by then, less those finished) and the TTFT of its
-    requests by send time rising. ``reason`` says why it stopped, once it has."""
+    is an open loop and :func:`~pytest_qwenperf.measure.slo_capacity.oversaturated` finds its sends
+    behind the schedule, or both its queue (the requests its schedule has sent by then, less those
+    finished) and the TTFT of its requests by send time rising. ``reason`` says why it stopped, once it has."""
 
     CHECK_EVERY = 8
     """Finished requests between two looks: each look refits both slopes over every request so far."""
@@ -86,7 +88,19 @@ class Watch:
         queue = [(r.ended_at - start, bisect_right(self._offsets, r.ended_at - start) - k - 1) for k, r in enumerate(done)]
         by_send = sorted(done, key=lambda r: r.sent_at)
         ttft = [(r.sent_at - start, r.first_token_at - r.sent_at) for r in by_send if r.first_token_at is not None]
-        return ProbeWindow(sent=[t for t, _ in ttft], ttft=[v for _, v in ttft], in_flight=queue)
+        asked, achieved = self._rates(by_send[-1], start)
+        return ProbeWindow(sent=[t for t, _ in ttft], ttft=[v for _, v in ttft], in_flight=queue, requested_rate=asked, achieved_rate=achieved)
+
+    def _rates(self, latest: RequestRecord, start: float) -> tuple[float | None, float | None]:
+        """The rate the schedule asked for and the rate sent, up to the latest send among the finished
+        requests: the client sends in order, so every request before it was sent by then. None
+        until :data:`~pytest_qwenperf.measure.slo_capacity.MIN_POINTS` requests were due, so a few
+        late sends at the start stop nothing."""
+        elapsed = latest.sent_at - start
+        due = bisect_right(self._offsets, elapsed)
+        if due < MIN_POINTS or elapsed <= 0:
+            return None, None
+        return due / elapsed, (latest.index - self._warmup + 1) / elapsed
 
 
 def search_once(measure: Callable[[SuiteWorkload, Watch], Run], workload: SuiteWorkload) -> Run:

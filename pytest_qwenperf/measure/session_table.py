@@ -45,7 +45,7 @@ def session_table(report: SessionReport) -> list[str]:
         lines += searched
     replays = [
         f"  {run.config_key} / {run.identity.workload}: "
-        + run.trace.describe(run.metrics.get("p50_scheduling_lag_ms"), run.metrics.get("p99_scheduling_lag_ms"), run.server.prefix_cache_hit_rate)
+        + run.trace.describe(run)
         for run in report.runs
         if run.trace is not None
     ]

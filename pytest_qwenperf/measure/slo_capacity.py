@@ -283,7 +283,7 @@ def oversaturated(window: ProbeWindow, ttft_limit_s: float | None = None, confid
     if window.requested_rate and window.achieved_rate is not None:
         short = 1 - window.achieved_rate / window.requested_rate
         if short > RATE_SHORTFALL:
-            return f"sent {window.achieved_rate:.3g} requests/s of {window.requested_rate:.3g} asked ({short:.0%} behind)"
+            return f"over-saturated: sent {window.achieved_rate:.3g} requests/s of {window.requested_rate:.3g} asked ({short:.0%} behind)"
     if len(window.sent) < MIN_POINTS or len(window.in_flight) < MIN_POINTS:
         return None
     ttft = _rising(list(window.sent), list(window.ttft), confidence)

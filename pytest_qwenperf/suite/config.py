@@ -43,6 +43,10 @@ from pytest_qwenperf.suite.workloads import ConversationWorkload, TraceWorkload,
 FlagValue = str | int | float | bool | dict[str, Any] | list[Any]
 
 Routing = Literal["round-robin", "least-outstanding", "nginx"]
+CapacityRelation = Literal["above", "not-below"]
+"""How each config of a ``capacity_order`` stands to the one before it: carries more (``above``), or
+at least as much within the search's resolution (``not-below``: a rung that need not add capacity
+at this workload, only never lose it)."""
 ROUTINGS: tuple[Routing, ...] = typing.get_args(Routing)
 """How the load reaches a config's replicas: the client round-robins per request (as a
 Kubernetes ClusterIP does), the client sends each request to the replica with the fewest
@@ -121,6 +125,7 @@ class SuiteWorkload:
     floors: tuple[tuple[str, tuple[tuple[str, float], ...]], ...] = ()
     search: SearchPlan | None = None  # find the highest load meeting ``slo`` instead of measuring ``arrival``'s
     capacity_order: tuple[tuple[str, float], ...] = ()  # configs by rising capacity, each with the factor it must reach over the first
+    capacity_relation: CapacityRelation = "above"  # how each config of capacity_order stands to the one before it
 
     @property
     def id(self) -> str:
@@ -424,6 +429,7 @@ class _RunTable(schema.Shape, frozen=True):
     ] = msgspec.field(default_factory=dict)
     search: Annotated[_SearchTable, Meta(description=_SEARCH)] | None = None
     capacity_order: _Strings = ()
+    capacity_relation: Annotated[CapacityRelation, Meta(description='"above" or "not-below"')] = "above"
     capacity_factors: Annotated[
         dict[str, Annotated[float, Meta(ge=1.0, description="a factor >= 1 over the first config of capacity_order")]],
         Meta(description="a table of config id = factor"),
@@ -553,7 +559,7 @@ def _suite_workload(path: Path, entry: Mapping[str, Any], where: str, config_ids
     floors = _floors(path, run.floors, f"{where}.floors", run.configs or sorted(config_ids))
     search = _search(path, run, f"{where}", arrival, workload)
     order = _capacity_order(path, run, where, run.configs or sorted(config_ids), search)
-    return SuiteWorkload(workload, arrival, run.warmup, run.configs, slo, floors, search, order)
+    return SuiteWorkload(workload, arrival, run.warmup, run.configs, slo, floors, search, order, run.capacity_relation)
 
 
 def _check_warmup(path: Path, warmup: int, where: str, arrival: Arrival, workload: Workload) -> None:
