@@ -14,7 +14,9 @@ from tests.report_check import main
 from tests.test_report import judged, run_with, session
 
 
-def test_a_sessions_report_passes_and_one_missing_a_run_and_a_verdict_fails(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+def test_a_sessions_report_passes_and_one_missing_a_run_and_a_verdict_fails(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
     runs = [run_with("base", "isl128-osl128"), run_with("ctx-short", "isl128-osl128")]
     verdicts = [judged("base", "isl128-osl128", "pass"), judged("ctx-short", "isl128-osl128", "regression", "pass")]
     path = session(tmp_path / "s.json", runs, verdicts)
