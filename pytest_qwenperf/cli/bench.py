@@ -11,7 +11,9 @@ requests are sent once more after the measured run, between ``/start_profile`` a
 Exit status: 0 for a complete run; 1 when more measured requests failed than
 ``--max-failed-fraction`` allows (default none) or none completed (the result is still
 written, with the failures grouped by reason); 2 when the run cannot start
-(:class:`BenchError`); 130 / 143 when SIGINT / SIGTERM interrupted it (nothing written).
+(:class:`BenchError`), or when ``--profile``'s capture failed after the measured run (whose result
+is still written and recorded, without a profile); 130 / 143 when SIGINT / SIGTERM interrupted it
+(nothing written).
 """
 
 from __future__ import annotations
@@ -189,8 +191,12 @@ def run(args: argparse.Namespace) -> int:
     for line in filter(None, (clock.reported() for clock in seen.load.clocks)):
         print(f"qwenperf: {line}", file=sys.stderr)
     result = bench_result(plan, seen, detailed=args.detailed, max_failed_fraction=args.max_failed_fraction)
+    unprofiled = None
     if args.profile:
-        result = msgspec.structs.replace(result, profile=_profile(plan, args.json))
+        try:
+            result = msgspec.structs.replace(result, profile=_profile(plan, args.json))
+        except BenchError as exc:  # the measured run is complete: it is kept, and the command still fails
+            unprofiled = str(exc)
     print_summary(result, sys.stdout)
     text = json.dumps(json_safe(result.as_json()), indent=2)
     if args.json is not None:
@@ -201,6 +207,9 @@ def run(args: argparse.Namespace) -> int:
         with HistoryStore.open(args.history) as store:
             store.append([bench_run(json.loads(text))], source="qwenperf bench")  # the result as its file holds it
         print(f"result recorded in the history store {store.where}")
+    if unprofiled is not None:
+        print(f"qwenperf: {unprofiled}; the measured result is kept without a profile", file=sys.stderr)
+        return 2
     return _exit_status(seen, args.max_failed_fraction, sys.stderr)
 
 

@@ -40,8 +40,10 @@ Answer = str | tuple[int, str]  # "ok", "hold" (stream once released), or (HTTP 
 class StandIn:
     """A vLLM-like completions endpoint that counts requests and answers the n-th (from 0) as ``plan(n)`` says."""
 
-    def __init__(self, plan: Callable[[int], Answer]) -> None:
+    def __init__(self, plan: Callable[[int], Answer], profiler: bool = False) -> None:
+        """``profiler``: ``/server_info`` names a torch profiler folder, and ``/start_profile`` fails with a 500."""
         self.plan = plan
+        self.profiler = profiler
         self.arrivals: list[float] = []  # time.monotonic() of each completions request, in arrival order
         self.lock = threading.Lock()
         self.release = threading.Event()  # held streams go on once set
@@ -77,11 +79,17 @@ class StandIn:
                     self._reply(200, {"object": "list", "data": [{"id": MODEL, "object": "model", "max_model_len": 4096}]})
                 elif self.path == "/version":
                     self._reply(200, {"version": "0.0.0-standin"})
+                elif self.path.split("?")[0] == "/server_info" and standin.profiler:
+                    self._reply(200, {"vllm_config": {"profiler_config": {"profiler": "torch", "torch_profiler_dir": "/nowhere"}}})
                 else:
                     self._reply(404, {"detail": "Not Found"})
 
             def do_POST(self) -> None:
-                body = json.loads(self.rfile.read(int(self.headers["Content-Length"])))
+                raw = self.rfile.read(int(self.headers.get("Content-Length", 0)))
+                if self.path == "/start_profile":
+                    self._reply(500, {"detail": "the profiler broke"})
+                    return
+                body = json.loads(raw)
                 with standin.lock:
                     n = len(standin.arrivals)
                     standin.arrivals.append(time.monotonic())
@@ -112,8 +120,8 @@ class StandIn:
 
 
 @contextmanager
-def stand_in(plan: Callable[[int], Answer]) -> Iterator[StandIn]:
-    server = StandIn(plan)
+def stand_in(plan: Callable[[int], Answer], profiler: bool = False) -> Iterator[StandIn]:
+    server = StandIn(plan, profiler)
     thread = threading.Thread(target=server.server.serve_forever, name="bench-stand-in", daemon=True)
     thread.start()
     try:
@@ -385,3 +393,15 @@ def test_max_failed_fraction_must_be_a_fraction(value: str) -> None:
     done = subprocess.run(argv, capture_output=True, text=True, timeout=120, check=False)
     assert done.returncode == 2
     assert f"argument --max-failed-fraction: expected a fraction from 0 to 1 (e.g. 0.05 for 5 %), got '{value}'" in done.stderr
+
+
+def test_a_profile_that_fails_after_the_measured_run_keeps_the_result_and_fails_the_command(tmp_path: Path) -> None:
+    result = tmp_path / "r.json"
+    with stand_in(lambda n: "ok", profiler=True) as server:
+        bench = start_bench(server.url, tmp_path, "--num-prompts", "6", "--max-concurrency", "2", "--profile", "--json", str(result))
+        code = finish(bench, STARTED_WITHIN_S)
+    stderr = (tmp_path / "stderr").read_text()
+    assert code == 2, f"exit {code}; stderr:\n{stderr}"
+    assert "start_profile answered 500" in stderr and "the measured result is kept without a profile" in stderr, stderr
+    kept = json.loads(result.read_text())
+    assert kept["metrics"]["completed"] == 6 and kept["profile"] is None
