@@ -4,7 +4,9 @@ limit, and that a real browser draws it with the network cut off, in light and d
 
 from __future__ import annotations
 
+import dataclasses
 import json
+import math
 import re
 from pathlib import Path
 from typing import Any
@@ -19,15 +21,17 @@ from pytest_qwenperf.core.canary import EXACT, judge_canary
 from pytest_qwenperf.core.formats import SESSION_SCHEMA
 from pytest_qwenperf.core.profile import OperatorProfile, OperatorShare, OperatorTable
 from pytest_qwenperf.core.timeline import SERIES, Timeline
-from pytest_qwenperf.core.verdict import Judgement
+from pytest_qwenperf.core.verdict import Judgement, judge
 from pytest_qwenperf.gate.compare import load_runs
 from pytest_qwenperf.gate.diagnosis import Cause, Diagnosis
+from pytest_qwenperf.gate.history_store import HistoryStore
 from pytest_qwenperf.report.html import render, write_report
-from pytest_qwenperf.report.page import anchor_of, page_of
+from pytest_qwenperf.report.page import anchor_of, history_series, page_of
 from tests.browser import browse, print_pdf
 from tests.faults.test_files import BOOTS, CPU_RUN, STANDIN, inner, runs, unwritable_path
 from tests.test_baseline import make_run
 from tests.test_canary import make_canary
+from tests.test_history_store import night
 
 SIZE_LIMIT = 5_000_000
 __all__ = ["runs"]  # the fixture, shared with tests/faults/test_files.py
@@ -78,6 +82,26 @@ def test_one_session_shows_the_verdicts_it_decided_regressions_and_invalid_runs_
     assert page.ladder == "ladder" and page.pareto is None  # no capacity search ran
     html = render(page)
     assert html.count('class="v-regression"') == 1 and 'href="#point-cpu-ctx-short-isl128-osl128"' in html
+
+
+def test_the_verdict_table_shows_the_interval_each_verdict_was_decided_on(tmp_path: Path) -> None:
+    judgement = judge("output_throughput", [100.0, 102.0, 98.0], [90.0, 92.0, 88.0], direction="higher", tolerance=0.05, unit="tok/s")
+    assert judgement.verdict == "regression" and judgement.interval is not None and judgement.ratio is not None
+    low, high = judgement.interval
+    assert math.sqrt(low * high) == pytest.approx(judgement.ratio)  # symmetric about the ratio on the log scale
+    assert 1 - low / judgement.ratio == pytest.approx(judgement.mde)  # its half-width is the MDE
+    older = msgspec.to_builtins(Judgement("metric_0", "tok/s", "higher", 100.0, 80.0, 0.8, 0.1, "noisy", "from an older session"))
+    del older["interval"]  # a session JSON written before judgements kept their interval
+    verdicts = {"suite": "cpu", "config": "base", "workload": "isl128-osl128", "judgements": [msgspec.to_builtins(judgement), older]}
+    page = page_of([load_runs(session(tmp_path / "s.json", [run_with("base", "isl128-osl128")], [verdicts]))])
+    judged_now, judged_before = page.rows
+    assert (judged_now.interval, judged_now.confidence, judged_before.interval, judged_before.confidence) == ("0.858–0.944", "95%", "—", "")
+    assert "95% interval 0.858–0.944 (" in judged_now.detail  # the interval the verdict was decided on
+    assert page.interval_heading == "95% interval"
+    html = render(page)
+    assert ">95% interval</th>" in html and 'title="95% interval of now / reference">0.858–0.944</td>' in html
+    mixed = dataclasses.replace(page, rows=(judged_now, dataclasses.replace(judged_before, interval="0.831–0.975", confidence="99%")))
+    assert mixed.interval_heading == "interval"  # each cell's title names its confidence
 
 
 def test_one_session_shows_each_canary_answer_as_it_judged_it(tmp_path: Path) -> None:
@@ -146,6 +170,54 @@ def test_capacity_probes_whose_devices_cannot_be_counted_say_why_there_is_no_par
     page = page_of([load_runs(session(tmp_path / "s.json", [run]))])
     assert page.pareto is None and page.pareto_missing is not None and page.pareto_missing.startswith("not drawn: ")
     assert str(markupsafe.escape(page.pareto_missing)) in render(page)
+
+
+def test_capacity_probes_are_drawn_on_the_pareto_chart_with_their_frontier(tmp_path: Path) -> None:
+    run = run_with("base", "isl128-osl128")
+    run["telemetry"]["cpu"] = {"server_cores": {"cores": [0, 1]}}  # two cores: per device is half the throughput
+    probe = {"latencies": {"p99_tpot_ms": 30.0}, "stopped": None}
+    run["capacity"] = [
+        {
+            "search": "concurrency", "slo": {"p99_tpot_ms": 40.0}, "load": 24.0, "interval": [16.0, 32.0],
+            "output_throughput": 900.0, "binding": "p99_tpot_ms", "cliff": False, "bound": "found",
+            "probes": [
+                {**probe, "load": 16.0, "output_throughput": 800.0, "mean_tpot_ms": 10.0},
+                {**probe, "load": 20.0, "output_throughput": 700.0, "mean_tpot_ms": 12.5},  # beaten by the probe at 24
+                {**probe, "load": 24.0, "output_throughput": 900.0, "mean_tpot_ms": 12.5},
+                {**probe, "load": 32.0, "output_throughput": 1_000.0, "mean_tpot_ms": 20.0, "stopped": "3 request(s) failed"},
+            ],
+        },
+    ]  # fmt: skip
+    page = page_of([load_runs(session(tmp_path / "s.json", [run]))])
+    assert page.pareto == "pareto" and page.pareto_missing is None
+    rows = page.charts["pareto"]["data"]["values"]  # type: ignore[index]
+    assert [(row["per_user"], row["per_device"], row["frontier"]) for row in rows] == [
+        (100.0, 400.0, True),
+        (80.0, 350.0, False),
+        (80.0, 450.0, True),
+    ]  # the stopped probe is past the capacity: no point
+    assert {row["rung"] for row in rows} == {"cpu/base"} and rows[0]["source"] == "s.json, search 1 of 1, probe at 16"
+    svg = vl_convert.vegalite_to_svg(page.charts["pareto"])
+    assert svg.count('aria-roledescription="point"') == 3 and "output tok/s per core" in svg  # a mark per point, the device on the axis
+    assert 'data-chart="pareto"' in render(page)
+
+
+def test_a_points_history_marks_each_change_point_on_its_chart(tmp_path: Path) -> None:
+    with HistoryStore.open(str(tmp_path / "history.sqlite")) as store:
+        store.append([night(day, 5_000.0 if day <= 6 else 4_000.0) for day in range(1, 13)], source="test")  # -20 % from night 7
+        history = history_series(store)
+    page = page_of([load_runs(session(tmp_path / "s.json", [run_with("base", "isl128-osl128")]))], history=history)
+    (point,) = page.points
+    assert point.history is not None
+    spec = page.charts[point.history]
+    rows = spec["data"]["values"]  # type: ignore[index]
+    steps = [row for row in rows if row["kind"] == "step"]
+    assert steps == [{"kind": "step", "metric": "output_throughput", "run": 6.5, "direction": "worse", "change": "-20.0%"}]
+    assert len([row for row in rows if row["kind"] == "run" and row["metric"] == "output_throughput"]) == 12
+    (rule,) = [layer for layer in spec["spec"]["layer"] if layer["mark"]["type"] == "rule"]  # type: ignore[index]
+    assert rule["encoding"]["color"]["field"] == "direction"
+    svg = vl_convert.vegalite_to_svg(spec)
+    assert svg.count('stroke="#d62728" stroke-dasharray="4,2"') == 1  # one dashed rule, red: a step for the worse
 
 
 def profile_of(shares: dict[str, float]) -> dict[str, Any]:

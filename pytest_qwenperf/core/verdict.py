@@ -131,6 +131,7 @@ class Judgement:
     environment: tuple[str, ...] = ()  # how the run's environment differs from the baseline's where the suite allows it: shown, not judged
     reference: str = ""  # what it was judged against: "stored baseline", "history: 5 runs, ..." ("": nothing)
     between: float | None = None  # how far the reference's sessions differ (SD of their means); None: one session, or unknown
+    interval: tuple[float, float] | None = None  # the ratio's interval at ``confidence``; None: no spread to build one
 
     HEADER: ClassVar[tuple[str, ...]] = ("metric", "baseline", "now", "ratio", "tolerance", "MDE", "verdict")
 
@@ -161,6 +162,14 @@ def format_value(value: float | None) -> str:
     if abs(value) >= 10:
         return f"{value:.1f}"
     return f"{value:.4g}"
+
+
+def format_interval(interval: tuple[float, float] | None) -> str:
+    """A ratio's interval as a table shows it: ``0.912–0.971``; ``—`` for none."""
+    if interval is None:
+        return "—"
+    low, high = interval
+    return f"{_ratio_text(low)}–{_ratio_text(high)}"
 
 
 def format_mde(mde: float | None) -> str:
@@ -305,10 +314,12 @@ def judge(
     base, now = centre(baseline_samples), centre(current_samples)
 
     between: float | None = None
+    bounds: tuple[float, float] | None = None
 
     def verdict(result: Verdict, detail: str, ratio: float | None, mde: float | None = None) -> Judgement:
         return Judgement(
-            metric, unit, direction, base, now, ratio, tolerance, result, detail, mde=mde, confidence=confidence, between=between
+            metric, unit, direction, base, now, ratio, tolerance, result, detail,
+            mde=mde, confidence=confidence, between=between, interval=bounds,
         )
 
     if base == 0:
@@ -328,10 +339,10 @@ def judge(
         significant = True  # no spread to test: the tolerance alone decides
         spread = interval.how
     else:
-        low, high = _exp(math.log(ratio) - interval.half), _exp(math.log(ratio) + interval.half)
+        bounds = (_exp(math.log(ratio) - interval.half), _exp(math.log(ratio) + interval.half))
         mde = (1 - _exp(-interval.half)) if direction == "higher" else (_exp(interval.half) - 1)
         significant = abs(change) > interval.half
-        spread = f"{confidence:.0%} interval {_ratio_text(low)}–{_ratio_text(high)} ({interval.how}), MDE {format_mde(mde)}"
+        spread = f"{confidence:.0%} interval {format_interval(bounds)} ({interval.how}), MDE {format_mde(mde)}"
     known = "" if mde is None else ", and significant"
     text = f"{ratio - 1:+.1%} ({direction} is better, tolerance {tolerance:.0%}); {spread}"
     if change < -bound:

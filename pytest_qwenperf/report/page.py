@@ -19,7 +19,7 @@ from pytest_qwenperf.core.environment import VERSIONS
 from pytest_qwenperf.core.profile import OperatorProfile, share_changes
 from pytest_qwenperf.core.run import Run
 from pytest_qwenperf.core.stats import centre
-from pytest_qwenperf.core.verdict import Judgement, format_mde, format_value
+from pytest_qwenperf.core.verdict import Judgement, format_interval, format_mde, format_value
 from pytest_qwenperf.gate.compare import CompareError, Comparison, Group, RunSet, compare
 from pytest_qwenperf.gate.compare_profiles import SHOWN
 from pytest_qwenperf.gate.diagnosis import Diagnosis
@@ -45,6 +45,8 @@ class VerdictRow:
     baseline: str
     now: str
     change: str  # "+3.1%"
+    interval: str  # of the ratio now / reference: "0.912–0.971"
+    confidence: str  # the interval's: "95%"; "" without one
     tolerance: str
     mde: str
     verdict: str  # its label
@@ -100,6 +102,13 @@ class Page:
     ladder: str | None
     pareto: str | None
     pareto_missing: str | None  # why capacity probes have no Pareto chart
+
+    @property
+    def interval_heading(self) -> str:
+        """The interval column's heading: ``95% interval`` where every interval shown is at one
+        confidence, else ``interval`` (each cell names its own)."""
+        found = {row.confidence for row in self.rows if row.confidence}
+        return f"{found.pop()} interval" if len(found) == 1 else "interval"
 
     @property
     def counts(self) -> dict[str, int]:
@@ -182,6 +191,8 @@ def _row(key: RunKey, column: str, judgement: Judgement) -> VerdictRow:
         baseline=format_value(judgement.baseline),
         now=format_value(judgement.now),
         change="—" if judgement.ratio is None else f"{judgement.ratio - 1:+.1%}",
+        interval=format_interval(judgement.interval),
+        confidence="" if judgement.interval is None else f"{100 * judgement.confidence:g}%",
         tolerance=f"{judgement.tolerance:.0%}",
         mde=format_mde(judgement.mde),
         verdict=judgement.label,
