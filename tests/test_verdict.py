@@ -2,13 +2,14 @@
 
 from __future__ import annotations
 
+import math
 from typing import Any
 
 import pytest
 from hypothesis import assume, given
 from hypothesis import strategies as st
 
-from pytest_qwenperf.core.stats import centre
+from pytest_qwenperf.core.stats import centre, centre_interval
 from pytest_qwenperf.core.summary import Direction
 from pytest_qwenperf.core.verdict import Judgement, SessionSpread, judge, session_spread, t_quantile
 from pytest_qwenperf.gate.baseline import baseline_from_run
@@ -139,6 +140,17 @@ def test_t_quantiles_match_the_tables() -> None:
     assert t_quantile(0.975, 4) == pytest.approx(2.7764, abs=1e-4)
     assert t_quantile(0.95, 10) == pytest.approx(1.8125, abs=1e-4)
     assert t_quantile(0.975, 1e9) == pytest.approx(1.95996, abs=1e-4)
+
+
+def test_the_interval_of_a_centre_is_students_t_on_log_values() -> None:
+    """Three repeats 10 % apart: the log values step by log 1.1, so their SD is log 1.1 and the
+    interval is the geometric mean 110 times e to the plus or minus t(0.975, 2) log 1.1 / sqrt 3."""
+    half = 4.302653 * math.log(1.1) / math.sqrt(3)
+    low, high = centre_interval([100.0, 110.0, 121.0])
+    assert (low, high) == (pytest.approx(110 * math.exp(-half)), pytest.approx(110 * math.exp(half)))
+    assert centre_interval([5_000.0]) == (5_000.0, 5_000.0) and centre_interval([7.0, 7.0]) == (7.0, 7.0)
+    low, high = centre_interval([-1.0, 1.0])  # not all positive: on the values themselves, around the mean
+    assert low == pytest.approx(-12.7062, abs=1e-3) and high == pytest.approx(12.7062, abs=1e-3)
 
 
 def test_a_clear_slowdown_over_repeats_is_a_regression_with_its_interval() -> None:

@@ -21,6 +21,22 @@ def centre(samples: Sequence[float]) -> float:
     return math.fsum(samples) / len(samples)
 
 
+def centre_interval(samples: Sequence[float], confidence: float = 0.95) -> tuple[float, float]:
+    """Student's t interval of :func:`centre` at ``confidence``, on log values where the centre is
+    geometric (as the verdicts build theirs); a lone sample, or samples all alike, is its own interval."""
+    n = len(samples)
+    if n < 2 or min(samples) == max(samples):
+        value = centre(samples)
+        return value, value
+    positive = all(s > 0 for s in samples)
+    values = [math.log(s) for s in samples] if positive else list(samples)
+    mean = math.fsum(values) / n
+    sd = math.sqrt(math.fsum((v - mean) ** 2 for v in values) / (n - 1))
+    half = t_quantile(0.5 + confidence / 2, n - 1) * sd / math.sqrt(n)
+    low, high = mean - half, mean + half
+    return (math.exp(low), math.exp(high)) if positive else (low, high)
+
+
 
 
 def _incomplete_beta(a: float, b: float, x: float) -> float:

@@ -37,7 +37,7 @@ class Bar:
 
 
 def ladder(bars: Sequence[Bar], metric: str) -> Spec:
-    """Throughput per rung, one panel per workload, one bar per column with its repeats' range."""
+    """Throughput per rung, one panel per workload, one bar per column with its 95 % interval."""
     rungs = list(dict.fromkeys(bar.rung for bar in bars))
     return {
         "data": {"values": [vars(bar) for bar in bars]},

@@ -18,7 +18,7 @@ from pytest_qwenperf.core.canary import CanaryJudgement
 from pytest_qwenperf.core.environment import VERSIONS
 from pytest_qwenperf.core.profile import OperatorProfile, share_changes
 from pytest_qwenperf.core.run import Run
-from pytest_qwenperf.core.stats import centre
+from pytest_qwenperf.core.stats import centre, centre_interval
 from pytest_qwenperf.core.verdict import Judgement, format_interval, format_mde, format_value
 from pytest_qwenperf.gate.compare import CompareError, Comparison, Group, RunSet, compare
 from pytest_qwenperf.gate.compare_profiles import SHOWN
@@ -326,7 +326,7 @@ def _ladder(sets: Sequence[RunSet], columns: Sequence[str], keys: Sequence[RunKe
             if samples:
                 suite, config, workload = key
                 rung = f"{suite}/{config}" if suite else config
-                bars.append(charts.Bar(rung, workload, column, centre(samples), min(samples), max(samples)))
+                bars.append(charts.Bar(rung, workload, column, centre(samples), *centre_interval(samples)))
     return charts.ladder(bars, LADDER_METRIC) if bars else None
 
 
