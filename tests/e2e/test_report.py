@@ -6,7 +6,7 @@ operator profiles side by side (both run with ``--qwenperf-profile``).
 
 In Chromium (headless, the network cut off) each report logs nothing to the console, draws every
 chart with data, and has one table row per verdict its sessions decided; a screenshot of each is
-kept in the test's folder (``docs/report-*.png`` were taken the same way).
+kept in the test's folder (``docs/report/*.png`` were taken the same way).
 """
 
 from __future__ import annotations
