@@ -407,4 +407,6 @@ def test_a_directory_of_sessions_counts_how_far_they_differ(tmp_path: Path, caps
     _, out, _ = compare(capsys, wandering, ordinary, "--metric", "output_throughput", "--json")
     (cell,) = json.loads(out)["groups"][0]["rows"][0]["judgements"]
     assert cell["verdict"] in ("noisy", "underpowered") and cell["between"] > 0.05
+    low, high = cell["interval"]  # the interval the verdict was decided on, which it names in its detail
+    assert low < cell["ratio"] < high and f"interval {low:.3f}–{high:.3f}" in cell["detail"]
     assert "a new session predicted from the baseline's 3 sessions" in cell["detail"]

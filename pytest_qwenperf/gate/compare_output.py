@@ -146,7 +146,8 @@ def as_json(comparison: Comparison, pareto: Sequence[ParetoPoint] | None = None)
     """Every group, row, value and judgement: ``files`` in column order (the first is the
     reference), per row ``values`` one per file and ``judgements`` one per later file (null
     where a row is shown, not judged; ``mde`` a fraction of the baseline, null where unknown or the
-    verdict is not decided on the numbers; ``between`` how far sessions differ, a fraction, null
+    verdict is not decided on the numbers; ``interval`` the ratio's [low, high] at the verdict's
+    confidence, null without a spread; ``between`` how far sessions differ, a fraction, null
     where fewer than 3 sessions and no history told it), and
     ``verdicts`` counted as the summary line does. ``canaries``: per config, one judgement of its
     canary answer per later file (null where the file has no answers), with the match rate, the
@@ -170,6 +171,7 @@ def as_json(comparison: Comparison, pareto: Sequence[ParetoPoint] | None = None)
         if j is None:
             return None
         numbers = {key: getattr(j, key) for key in ("baseline", "now", "ratio", "tolerance", "direction", "between")} | {"mde": _mde(j)}
+        numbers["interval"] = None if j.interval is None else list(j.interval)
         return {"file": label, "verdict": j.verdict, "reason": j.reason or None, "detail": j.detail} | numbers
 
     document = {
