@@ -141,21 +141,23 @@ def test_every_repeat_is_a_point_divided_by_the_devices(tmp_path: Path) -> None:
     ]
 
 
+def search_of(*probes: tuple[float, float, float, str | None]) -> dict[str, Any]:
+    """A concurrency search (SLO p99 TPOT 40 ms, capacity 24) as a run's JSON holds it, with a probe
+    per (load, output tok/s, mean TPOT ms, why it was stopped or None)."""
+    return {
+        "search": "concurrency", "slo": {"p99_tpot_ms": 40.0}, "load": 24.0, "interval": [16.0, 32.0],
+        "output_throughput": 900.0, "binding": "p99_tpot_ms", "cliff": False, "bound": "found",
+        "probes": [
+            {"latencies": {"p99_tpot_ms": 30.0}, "load": load, "output_throughput": output, "mean_tpot_ms": tpot, "stopped": stopped}
+            for load, output, tpot, stopped in probes
+        ],
+    }  # fmt: skip
+
+
 def test_a_search_workloads_points_are_its_probes_that_delivered(tmp_path: Path) -> None:
     """Every probe of every search is a point, the ones past the capacity (stopped) left out."""
     run = cpu_run("ctx-short", cores=(0, 1))
-    probe = {"latencies": {"p99_tpot_ms": 30.0}, "stopped": None}
-    run["capacity"] = [
-        {
-            "search": "concurrency", "slo": {"p99_tpot_ms": 40.0}, "load": 24.0, "interval": [16.0, 32.0],
-            "output_throughput": 900.0, "binding": "p99_tpot_ms", "cliff": False, "bound": "found",
-            "probes": [
-                {**probe, "load": 16.0, "output_throughput": 800.0, "mean_tpot_ms": 10.0},
-                {**probe, "load": 32.0, "output_throughput": 1_000.0, "mean_tpot_ms": 20.0, "stopped": "3 request(s) failed"},
-                {**probe, "load": 24.0, "output_throughput": 900.0, "mean_tpot_ms": 12.5},
-            ],
-        },
-    ]
+    run["capacity"] = [search_of((16.0, 800.0, 10.0, None), (32.0, 1_000.0, 20.0, "3 request(s) failed"), (24.0, 900.0, 12.5, None))]
     found = points_of([load_runs(session_file(tmp_path / "s.json", [run]))], ["0.32.0"])
     assert [(p.per_user, p.per_device, p.source) for p in found] == [
         (100.0, 400.0, "s.json, search 1 of 1, probe at 16"),

@@ -32,6 +32,7 @@ from tests.faults.test_files import BOOTS, CPU_RUN, STANDIN, inner, runs, unwrit
 from tests.test_baseline import make_run
 from tests.test_canary import make_canary
 from tests.test_history_store import night
+from tests.test_pareto import search_of
 
 SIZE_LIMIT = 5_000_000
 __all__ = ["runs"]  # the fixture, shared with tests/faults/test_files.py
@@ -175,19 +176,14 @@ def test_capacity_probes_whose_devices_cannot_be_counted_say_why_there_is_no_par
 def test_capacity_probes_are_drawn_on_the_pareto_chart_with_their_frontier(tmp_path: Path) -> None:
     run = run_with("base", "isl128-osl128")
     run["telemetry"]["cpu"] = {"server_cores": {"cores": [0, 1]}}  # two cores: per device is half the throughput
-    probe = {"latencies": {"p99_tpot_ms": 30.0}, "stopped": None}
     run["capacity"] = [
-        {
-            "search": "concurrency", "slo": {"p99_tpot_ms": 40.0}, "load": 24.0, "interval": [16.0, 32.0],
-            "output_throughput": 900.0, "binding": "p99_tpot_ms", "cliff": False, "bound": "found",
-            "probes": [
-                {**probe, "load": 16.0, "output_throughput": 800.0, "mean_tpot_ms": 10.0},
-                {**probe, "load": 20.0, "output_throughput": 700.0, "mean_tpot_ms": 12.5},  # beaten by the probe at 24
-                {**probe, "load": 24.0, "output_throughput": 900.0, "mean_tpot_ms": 12.5},
-                {**probe, "load": 32.0, "output_throughput": 1_000.0, "mean_tpot_ms": 20.0, "stopped": "3 request(s) failed"},
-            ],
-        },
-    ]  # fmt: skip
+        search_of(
+            (16.0, 800.0, 10.0, None),
+            (20.0, 700.0, 12.5, None),  # beaten by the probe at 24
+            (24.0, 900.0, 12.5, None),
+            (32.0, 1_000.0, 20.0, "3 request(s) failed"),
+        )
+    ]
     page = page_of([load_runs(session(tmp_path / "s.json", [run]))])
     assert page.pareto == "pareto" and page.pareto_missing is None
     rows = page.charts["pareto"]["data"]["values"]  # type: ignore[index]
