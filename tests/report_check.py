@@ -59,7 +59,7 @@ def main(argv: list[str]) -> int:
     if len(argv) != 3:
         print(__doc__, file=sys.stderr)
         return 2
-    problems = check(*(Path(arg) for arg in argv))
+    problems = check(*(Path(arg).resolve() for arg in argv))  # a browser opens a file by its absolute URI
     for problem in problems:
         print(f"report check: {problem}", file=sys.stderr)
     return 1 if problems else 0
