@@ -31,6 +31,24 @@ class Browsed:
             found[chart.group(1)] = drawn.group(1) if drawn else ""
         return found
 
+    def faults(self) -> list[str]:
+        """What is wrong with a report's page as the browser drew it: any console message, a chart
+        not drawn (or none at all), fewer SVG paths carrying data than charts."""
+        found = ["the browser's console: " + "; ".join(self.console)] if self.console else []
+        charts = self.charts()
+        undrawn = sorted(chart for chart, drawn in charts.items() if drawn != "yes")
+        if not charts or undrawn:
+            found.append(f"charts not drawn: {undrawn or 'no chart at all'}")
+        paths = len(re.findall(r'<path[^>]* d="M[^"]{20,}"', self.dom))
+        if paths < len(charts):
+            found.append(f"{paths} path(s) with data for {len(charts)} chart(s)")
+        return found
+
+    def verdict_table(self) -> str:
+        """The report's verdict table, its markup from the table's attributes to its end ("": the page has none)."""
+        _, found, rest = self.dom.partition('<table id="verdict-table"')
+        return rest.split("</table>", 1)[0] if found else ""
+
 
 def chromium() -> str:
     found = shutil.which("chromium") or shutil.which("chromium-browser")

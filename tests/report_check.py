@@ -12,7 +12,6 @@ of the session and a verdict-table row per judgement; and the screenshot was wri
 from __future__ import annotations
 
 import json
-import re
 import sys
 from pathlib import Path
 
@@ -32,26 +31,17 @@ def check(session: Path, report: Path, shot: Path) -> list[str]:
     runs = len(data["runs"])
     judgements = sum(len(verdicts["judgements"]) for verdicts in data["verdicts"])
     browsed = browse(report)
-    if browsed.console:
-        problems.append("the browser's console: " + "; ".join(browsed.console))
-    charts = browsed.charts()
-    undrawn = sorted(chart for chart, drawn in charts.items() if drawn != "yes")
-    if not charts or undrawn:
-        problems.append(f"charts not drawn: {undrawn or 'no chart at all'}")
-    paths = len(re.findall(r'<path[^>]* d="M[^"]{20,}"', browsed.dom))
-    if paths < len(charts):
-        problems.append(f"{paths} path(s) with data for {len(charts)} chart(s)")
+    problems += browsed.faults()
     points = browsed.dom.count('<details class="point"')
     if points != runs:
         problems.append(f"{points} point section(s) for the session's {runs} run(s)")
-    table = browsed.dom.split('<table id="verdict-table"', 1)[-1].split("</table>", 1)[0]
-    rows = table.count('<tr class="v-')
+    rows = browsed.verdict_table().count('<tr class="v-')
     if rows != judgements:
         problems.append(f"{rows} verdict row(s) for the session's {judgements} judgement(s)")
     screenshot(report, shot)
     if not shot.is_file() or shot.stat().st_size == 0:
         problems.append(f"no screenshot at {shot}")
-    print(f"{report}: {size:,} bytes, {runs} run(s), {rows} verdict row(s), {len(charts)} chart(s) drawn; screenshot {shot}")
+    print(f"{report}: {size:,} bytes, {runs} run(s), {rows} verdict row(s), {len(browsed.charts())} chart(s); screenshot {shot}")
     return problems
 
 

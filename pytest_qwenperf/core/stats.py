@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import math
+import statistics
 from collections.abc import Sequence
 
 
@@ -30,9 +31,8 @@ def centre_interval(samples: Sequence[float], confidence: float = 0.95) -> tuple
         return value, value
     positive = all(s > 0 for s in samples)
     values = [math.log(s) for s in samples] if positive else list(samples)
-    mean = math.fsum(values) / n
-    sd = math.sqrt(math.fsum((v - mean) ** 2 for v in values) / (n - 1))
-    half = t_quantile(0.5 + confidence / 2, n - 1) * sd / math.sqrt(n)
+    mean = statistics.fmean(values)
+    half = t_quantile(0.5 + confidence / 2, n - 1) * statistics.stdev(values) / math.sqrt(n)
     low, high = mean - half, mean + half
     return (math.exp(low), math.exp(high)) if positive else (low, high)
 
