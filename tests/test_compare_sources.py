@@ -309,7 +309,7 @@ def test_a_directory_is_one_column_whose_files_are_sessions(tmp_path: Path, caps
     assert status == 1
     assert out.splitlines()[1].split()[:3] == ["metric", "before", "after"]  # no vLLM version saved: the directory's name
     assert _rows(out)["total_token_throughput"][2:6] == ["2,200", "1,500", "-31.8%", "regression"]
-    assert "a new session predicted from the baseline's 3 sessions" in out  # each file a session
+    assert "sessions against sessions: the baseline's 3 vs the run's 3" in out  # each file a session, on both sides
     assert "rest on the repeats of fewer than 3 sessions" not in out
     run_set = load_runs(old)
     (run,) = run_set.runs.values()

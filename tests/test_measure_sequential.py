@@ -13,10 +13,10 @@ import msgspec
 import pytest
 
 from pytest_qwenperf.core.formats import json_safe
-from pytest_qwenperf.core.run import Run, RunJsonError, decode_run
+from pytest_qwenperf.core.run import Run, RunJsonError, decode_run, pooled
 from pytest_qwenperf.core.sequential import SequentialPlan
 from pytest_qwenperf.core.verdict import Judgement
-from pytest_qwenperf.gate.baseline import Baseline, BaselineError, baseline_from_run, load_baseline, save_baseline
+from pytest_qwenperf.gate.baseline import Baseline, BaselineError, PooledBaseline, baseline_from_run, load_baseline, save_baseline
 from pytest_qwenperf.gate.diagnosis import diagnose
 from pytest_qwenperf.gate.judge import judge_against_run, judge_run
 from pytest_qwenperf.measure import run as run_module
@@ -156,6 +156,42 @@ def test_a_plan_without_extra_repeats_judges_once_at_the_full_confidence() -> No
     assert script.calls == 3 and decided.run.extra_repeats == 0
     assert "underpowered" in verdicts(decided.judgements)
     assert [j.confidence for j in decided.judgements] == pytest.approx([0.95] * len(decided.judgements))
+
+
+def history_of(*sessions: Sequence[float]) -> PooledBaseline:
+    """A history reference of one run per session, each of the repeats at ``factors``."""
+    runs = [combine([repeat_at(f) for f in factors]) for factors in sessions]
+    base = baseline_from_run(pooled(runs, runs[-1], "runs of the history"), source="the history store")
+    return PooledBaseline(**msgspec.structs.asdict(base), name=f"history: {len(runs)} runs")
+
+
+def test_no_repeat_is_spent_on_a_change_only_more_history_can_confirm() -> None:
+    """20 % slower than a history of one run, and significantly so: noisy, since how far sessions differ
+    is unknown with one run. More repeats of this session cannot change that: none is taken."""
+    script = Script(0.8, 0.81, 0.79)  # a fourth repeat would fail the test
+    decided = decide(PLAN, script, combine, always(history_of((1.0, 1.01, 0.99))))
+    assert "noisy" in verdicts(decided.judgements)
+    assert script.calls == 3 and decided.run.extra_repeats == 0 and decided.run.needs_sessions
+
+
+def test_no_repeat_is_spent_where_the_references_sessions_differ_beyond_the_tolerance() -> None:
+    """Sessions 15 % apart in a reference of three: the MDE of a new session stays above the tolerance
+    however many repeats it takes, so the point is underpowered at once and stays so."""
+    reference = history_of((1.0, 1.005, 0.995), (0.85, 0.855, 0.845), (1.15, 1.155, 1.145))
+    script = Script(1.0, 1.01, 0.99)
+    decided = decide(PLAN, script, combine, always(reference))
+    assert "underpowered" in verdicts(decided.judgements) and "noisy" not in verdicts(decided.judgements)
+    assert script.calls == 3 and decided.run.needs_sessions
+
+
+def test_repeats_are_still_taken_where_they_can_settle_the_verdict_against_a_history() -> None:
+    """Against a history of three close sessions, a run whose own repeats spread widely is underpowered
+    for its repeats' sake alone: repeats narrow that, so they are taken, and the run does not need sessions."""
+    reference = history_of((1.0, 1.005, 0.995), (1.003, 1.008, 0.998), (0.997, 1.002, 0.992))
+    script = Script(0.97, 1.03, 1.0, 1.0, 1.0)
+    decided = decide(PLAN, script, combine, always(reference))
+    assert script.calls > 3 and decided.run.extra_repeats == script.calls - 3
+    assert not decided.run.needs_sessions
 
 
 def test_the_baseline_is_looked_up_once_for_the_first_run() -> None:

@@ -35,15 +35,22 @@ repeats are the cure: the plugin runs them, see :mod:`pytest_qwenperf.core.seque
 Sessions: repeats of one session share whatever that session's machine was doing, so a baseline
 measured in another session can sit away from the run by more than either side's repeats spread
 (on a shared 2-vCPU runner, sessions differed by 16-22 % while each one's repeats agreed within
-1.5 %). Where the baseline's samples come from at least :data:`MIN_SESSIONS` sessions (a history
-reference, a promoted baseline), it knows how much sessions differ: the run is one more session,
-and the interval is also the prediction interval for a new session's mean from the baseline's
-session means (``t(k-1) × s × √(1 + 1/k)`` on the log scale, ``k`` sessions spread ``s``); the
-wider of that and Welch's is used. With fewer, a run may know how far its runner's sessions differ
-from its history (:class:`SessionSpread`, kept in the run's JSON): the prediction interval then
-uses that spread and its degrees of freedom against the baseline's sessions, so two single
-sessions compared later are judged on the runner's noise. Where neither is known, Welch's
-interval on the repeats alone decides, and the detail says how far sessions differ is unknown.
+1.5 %). Sessions, not repeats, are then what varies independently, so where each side's sessions
+are known (a history reference, a promoted baseline, a directory of files in ``qwenperf compare``,
+on either side; a run is one session unless it pooled several), the interval is also the
+two-sample t interval on the sessions' mean logs: each side's session means spread about their
+own side's mean, pooled into one SD ``s`` with ``k_b + k_c - 2`` degrees of freedom (``k_b`` and
+``k_c`` sessions), half-width ``t(k_b + k_c - 2) × s × √(1/k_b + 1/k_c)`` on the log scale; the
+wider of that and Welch's is used. Against a run of one session (``k_c = 1``) it is the
+prediction interval for a new session's mean from the baseline's session means
+(``t(k-1) × s × √(1 + 1/k)``); sessions on the run's side narrow it as the baseline's do (three
+against three give about half the MDE of one against three). It needs at least
+:data:`MIN_SESSIONS` - 1 degrees of freedom (:func:`sessions_known`: :data:`MIN_SESSIONS`
+sessions against one, two against two). With fewer, a run may know how far its runner's sessions
+differ from its history (:class:`SessionSpread`, kept in the run's JSON): the interval then uses
+that spread and its degrees of freedom with the same ``√(1/k_b + 1/k_c)``, so two single sessions
+compared later are judged on the runner's noise. Where neither is known, Welch's interval on the
+repeats alone decides, and the detail says how far sessions differ is unknown.
 
 Sample sizes: with one sample on one side (a published figure) its spread is taken to
 be the other side's per-sample spread, with that side's degrees of freedom. With one
@@ -108,8 +115,9 @@ COMPARED: tuple[Verdict, ...] = ("pass", "regression", "improvement", *UNDECIDED
 
 DEFAULT_CONFIDENCE = 0.95
 MIN_SESSIONS = 3
-"""Sessions a baseline needs before the spread between its session means counts (two give one
-degree of freedom, whose t quantile, 12.7 at 95 %, decides nothing)."""
+"""Sessions a baseline needs against a run of one before the spread between session means counts
+(two give one degree of freedom, whose t quantile, 12.7 at 95 %, decides nothing). Both sides'
+sessions counted, the same ``MIN_SESSIONS - 1`` degrees of freedom are needed (:func:`sessions_known`)."""
 
 
 @dataclass(frozen=True)
@@ -130,8 +138,9 @@ class Judgement:
     confidence: float = DEFAULT_CONFIDENCE  # of the interval the verdict was decided on
     environment: tuple[str, ...] = ()  # how the run's environment differs from the baseline's where the suite allows it: shown, not judged
     reference: str = ""  # what it was judged against: "stored baseline", "history: 5 runs, ..." ("": nothing)
-    between: float | None = None  # how far the reference's sessions differ (SD of their means); None: one session, or unknown
+    between: float | None = None  # how far sessions differ (SD of their means, both sides' pooled or the runner's); None: unknown
     interval: tuple[float, float] | None = None  # the ratio's interval at ``confidence``; None: no spread to build one
+    settles_with_repeats: bool = True  # an undecided verdict more repeats of this run could settle (see :func:`judge`)
 
     HEADER: ClassVar[tuple[str, ...]] = ("metric", "baseline", "now", "ratio", "tolerance", "MDE", "verdict")
 
@@ -186,7 +195,8 @@ def format_mde(mde: float | None) -> str:
 class _Interval:
     half: float | None  # half-width on the log scale; None: no spread to build an interval from
     how: str  # how it was obtained, for the detail
-    between: float | None = None  # how far the baseline's sessions differ (SD of their means, a fraction); None: unknown
+    between: float | None = None  # how far sessions differ (SD of their means, a fraction); None: unknown
+    floor: float | None = None  # the half-width how far sessions differ gives, which no repeat narrows; None: repeats alone decide
 
 
 class SessionSpread(msgspec.Struct, frozen=True, kw_only=True):
@@ -204,49 +214,77 @@ class SessionSpread(msgspec.Struct, frozen=True, kw_only=True):
         return math.expm1(self.log_sd)
 
 
+def sessions_known(baseline: int, current: int) -> bool:
+    """Whether ``baseline`` and ``current`` sessions show how far sessions differ: their session means,
+    each about its own side's mean, give ``baseline + current - 2`` degrees of freedom, and
+    :data:`MIN_SESSIONS` against one is the least that decides."""
+    return baseline + current - 2 >= MIN_SESSIONS - 1
+
+
+def _session_means(samples: Sequence[float], sessions: Sequence[int] | None) -> list[float]:
+    """The mean log of each session's samples (``sessions``: how many each measured, in order;
+    None: one session); all samples positive."""
+    counts = sessions or (len(samples),)
+    if sum(counts) != len(samples) or min(counts) < 1:
+        raise ValueError(f"sessions {list(counts)} do not divide the {len(samples)} samples")
+    logs = [math.log(s) for s in samples]
+    starts = [0, *itertools.accumulate(counts)]
+    return [statistics.fmean(logs[a:b]) for a, b in itertools.pairwise(starts)]
+
+
 def session_spread(samples: Sequence[float], sessions: Sequence[int] | None) -> SessionSpread | None:
     """How far the sessions that measured ``samples`` (``sessions``: how many each measured, in
     order) differ; None with fewer than :data:`MIN_SESSIONS` of them or a sample of zero."""
     if not sessions or len(sessions) < MIN_SESSIONS or min(samples) <= 0:
         return None
-    if sum(sessions) != len(samples) or min(sessions) < 1:
-        raise ValueError(f"sessions {list(sessions)} do not divide the {len(samples)} samples")
-    logs = [math.log(s) for s in samples]
-    starts = [0, *itertools.accumulate(sessions)]
-    means = [statistics.fmean(logs[a:b]) for a, b in itertools.pairwise(starts)]
+    means = _session_means(samples, sessions)
     return SessionSpread(log_sd=statistics.stdev(means), sessions=len(means))
+
+
+def _pooled_sd(sides: Sequence[Sequence[float]]) -> float:
+    """The SD of the values of ``sides`` pooled, each side's about its own mean: as many degrees of
+    freedom as values less sides (at least one)."""
+    squares = math.fsum((x - statistics.fmean(side)) ** 2 for side in sides for x in side)
+    return math.sqrt(squares / (sum(map(len, sides)) - len(sides)))
 
 
 def _log_interval(
     baseline: Sequence[float],
     current: Sequence[float],
     confidence: float,
-    sessions: Sequence[int] | None,
+    sessions: tuple[Sequence[int] | None, Sequence[int] | None],
     runner: SessionSpread | None,
 ) -> _Interval:
     """The wider of Welch's interval on the repeats and, where it is known how far sessions differ
-    (the baseline's own sessions, else the runner's), the prediction interval for a new session's
-    mean (see the module docstring)."""
+    (both sides' own sessions, else the runner's), the two-sample interval on session means
+    (``sessions``: the baseline's counts and the run's; see the module docstring)."""
     repeats = _repeats_interval(baseline, current, confidence)
     if min(*baseline, *current) <= 0:
         return repeats
-    own = session_spread(baseline, sessions)
-    spread = own or runner
-    if spread is None:
-        unknown = f"how far sessions differ is unknown (fewer than {MIN_SESSIONS} sessions, no history of this runner's)"
-        return dataclasses.replace(repeats, how=f"{repeats.how}; {unknown}")
-    k = len(sessions) if sessions else 1  # the baseline's sessions
-    half = t_quantile(1 - (1 - confidence) / 2, spread.sessions - 1) * spread.log_sd * math.sqrt(1 + 1 / k)
-    if own is not None:
-        between = f"a new session predicted from the baseline's {k} sessions (SD {spread.fraction:.1%}), {k - 1} df"
-    else:
+    k_b, k_c = (len(counts) if counts else 1 for counts in sessions)
+    log_sd: float
+    if sessions_known(k_b, k_c):
+        means = [_session_means(samples, counts) for samples, counts in zip((baseline, current), sessions, strict=True)]
+        log_sd, df = _pooled_sd(means), k_b + k_c - 2
+        sd = f"{math.expm1(log_sd):.1%}"
+        if k_c == 1:
+            between = f"a new session predicted from the baseline's {k_b} sessions (SD {sd}), {df} df"
+        else:
+            between = f"sessions against sessions: the baseline's {k_b} vs the run's {k_c}, pooled SD {sd}, {df} df"
+    elif runner is not None:
+        log_sd, df = runner.log_sd, runner.sessions - 1
+        run = "a new session" if k_c == 1 else f"the run's {k_c} sessions"
         between = (
-            f"a new session against the baseline's {k}, this runner's sessions differing by SD {spread.fraction:.1%} "
-            f"in its history ({spread.sessions} sessions, {spread.sessions - 1} df)"
+            f"{run} against the baseline's {k_b}, this runner's sessions differing by SD {runner.fraction:.1%} "
+            f"in its history ({runner.sessions} sessions, {df} df)"
         )
+    else:
+        unknown = "how far sessions differ is unknown (too few sessions, no history of this runner's)"
+        return dataclasses.replace(repeats, how=f"{repeats.how}; {unknown}")
+    half = t_quantile(1 - (1 - confidence) / 2, df) * log_sd * math.sqrt(1 / k_b + 1 / k_c)
     if repeats.half is not None and repeats.half >= half:
-        return _Interval(repeats.half, f"{repeats.how}; wider than {between}", spread.fraction)
-    return _Interval(half, f"{between}; wider than the repeats alone", spread.fraction)
+        return _Interval(repeats.half, f"{repeats.how}; wider than {between}", math.expm1(log_sd), half)
+    return _Interval(half, f"{between}; wider than the repeats alone", math.expm1(log_sd), half)
 
 
 def _repeats_interval(baseline: Sequence[float], current: Sequence[float], confidence: float) -> _Interval:
@@ -300,11 +338,13 @@ def judge(
     unit: str = "",
     confidence: float = DEFAULT_CONFIDENCE,
     sessions: Sequence[int] | None = None,
+    current_sessions: Sequence[int] | None = None,
     runner: SessionSpread | None = None,
 ) -> Judgement:
     """The verdict on one metric (the rule is in the module docstring). ``sessions``: how many
-    of ``baseline_samples`` each session measured, in order; None: one session. ``runner``: how
-    far this runner's sessions differ, known from its history, for a baseline of fewer sessions."""
+    of ``baseline_samples`` each session measured, in order; None: one session.
+    ``current_sessions``: the same of ``current_samples``. ``runner``: how far this runner's
+    sessions differ, known from its history, for sides of too few sessions to show it."""
     _check(metric, baseline_samples, "baseline")
     _check(metric, current_samples, "current")
     if not 0 <= tolerance < 1:
@@ -315,11 +355,12 @@ def judge(
 
     between: float | None = None
     bounds: tuple[float, float] | None = None
+    settles = True
 
     def verdict(result: Verdict, detail: str, ratio: float | None, mde: float | None = None) -> Judgement:
         return Judgement(
             metric, unit, direction, base, now, ratio, tolerance, result, detail,
-            mde=mde, confidence=confidence, between=between, interval=bounds,
+            mde=mde, confidence=confidence, between=between, interval=bounds, settles_with_repeats=settles,
         )
 
     if base == 0:
@@ -329,11 +370,15 @@ def judge(
     ratio = now / base
     if direction == "none":
         return verdict("pass", "not gated: neither direction is better", ratio)
-    interval = _log_interval(baseline_samples, current_samples, confidence, sessions, runner)
+    interval = _log_interval(baseline_samples, current_samples, confidence, (sessions, current_sessions), runner)
     between = interval.between
     sign = 1 if direction == "higher" else -1  # log ratio times sign: positive is better
     change = sign * (math.log(ratio) if ratio > 0 else -math.inf)
     bound = -math.log1p(-tolerance) if direction == "higher" else math.log1p(tolerance)  # tolerance, log scale
+    # More repeats narrow the repeats' part of the interval, never how far sessions differ: an
+    # undecided verdict whose sessions' half-width alone is as wide as the change it would have to
+    # confirm (or as the tolerance, for a pass) stays undecided however many repeats this run takes.
+    settles = interval.floor is None or interval.floor < max(bound, abs(change))
     if interval.half is None:
         mde = None
         significant = True  # no spread to test: the tolerance alone decides

@@ -31,11 +31,13 @@ the files of one directory) are pooled (their samples joined), so rounds recorde
 still give a spread; the pool has every repeat's failed requests, token mismatch and
 client-bound reason, and a metric that one repeat lacks has no value in the pool. Repeats must
 be of one setup: runs that differ are an error naming the files and the field. **A file is one
-session** (its runs of a key are that session's repeats) and a directory's files are sessions:
-against a reference of 3 or more, a verdict knows how far sessions differ
-(:func:`~pytest_qwenperf.core.verdict.judge`); against fewer, it knows only where a run's
-history told it (:attr:`~pytest_qwenperf.core.run.Run.runner_noise`), and the output counts the
-verdicts that rest on one session's repeats alone.
+session** (its runs of a key are that session's repeats) and a directory's files are sessions, in
+any column: where the two columns' sessions together show how far sessions differ (3 reference
+files against one, 2 against 2, 3 against 3:
+:func:`~pytest_qwenperf.core.verdict.sessions_known`), a verdict tests sessions against sessions
+(:func:`~pytest_qwenperf.core.verdict.judge`); with fewer, it knows only where a run's history
+told it (:attr:`~pytest_qwenperf.core.run.Run.runner_noise`), and the output counts the verdicts
+that rest on one session's repeats alone.
 
 Canary answers (session JSON's ``canaries``) follow the tables: per config, each later file's
 answer against the reference's (:func:`~pytest_qwenperf.core.canary.judge_canary`, within the

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import dataclasses
 import datetime
+import math
 import re
 from collections.abc import Sequence
 
@@ -14,7 +15,16 @@ from pytest_qwenperf.core.metrics import SCALING, gate_order, metric
 from pytest_qwenperf.core.run import CLIENT_BOUND, FAILED_REQUESTS, NO_VALUE, TOKEN_MISMATCH, Loss, Run
 from pytest_qwenperf.core.stats import centre
 from pytest_qwenperf.core.tables import format_table
-from pytest_qwenperf.core.verdict import DEFAULT_CONFIDENCE, MIN_SESSIONS, Judgement, SessionSpread, Verdict, judge
+from pytest_qwenperf.core.verdict import (
+    DEFAULT_CONFIDENCE,
+    MIN_SESSIONS,
+    UNDECIDED,
+    Judgement,
+    SessionSpread,
+    Verdict,
+    judge,
+    sessions_known,
+)
 from pytest_qwenperf.gate.baseline import Baseline, PooledBaseline, StoredMetric, baseline_from_run
 
 # ------------------------------------------------------------------ a run
@@ -100,6 +110,7 @@ def judge_run(baseline: Baseline | None, run: Run, *, confidence: float = DEFAUL
             loss = Loss(reason=NO_VALUE, detail=f"the run has no value for it ({where}); the baseline has one")
             judgements.append(_invalid(_unjudged(name, stored, samples, "invalid", "", ratio=True), (loss,)))
         else:
+            counts = run.sessions_of(name, len(samples))  # one session unless the run pooled several
             judged = judge(
                 name,
                 stored.samples,
@@ -109,29 +120,48 @@ def judge_run(baseline: Baseline | None, run: Run, *, confidence: float = DEFAUL
                 unit=stored.unit,
                 confidence=confidence,
                 sessions=stored.sessions,
+                current_sessions=counts,
                 runner=run.runner_noise.get(name),
             )
-            judgements.append(_few_sessions(judged, baseline, stored))
+            judgements.append(_few_sessions(judged, baseline, stored, len(counts)))
     named = reference_name(baseline, run) if baseline is not None else ""
     return tuple(dataclasses.replace(j, environment=allowed, reference=named) for j in judgements)
 
 
-def _few_sessions(judged: Judgement, baseline: Baseline, stored: StoredMetric) -> Judgement:
-    """Against a history of fewer than ``MIN_SESSIONS`` runs, a change beyond the tolerance is not
-    confirmed: how far this runner's sessions differ is not known yet, and the repeats of one
-    session cannot show it (two back-to-back sessions of one vLLM here differed by 25 %, which
-    their repeats called significant). A regression is ``noisy``, an improvement ``underpowered``:
-    said, never failed on. (A stored baseline was chosen by someone; a history reference is
-    whatever ran last.)"""
+def _few_sessions(judged: Judgement, baseline: Baseline, stored: StoredMetric, sessions: int) -> Judgement:
+    """Against a history too short to show how far this runner's sessions differ, a change beyond
+    the tolerance is not confirmed: the repeats of one session cannot show it (two back-to-back
+    sessions of one vLLM here differed by 25 %, which their repeats called significant). The
+    history's runs and the run's ``sessions`` count together, as the verdict's interval counts them
+    (:func:`~pytest_qwenperf.core.verdict.sessions_known`): ``MIN_SESSIONS`` runs against a run of
+    one session, fewer against a run that pooled several. A regression is ``noisy``, an improvement
+    ``underpowered``: said, never failed on. (A stored baseline was chosen by someone; a history
+    reference is whatever ran last.) Neither, nor a change beyond the tolerance that its repeats
+    could not confirm yet, settles with more repeats of this run: more runs in the history settle it."""
     runs = len(stored.sessions or (1,))
-    if judged.verdict not in ("regression", "improvement") or not isinstance(baseline, PooledBaseline) or runs >= MIN_SESSIONS:
+    if not isinstance(baseline, PooledBaseline) or sessions_known(runs, sessions):
+        return judged
+    if judged.verdict in UNDECIDED and _beyond_tolerance(judged):
+        return dataclasses.replace(judged, settles_with_repeats=False)
+    if judged.verdict not in ("regression", "improvement"):
         return judged
     side = "worse" if judged.verdict == "regression" else "better"
+    needed = MIN_SESSIONS + 1 - sessions  # the fewest runs sessions_known takes with the run's sessions
+    alongside = "" if sessions == 1 else f" alongside this run's {sessions} sessions"
     detail = (
-        f"{side} than the tolerance, but the history holds {runs} run(s) of {MIN_SESSIONS} needed to know how far "
-        f"this runner's sessions differ, so it is not confirmed: {judged.detail.split(': ', 1)[-1]}"
+        f"{side} than the tolerance, but the history holds {runs} run(s) of {needed} needed{alongside} "
+        f"to know how far this runner's sessions differ, so it is not confirmed: {judged.detail.split(': ', 1)[-1]}"
     )
-    return dataclasses.replace(judged, verdict="noisy" if judged.verdict == "regression" else "underpowered", detail=detail)
+    demoted: Verdict = "noisy" if judged.verdict == "regression" else "underpowered"
+    return dataclasses.replace(judged, verdict=demoted, detail=detail, settles_with_repeats=False)
+
+
+def _beyond_tolerance(judged: Judgement) -> bool:
+    """Whether the judgement's point estimate lies beyond its tolerance, on either side."""
+    if judged.ratio is None or judged.ratio <= 0:
+        return False
+    change = abs(math.log(judged.ratio))
+    return change > (-math.log1p(-judged.tolerance) if judged.direction == "higher" else math.log1p(judged.tolerance))
 
 
 def reference_name(baseline: Baseline, run: Run | None = None) -> str:
@@ -198,7 +228,8 @@ def judge_against_run(reference: Run, run: Run, *, confidence: float = DEFAULT_C
     As :func:`judge_run`, and the reference's own losses count too: a reference that lost
     data makes every comparison with it ``invalid`` (the reason says "(reference)"), and
     so does a metric the run has and the reference names without a value. A metric the
-    reference does not name at all stays ``no-baseline``. Where the two runs' histories both
+    reference does not name at all stays ``no-baseline``. The sessions either run pooled count on
+    their side (:func:`~pytest_qwenperf.core.verdict.judge`); where the two runs' histories both
     say how far their runner's sessions differ, the wider spread is taken.
     """
     baseline = baseline_from_run(reference, source="reference run") if reference.gated_samples() else None

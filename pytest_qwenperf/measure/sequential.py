@@ -8,7 +8,10 @@ plan gives it (:meth:`~pytest_qwenperf.core.sequential.SequentialPlan.confidence
 looking again does not raise the false-alarm rate.
 
 A run that lost data, or has nothing comparable to be judged against, takes no extra
-repeat: more of the same cannot turn it into a verdict.
+repeat: more of the same cannot turn it into a verdict. Nor does a run whose undecided verdicts
+only other sessions can settle (:func:`settleable`): where the reference's sessions differ by more
+than the tolerance allows to see, or a history of too few runs cannot confirm a change, the
+repeats of this session, however many, leave the verdict where it is.
 
 A point can also be measured on two servers at once, a reference and a candidate
 (:func:`measure_interleaved`): their repeats alternate, so what drifts during the session
@@ -19,6 +22,7 @@ one repeat per look.
 
 from __future__ import annotations
 
+import time
 from collections.abc import Callable, Sequence
 from contextlib import AbstractContextManager
 from dataclasses import dataclass, replace
@@ -57,6 +61,14 @@ def undecided(judgements: Sequence[Judgement]) -> bool:
     return any(j.verdict in UNDECIDED for j in judgements) and not any(j.verdict == "invalid" for j in judgements)
 
 
+def settleable(judgements: Sequence[Judgement]) -> bool:
+    """Whether another repeat could settle one of the undecided ``judgements``: one is undecided and
+    not for want of sessions (:attr:`~pytest_qwenperf.core.verdict.Judgement.settles_with_repeats`:
+    the reference's sessions differ by more than the change or the tolerance, or a history too short
+    to confirm any change), where an extra repeat would be spent for nothing."""
+    return any(j.verdict in UNDECIDED and j.settles_with_repeats for j in judgements)
+
+
 def decide(
     plan: SequentialPlan,
     repeat: Callable[[], R],
@@ -79,12 +91,19 @@ def decide(
     except BaselineError as exc:
         baseline, unreadable = None, str(exc)
     judgements = judge_run(baseline, run, confidence=plan.confidence_at(len(repeats)))
-    while undecided(judgements) and len(repeats) < plan.most:
+
+    while undecided(judgements) and settleable(judgements) and len(repeats) < plan.most:
         repeats.append(repeat())
         run = combine(repeats)
         judgements = judge_run(baseline, run, confidence=plan.confidence_at(len(repeats)))
     diagnosis = why(evidence(baseline), run, judgements) if baseline is not None else None
-    return Decided(msgspec.structs.replace(run, extra_repeats=len(repeats) - plan.first), judgements, unreadable, diagnosis)
+    run = msgspec.structs.replace(run, extra_repeats=len(repeats) - plan.first, needs_sessions=_needs_sessions(plan, repeats, judgements))
+    return Decided(run, judgements, unreadable, diagnosis)
+
+
+def _needs_sessions(plan: SequentialPlan, repeats: Sequence[object], judgements: Sequence[Judgement]) -> bool:
+    """Whether the run stopped undecided before the plan's most: only other sessions can settle it."""
+    return undecided(judgements) and len(repeats) < plan.most
 
 
 def why(reference: Run | Evidence, run: Run, judgements: Sequence[Judgement]) -> Diagnosis | None:
@@ -129,13 +148,14 @@ def decide_interleaved(
     for _ in range(plan.first):
         pair()
     reference, run, judgements = look()
-    while undecided(judgements) and len(candidates) < plan.most:
+    while undecided(judgements) and settleable(judgements) and len(candidates) < plan.most:
         pair()
         reference, run, judgements = look()
     extra = len(candidates) - plan.first
+    needs = _needs_sessions(plan, candidates, judgements)
     return DecidedPair(
-        msgspec.structs.replace(run, extra_repeats=extra),
-        msgspec.structs.replace(reference, extra_repeats=extra),
+        msgspec.structs.replace(run, extra_repeats=extra, needs_sessions=needs),
+        msgspec.structs.replace(reference, extra_repeats=extra, needs_sessions=needs),
         judgements,
         why(reference, run, judgements),
     )
@@ -159,8 +179,10 @@ def measure_point(
     def combine(repeats: Sequence[Repeat]) -> Run:
         return combine_repeats(repeats, config.replicas, method)
 
+    started = time.monotonic()
     decided = decide(method.plan, told(repeat, method.plan, progress), combine, baseline_of)
-    return replace(decided, run=profiled(decided.run, server, config, workload, method))
+    run = msgspec.structs.replace(decided.run, elapsed_s=time.monotonic() - started)
+    return replace(decided, run=profiled(run, server, config, workload, method))
 
 
 def measure_interleaved(
@@ -180,7 +202,14 @@ def measure_interleaved(
     def combine(repeats: Sequence[Repeat]) -> Run:
         return combine_repeats(repeats, config.replicas, method)
 
+    started = time.monotonic()
     pair = decide_interleaved(method.plan, repeat_on(reference, "reference"), repeat_on(candidate, "candidate"), combine)
+    elapsed = time.monotonic() - started  # both sides': what the point cost
+    pair = replace(
+        pair,
+        run=msgspec.structs.replace(pair.run, elapsed_s=elapsed),
+        reference=msgspec.structs.replace(pair.reference, elapsed_s=elapsed),
+    )
     base = profiled(pair.reference, reference, config, workload, _side(method, "reference"))
     return replace(pair, reference=base, run=profiled(pair.run, candidate, config, workload, _side(method, "candidate")))
 

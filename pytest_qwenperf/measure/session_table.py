@@ -36,6 +36,12 @@ def session_table(report: SessionReport) -> list[str]:
         f"extra repeats, taken while a verdict was noisy or underpowered: {len(extended)} of {len(report.runs)} point(s), "
         f"{sum(extended)} repeat(s) in all"
     )
+    unsettled = sum(1 for run in report.runs if run.needs_sessions)
+    if unsettled:
+        lines.append(
+            f"undecided where only more sessions can settle it, so no repeat was spent on it: {unsettled} point(s) "
+            "(the reference's sessions differ too much, or the history holds too few runs to confirm a change)"
+        )
     noise = noise_line(report)
     if noise:
         lines.append(noise)

@@ -66,6 +66,7 @@ def _pool(settings: QwenperfSettings, log_dir: Path, launcher: tuple[str, ...], 
             api_key=settings.api_key,
             profile=settings.profile,
             boot_progress=boots,
+            vllm_cache=settings.vllm_cache,
         )
     )
 

@@ -91,6 +91,13 @@ def pytest_addoption(parser: pytest.Parser) -> None:
     )
     group.addoption("--qwenperf-log-dir", type=Path, help="folder for server logs (default: under pytest's basetemp)")
     group.addoption(
+        "--qwenperf-vllm-cache",
+        type=Path,
+        metavar="DIR",
+        help="folder where booted servers keep vLLM's torch.compile and model-info caches (VLLM_CACHE_ROOT), kept across "
+        "sessions so that a runner's next boots skip the compile (default: vLLM's own, ~/.cache/vllm)",
+    )
+    group.addoption(
         "--qwenperf-endpoint",
         type=endpoint_url,
         action="append",
@@ -194,6 +201,7 @@ def pytest_addoption(parser: pytest.Parser) -> None:
     parser.addini("qwenperf_candidate", "default for --qwenperf-candidate")
     parser.addini("qwenperf_boot_timeout", "default for --qwenperf-boot-timeout")
     parser.addini("qwenperf_log_dir", "default for --qwenperf-log-dir")
+    parser.addini("qwenperf_vllm_cache", "default for --qwenperf-vllm-cache")
     parser.addini("qwenperf_endpoints", "default for --qwenperf-endpoint", type="linelist")
     parser.addini("qwenperf_suites", "suite files or globs, relative to the rootdir", type="linelist")
     parser.addini("qwenperf_html", "default for --qwenperf-html, relative to the rootdir")

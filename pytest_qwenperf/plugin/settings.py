@@ -63,6 +63,7 @@ class QwenperfSettings:
     max_repeats_from: str = ""  # the same for max_repeats
     progress: ProgressSetting = field(default_factory=ProgressSetting)  # each point's live progress on the terminal
     profile: bool = False  # servers boot with vLLM's profiler; each point gets one extra, unmeasured, profiled repeat
+    vllm_cache: Path | None = None  # where booted servers keep vLLM's compile and model-info caches; None: vLLM's default
 
 
 DEFAULT_HISTORY = Path(".qwenperf") / "history.sqlite"
@@ -103,6 +104,7 @@ def resolve_settings(config: pytest.Config) -> QwenperfSettings:
         candidate=_resolve(config, "qwenperf_candidate", launcher_argv, None),
         boot_timeout_s=_resolve(config, "qwenperf_boot_timeout", positive_seconds, DEFAULT_BOOT_TIMEOUT_S),
         log_dir=_resolve(config, "qwenperf_log_dir", Path, None),
+        vllm_cache=_resolve(config, "qwenperf_vllm_cache", Path, None),
         endpoints=tuple(endpoints),
         endpoint_sets=config.getoption("qwenperf_endpoints_file"),
         suites=tuple(config.getoption("qwenperf_suite")) or _ini_suites(config),

@@ -6,6 +6,7 @@ ladder uses the same pool.
 
 from __future__ import annotations
 
+import time
 from collections import Counter
 from dataclasses import dataclass
 from pathlib import Path
@@ -35,14 +36,18 @@ def server_spec(
     cpus: frozenset[int] = frozenset(),
     api_key: ApiKey | None = None,
     profiler: ProfilerSwitch | None = None,
+    vllm_cache: Path | None = None,
 ) -> ServerSpec:
-    """How to start one server of ``config`` (the embedded model is built here when needed)."""
+    """How to start one server of ``config`` (the embedded model is built here when needed);
+    ``vllm_cache``: the folder its vLLM keeps compiled graphs and model facts in (``VLLM_CACHE_ROOT``;
+    None: vLLM's own default, ``~/.cache/vllm``), so that a runner's next session boots from them."""
+    cache = (("VLLM_CACHE_ROOT", str(vllm_cache.resolve())),) if vllm_cache is not None else ()
     return ServerSpec(
         model=embedded.resolve_model(config.model),
         args=config.vllm_args,
         name=config.id,
         served_model_name=config.served_model_name,
-        env=config.env,
+        env=config.env + cache,
         launcher=launcher,
         boot_timeout_s=boot_timeout_s,
         cpus=cpus,
@@ -62,6 +67,7 @@ class PoolSettings:
     api_key: ApiKey | None = None  # booted servers require it (through their environment); requests carry it
     profile: bool = False  # boot servers with vLLM's torch profiler on (off until /start_profile)
     boot_progress: BootProgress | None = None  # told of each boot as it waits for readiness (None: nobody)
+    vllm_cache: Path | None = None  # vLLM's cache folder for booted servers (VLLM_CACHE_ROOT); None: vLLM's default
 
 
 class BootFailedEarlier(ServerError):
@@ -74,6 +80,7 @@ class ServerPool:
     def __init__(self, settings: PoolSettings) -> None:
         self.settings = settings
         self.boots: Counter[str] = Counter()
+        self.boot_seconds: dict[str, float] = {}  # config key -> seconds its boots took, until ready or failed
         self._running: dict[str, ManagedServer | ReplicaSet] = {}
         self._failed: dict[str, ServerError] = {}
         self._external: ExternalServer | None = None
@@ -99,8 +106,10 @@ class ServerPool:
             cpus=cpus,
             api_key=self.settings.api_key,
             profiler=self._profiler_switch(),
+            vllm_cache=self.settings.vllm_cache,
         )
         self.boots[key] += 1
+        started = time.monotonic()
         try:
             server: ManagedServer | ReplicaSet
             watch = BootWatch(self.settings.boot_progress, key) if self.settings.boot_progress is not None else None
@@ -113,6 +122,8 @@ class ServerPool:
         except ServerError as exc:
             self._failed[key] = exc
             raise
+        finally:
+            self.boot_seconds[key] = self.boot_seconds.get(key, 0.0) + time.monotonic() - started
         self._running[key] = server
         return server
 
