@@ -279,3 +279,32 @@ def test_the_one_gpu_suite_serves_the_generated_gpu_model_unpinned() -> None:
     assert (hopper.gpus, hopper.model) == (1, "embedded:gpu")
     assert {c.served_model_name for c in hopper.configs} == {"qwenperf-gpu"}
     assert hopper.validity.clock_event_share == 0.10
+
+
+@pytest.mark.parametrize(
+    ("change", "message"),
+    [
+        (('id = "base"', 'id = "base"\nexpected = {}'), r"config 'base'.expected: expected a table such as \{ total_token_throughput = 22300.0 \} \(or output_throughput\), got \{\}$"),
+        (('id = "base"', 'id = "base"\nexpected = { total = 1.0 }'), r"config 'base'.expected.total: unknown key; expected one of \['output_throughput', 'total_token_throughput'\]$"),
+        (('id = "base"', 'id = "base"\nexpected = { output_throughput = 0 }'), r"config 'base'.expected.output_throughput: expected tokens per second > 0, got 0$"),
+        (('id = "base"', 'id = "base"\nexpected = { total_token_throughput = inf }'), r"config 'base'.expected.total_token_throughput: expected a finite number of tokens per second > 0, got inf$"),
+        (('id = "base"', 'id = "base"\nexpected = 500'), r"config 'base'.expected: expected a table such as \{ total_token_throughput = 22300.0 \}"),
+        (('name = "demo"', 'name = "demo"\nboot_s = 0'), r"suite.boot_s: expected a number of seconds > 0, at most a day \(one server's boot\), got 0$"),
+        (('name = "demo"', 'name = "demo"\nboot_s = inf'), r"suite.boot_s: expected a number of seconds > 0, at most a day"),
+    ],
+)
+def test_a_bad_expected_throughput_or_boot_names_file_and_field(tmp_path: Path, change: tuple[str, str], message: str) -> None:
+    path = write(tmp_path, LADDER.replace(*change, 1))
+    with pytest.raises(SuiteError, match=message) as excinfo:
+        load_suite(path)
+    assert str(excinfo.value).startswith(str(path))
+
+
+def test_an_expected_throughput_is_each_rungs_own(tmp_path: Path) -> None:
+    """A rung's ``expected`` table is not handed down: a child runs another server."""
+    text = LADDER.replace('id = "base"', 'id = "base"\nexpected = { total_token_throughput = 22300.0 }', 1)
+    suite = load_suite(write(tmp_path, text.replace('name = "demo"', 'name = "demo"\nboot_s = 240', 1)))
+    base, short, _ = suite.configs
+    assert base.expected is not None and (base.expected.total_token_throughput, base.expected.output_throughput) == (22300.0, None)
+    assert short.expected is None and suite.boot_s == 240.0
+    assert load_suite(write(tmp_path, LADDER)).boot_s is None

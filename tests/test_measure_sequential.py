@@ -184,6 +184,17 @@ def test_no_repeat_is_spent_where_the_references_sessions_differ_beyond_the_tole
     assert script.calls == 3 and decided.run.needs_sessions
 
 
+def test_no_repeat_is_spent_where_the_references_own_spread_is_wider_than_the_tolerance() -> None:
+    """A history of two runs far apart: its samples spread so widely that the run's repeats, however
+    many, leave every MDE above its tolerance, the 25 % of p99 TTFT included (the second session of a
+    new machine, where points used to take all their extra repeats for nothing)."""
+    reference = history_of((1.0, 1.01, 0.99), (1.8, 1.81, 1.79))
+    script = Script(1.34, 1.35, 1.33)
+    decided = decide(PLAN, script, combine, always(reference))
+    assert verdicts(decided.judgements) >= {"underpowered"}
+    assert script.calls == 3 and decided.run.needs_sessions
+
+
 def test_repeats_are_still_taken_where_they_can_settle_the_verdict_against_a_history() -> None:
     """Against a history of three close sessions, a run whose own repeats spread widely is underpowered
     for its repeats' sake alone: repeats narrow that, so they are taken, and the run does not need sessions."""

@@ -3,12 +3,16 @@ once, the traces replayed, and the points whose history slid."""
 
 from __future__ import annotations
 
+from pathlib import Path
+
 import msgspec
 
 from pytest_qwenperf.core.run import PROMPT_LENGTHS, Decline, Loss, ServerCounters, TraceReplay
 from pytest_qwenperf.core.verdict import judge
 from pytest_qwenperf.measure.report import SessionReport
 from pytest_qwenperf.measure.session_table import noise_line, session_table
+from pytest_qwenperf.suite.config import load_suite
+from pytest_qwenperf.suite.cost import clock, plan, points_of
 from tests.test_history_store import night
 
 
@@ -80,3 +84,19 @@ def test_a_replayed_trace_says_how_late_it_went_its_lengths_and_what_the_cache_c
             "50.0% of prompt tokens could hit a prefix cache, prefix caching off or not counted"
         ),
     ]
+
+
+def test_each_point_says_what_it_took_against_the_plan_and_the_points_only_sessions_can_settle() -> None:
+    suite = load_suite(Path(__file__).resolve().parents[1] / "perf_tests" / "suites" / "cpu.toml")
+    report = SessionReport()
+    report.plans = (plan(suite, points_of(suite, ["base"], ["isl128-osl128"]), {}),)
+    planned_s = report.plans[0].points[0].planned_s
+    assert planned_s is not None
+    report.add(msgspec.structs.replace(night(20, 5_000.0, config="base"), elapsed_s=52.4, needs_sessions=True))
+    report.add(night(21, 5_000.0, config="ctx-short"))  # not timed, not planned
+    lines = session_table(report)
+    assert "took (plan)" in lines[0]
+    assert f"52 s ({clock(planned_s)})" in lines[2] and "—  " in lines[3]
+    assert any(line.startswith("undecided where only more sessions can settle it, so no repeat was spent on it: 1 point(s)") for line in lines)
+    plans = report.as_json()["plans"]
+    assert isinstance(plans, list) and plans[0]["points"][0]["elapsed_s"] == 52.4

@@ -1,33 +1,177 @@
-"""``qwenperf plan``: the client cores and machines a target load needs, before anything runs."""
+"""``qwenperf plan``: before anything runs, what a suite's session will cost (``--suite``), or the client
+cores and machines a target load needs (``--output-throughput`` / ``--request-rate``)."""
 
 from __future__ import annotations
 
 import argparse
+import json
+import sys
+from pathlib import Path
 
+from pytest_qwenperf.core.formats import json_safe
 from pytest_qwenperf.core.options import positive_rate, positive_tokens_rate, tokens_per_chunk, whole_number
+from pytest_qwenperf.gate.history_store import HistoryError
 from pytest_qwenperf.loadgen.sizing import need
+from pytest_qwenperf.suite.config import SuiteError, load_suite
+from pytest_qwenperf.suite.cost import PointCost, SessionPlan, clock, planned, points_of
+from pytest_qwenperf.suite.traces import TraceError
 
-HELP = "how many client cores and machines a target load needs (from the client's measured CPU per request and chunk)"
+HELP = "what a suite's session will cost (--suite), or how many client cores and machines a target load needs"
 DESCRIPTION = (
-    "The client cores a load needs: its requests/s times the client's CPU per request, plus its streamed chunks/s times "
-    "the CPU per chunk, both as measured in benchmarks/README.md, each core planned at most half busy."
+    "With --suite: per config x workload its source of throughput (the history's runs, the suite's expected figure, "
+    "a floor as a bound, or none), warm-up, time per repeat, repeats planned and at most and a search's probes; one boot "
+    "per config; the totals as wall time and GPU-hours (a CPU suite's are 0). Reads the history store, never creates "
+    "one. --fail-over MINUTES exits 1 when the worst case is over it (or a point cannot be timed). "
+    "With --output-throughput or --request-rate: the client cores a load needs: its requests/s times the client's CPU "
+    "per request, plus its streamed chunks/s times the CPU per chunk, both as measured in benchmarks/README.md, each "
+    "core planned at most half busy."
 )
-ERRORS: tuple[type[Exception], ...] = ()
+
+
+class PlanError(ValueError):
+    """The command line mixes the two plans or misses what one needs."""
+
+
+ERRORS: tuple[type[Exception], ...] = (PlanError, SuiteError, HistoryError, TraceError)
+
+DEFAULT_HISTORY = Path(".qwenperf") / "history.sqlite"
+"""The store a session records into by default (the plugin's, under the rootdir: run from there)."""
+
+SESSION = {"config": "--config", "workload": "--workload", "history": "--history", "json": "--json", "fail_over": "--fail-over"}
+TARGET = {
+    "output_throughput": "--output-throughput",
+    "request_rate": "--request-rate",
+    "output_len": "--output-len",
+    "tokens_per_chunk": "--tokens-per-chunk",
+    "cores_per_node": "--cores-per-node",
+}
+"""Each plan's options, by their ``args`` name: one plan's may not come with the other."""
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
-    rate = parser.add_mutually_exclusive_group(required=True)
+    session = parser.add_argument_group("a suite's session")
+    session.add_argument("--suite", type=Path, metavar="SUITE", help="the suite file whose session to plan")
+    session.add_argument("--config", action="append", metavar="ID", help="only this config (repeatable)")
+    session.add_argument("--workload", action="append", metavar="ID", help="only this workload (repeatable)")
+    session.add_argument(
+        "--history", metavar="PATH_OR_URL", help=f"the history store to time points by (default {DEFAULT_HISTORY} where it exists)"
+    )
+    session.add_argument("--json", action="store_true", help="machine-readable output (schema qwenperf-plan/1)")
+    session.add_argument("--fail-over", type=_minutes, metavar="MINUTES", help="exit 1 when the worst case takes longer")
+    target = parser.add_argument_group("client cores for a target load")
+    rate = target.add_mutually_exclusive_group()
     rate.add_argument("--output-throughput", type=positive_tokens_rate, metavar="TOK/S", help="the target: output tokens per second")
     rate.add_argument("--request-rate", type=positive_rate, metavar="REQ/S", help="the target: requests per second")
-    parser.add_argument("--output-len", type=whole_number(1), required=True, help="output tokens per request (a mean)")
-    parser.add_argument(
-        "--tokens-per-chunk", type=tokens_per_chunk, default=1.0, help="tokens a streamed chunk carries (above 1 with MTP; default 1)"
-    )
-    parser.add_argument("--cores-per-node", type=whole_number(1), help="cores of one client machine: how many machines it takes")
+    target.add_argument("--output-len", type=whole_number(1), help="output tokens per request (a mean)")
+    target.add_argument("--tokens-per-chunk", type=tokens_per_chunk, help="tokens a streamed chunk carries (above 1 with MTP; default 1)")
+    target.add_argument("--cores-per-node", type=whole_number(1), help="cores of one client machine: how many machines it takes")
+
+
+def _minutes(value: str) -> float:
+    try:
+        number = float(value)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected a number of minutes, got {value!r}") from None
+    if not number > 0:
+        raise argparse.ArgumentTypeError(f"expected a positive number of minutes, got {value!r}")
+    return number
 
 
 def run(args: argparse.Namespace) -> int:
+    if args.suite is not None:
+        _refuse(args, TARGET, "the client sizing (--output-throughput, --request-rate)", "a suite's session (--suite)")
+        return _session(args)
+    _refuse(args, SESSION, "a suite's session (--suite)", "the client sizing")
+    if args.output_throughput is None and args.request_rate is None:
+        raise PlanError("one of the arguments --output-throughput --request-rate is required (or --suite SUITE, to plan a suite's session)")
+    if args.output_len is None:
+        raise PlanError("the argument --output-len is required with --output-throughput or --request-rate")
     rate = args.request_rate if args.request_rate is not None else args.output_throughput / args.output_len
-    found = need(rate, args.output_len, args.tokens_per_chunk)
+    found = need(rate, args.output_len, args.tokens_per_chunk or 1.0)
     print("\n".join(found.lines(args.cores_per_node)))
     return 0
+
+
+def _refuse(args: argparse.Namespace, options: dict[str, str], theirs: str, this: str) -> None:
+    """A :class:`PlanError` naming the ``options`` given, which belong to the plan ``theirs``, not ``this``."""
+    given = [flag for name, flag in options.items() if getattr(args, name) not in (None, False)]
+    if given:
+        raise PlanError(f"{', '.join(given)}: {'an option' if len(given) == 1 else 'options'} of {theirs}, not of {this}")
+
+
+def _session(args: argparse.Namespace) -> int:
+    suite = load_suite(args.suite)
+    points = points_of(suite, args.config or (), args.workload or ())
+    where = args.history if args.history is not None else str(DEFAULT_HISTORY) if DEFAULT_HISTORY.is_file() else None
+    found = planned(suite, points, where)
+    if args.json:
+        print(json.dumps(json_safe({**found.as_json(), "history": where}), indent=2))
+    else:
+        print("\n".join(table(found, where)))
+    return _held(found, args.fail_over)
+
+
+def _held(found: SessionPlan, limit_min: float | None) -> int:
+    """0 when the session's worst case is within ``limit_min`` minutes (or no limit is set), else 1 with a line."""
+    if limit_min is None:
+        return 0
+    if found.untimed:
+        names = ", ".join(f"{p.config}/{p.workload}" for p in found.untimed)
+        print(f"qwenperf plan: cannot hold the session to --fail-over {limit_min:g} min: no figure times {names}", file=sys.stderr)
+        return 1
+    worst = f"{found.worst_s / 60:.1f} min"
+    if found.worst_s > limit_min * 60:
+        print(f"qwenperf plan: the worst case, {worst}, is over --fail-over {limit_min:g} min", file=sys.stderr)
+        return 1
+    print(f"qwenperf plan: the worst case, {worst}, is within --fail-over {limit_min:g} min", file=sys.stderr)
+    return 0
+
+
+def table(found: SessionPlan, history: str | None) -> list[str]:
+    """The plan as text: a row per point, each search's probes, the boots, and the session's line."""
+    configs = len(found.boots)
+    lines = [
+        f"{found.suite} ({found.path}): {len(found.points)} point(s) on {configs} config(s), "
+        + (f"{found.gpus} GPU(s)" if found.gpus else "no GPU")
+        + f"; history: {history or f'none ({DEFAULT_HISTORY} does not exist)'}",
+        "",
+    ]
+    header = (
+        f"{'config':<22} {'workload':<30} {'source':<16} {'tok/s':>15} {'warm-up':>8} {'measured':>9} "
+        f"{'runs':>9} {'repeat':>9} {'repeats':>7} {'planned':>9} {'worst':>9}"
+    )
+    lines += [header, "-" * len(header)]
+    lines += [_row(point) for point in found.points]
+    searches = [p for p in found.points if p.timing is not None and p.timing.probes is not None]
+    if searches:
+        lines += ["", "searches (a repeat is one search; planned at the geometric middle of its loads, at worst its longest probe):"]
+    for point in searches:
+        assert point.timing is not None and point.timing.probes is not None
+        probes = point.timing.probes
+        lines.append(
+            f"  {point.config} / {point.workload}: {probes.count} probes, planned at load {probes.load:g} "
+            f"({clock(probes.planned_s)} each), at worst {clock(probes.worst_s)} each"
+        )
+    source = "the suite's boot_s" if found.boot_from == "suite" else "the default: the suite states no boot_s"
+    lines += [
+        "",
+        f"boots: {configs} config(s) in {found.rounds} round(s) x {clock(found.boot_s)} ({source}) = {clock(found.boots_s)}"
+        + (" (single servers boot two at a time on a CPU suite)" if found.rounds < configs else ""),
+        f"total: planned {clock(found.planned_s)}, at most {clock(found.worst_s)}",
+        found.line(),
+    ]
+    return lines
+
+
+def _row(point: PointCost) -> str:
+    timing, repeats = point.timing, f"{point.repeats}/{point.most_repeats}"
+    head = f"{point.config:<22} {point.workload:<30} {point.source.label:<16}"
+    if timing is None or point.planned_s is None or point.worst_s is None:
+        return f"{head} {'—':>15} {'—':>8} {'—':>9} {'—':>9} {'—':>9} {repeats:>7} {'—':>9} {'—':>9}"
+    kind = "total" if timing.rate.metric == "total_token_throughput" else "output"
+    runs = f"{timing.load_runs} probes" if timing.probes else str(timing.load_runs)
+    return (
+        f"{head} {f'{timing.rate.tokens_per_s:,.0f} {kind}':>15} {clock(timing.load_run.warmup_s):>8} "
+        f"{clock(timing.load_run.measured_s):>9} {runs:>9} {clock(timing.repeat_s):>9} {repeats:>7} "
+        f"{clock(point.planned_s):>9} {clock(point.worst_s):>9}"
+    )

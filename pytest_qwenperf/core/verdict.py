@@ -196,7 +196,7 @@ class _Interval:
     half: float | None  # half-width on the log scale; None: no spread to build an interval from
     how: str  # how it was obtained, for the detail
     between: float | None = None  # how far sessions differ (SD of their means, a fraction); None: unknown
-    floor: float | None = None  # the half-width how far sessions differ gives, which no repeat narrows; None: repeats alone decide
+    floor: float | None = None  # the half-width no repeat of the run narrows (the baseline's own spread, how far sessions differ); None: none known
 
 
 class SessionSpread(msgspec.Struct, frozen=True, kw_only=True):
@@ -282,9 +282,10 @@ def _log_interval(
         unknown = "how far sessions differ is unknown (too few sessions, no history of this runner's)"
         return dataclasses.replace(repeats, how=f"{repeats.how}; {unknown}")
     half = t_quantile(1 - (1 - confidence) / 2, df) * log_sd * math.sqrt(1 / k_b + 1 / k_c)
+    floor = max(half, repeats.floor or 0.0)
     if repeats.half is not None and repeats.half >= half:
-        return _Interval(repeats.half, f"{repeats.how}; wider than {between}", math.expm1(log_sd), half)
-    return _Interval(half, f"{between}; wider than the repeats alone", math.expm1(log_sd), half)
+        return _Interval(repeats.half, f"{repeats.how}; wider than {between}", math.expm1(log_sd), floor)
+    return _Interval(half, f"{between}; wider than the repeats alone", math.expm1(log_sd), floor)
 
 
 def _repeats_interval(baseline: Sequence[float], current: Sequence[float], confidence: float) -> _Interval:
@@ -308,8 +309,13 @@ def _repeats_interval(baseline: Sequence[float], current: Sequence[float], confi
         df = (v_b + v_c) ** 2 / (v_b**2 / (n_b - 1) + v_c**2 / (n_c - 1)) if se > 0 else 0
         how = f"Welch on log values, {n_b} vs {n_c} samples"
     if se == 0:
-        return _Interval(0.0, f"{n_b} vs {n_c} samples without spread")
-    return _Interval(t_quantile(1 - (1 - confidence) / 2, df) * se, f"{how}, {df:.1f} df")
+        return _Interval(0.0, f"{n_b} vs {n_c} samples without spread", floor=0.0)
+    # However many repeats the run adds, the baseline's own samples keep their spread: at best (the
+    # run's side without spread, the quantile at infinite df) the half-width is z times the
+    # baseline's standard error; with one baseline sample, the spread taken from the run's side.
+    z = statistics.NormalDist().inv_cdf(1 - (1 - confidence) / 2)
+    floor = z * (math.sqrt(statistics.variance(log_b) / n_b) if n_b > 1 else statistics.stdev(log_c))
+    return _Interval(t_quantile(1 - (1 - confidence) / 2, df) * se, f"{how}, {df:.1f} df", floor=floor)
 
 
 def _exp(x: float) -> float:
@@ -375,9 +381,9 @@ def judge(
     sign = 1 if direction == "higher" else -1  # log ratio times sign: positive is better
     change = sign * (math.log(ratio) if ratio > 0 else -math.inf)
     bound = -math.log1p(-tolerance) if direction == "higher" else math.log1p(tolerance)  # tolerance, log scale
-    # More repeats narrow the repeats' part of the interval, never how far sessions differ: an
-    # undecided verdict whose sessions' half-width alone is as wide as the change it would have to
-    # confirm (or as the tolerance, for a pass) stays undecided however many repeats this run takes.
+    # More repeats narrow the run's part of the interval, never the baseline's own spread nor how far
+    # sessions differ: an undecided verdict whose floor alone is as wide as the change it would have
+    # to confirm (or as the tolerance, for a pass) stays undecided however many repeats this run takes.
     settles = interval.floor is None or interval.floor < max(bound, abs(change))
     if interval.half is None:
         mde = None

@@ -30,6 +30,7 @@ from pytest_qwenperf.core.verdict import Judgement
 from pytest_qwenperf.gate.diagnosis import Diagnosis
 from pytest_qwenperf.gate.judge import references
 from pytest_qwenperf.serving.hardware import detect
+from pytest_qwenperf.suite.cost import PointCost, SessionPlan
 
 SCHEMA = SESSION_SCHEMA
 
@@ -45,6 +46,16 @@ class SessionReport:
         self.reference: SessionReport | None = None  # the reference's runs, when these are a candidate's
         self._canaries: dict[str, Canary] = {}
         self._canary_judgements: dict[str, CanaryJudgement] = {}
+        self.plans: tuple[SessionPlan, ...] = ()  # what the session was planned to cost, per suite, before it started
+
+    def planned(self, run: Run) -> PointCost | None:
+        """The plan's cost of ``run``'s point (None: it was not planned)."""
+        for found in self.plans:
+            if found.suite == run.identity.suite:
+                for point in found.points:
+                    if (point.config, point.workload) == (run.identity.config, run.identity.workload):
+                        return point
+        return None
 
     @property
     def canaries(self) -> Mapping[str, Canary]:
@@ -92,12 +103,16 @@ class SessionReport:
         """Why the baseline of ``run`` could not be read (None: it could, or there is none)."""
         return self._unreadable.get((run.config_key, run.identity.workload))
 
-    def as_json(self, boots: Mapping[str, int] = MappingProxyType({})) -> dict[str, object]:
-        """The session's JSON; ``boots``: how often each config's server booted (the pool counts them)."""
+    def as_json(self, boots: Mapping[str, int] = MappingProxyType({}), boot_seconds: Mapping[str, float] = MappingProxyType({})) -> dict[str, object]:
+        """The session's JSON; ``boots``: how often each config's server booted, ``boot_seconds``: how
+        long its boots took (the pool keeps both). Each plan's points carry what they took
+        (``elapsed_s``, None where not measured), beside what they were planned to take."""
         return {
             "schema": SCHEMA,
             "hardware": detect().as_dict(),
             "boots": dict(boots),
+            "boot_seconds": dict(boot_seconds),
+            "plans": [self._plan_json(found) for found in self.plans],
             "runs": [msgspec.to_builtins(run) for run in self.runs],
             "canaries": [msgspec.to_builtins(canary) for canary in self.canaries.values()],
             "canary_verdicts": [msgspec.to_builtins(judged) for judged in self._canary_judgements.values()],
@@ -114,7 +129,13 @@ class SessionReport:
             ],
         }
 
-    def write_json(self, path: Path, boots: Mapping[str, int] = MappingProxyType({})) -> Path | None:
+    def _plan_json(self, found: SessionPlan) -> dict[str, object]:
+        taken = {(run.identity.config, run.identity.workload): run.elapsed_s for run in self.runs if run.identity.suite == found.suite}
+        return {**found.as_json(), "points": [{**point.as_json(), "elapsed_s": taken.get((point.config, point.workload))} for point in found.points]}
+
+    def write_json(
+        self, path: Path, boots: Mapping[str, int] = MappingProxyType({}), boot_seconds: Mapping[str, float] = MappingProxyType({})
+    ) -> Path | None:
         """Write atomically; an existing file is kept under a name of its own (see
         :func:`~pytest_qwenperf.core.files.keep_aside`), which is returned.
 
@@ -122,7 +143,7 @@ class SessionReport:
         finish at the same moment all keep their results: the last as the file, the others
         as kept copies.
         """
-        text = json.dumps(json_safe(self.as_json(boots)), indent=2, sort_keys=True)
+        text = json.dumps(json_safe(self.as_json(boots, boot_seconds)), indent=2, sort_keys=True)
         path.parent.mkdir(parents=True, exist_ok=True)
         with folder_lock(path.parent):
             kept = keep_aside(path) if path.exists() else None

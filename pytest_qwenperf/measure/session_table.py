@@ -10,6 +10,7 @@ from pytest_qwenperf.core.run import Run
 from pytest_qwenperf.core.verdict import format_mde
 from pytest_qwenperf.gate.judge import losses
 from pytest_qwenperf.measure.report import SessionReport
+from pytest_qwenperf.suite.cost import clock
 
 
 def session_table(report: SessionReport) -> list[str]:
@@ -17,7 +18,7 @@ def session_table(report: SessionReport) -> list[str]:
     verdict (``—`` where not judged); then how many points took extra repeats."""
     header = (
         f"{'config / workload':<48} {'out tok/s':>10} {'total tok/s':>11} {'TTFT p99':>9} {'TPOT p99':>9} {'ok':>5} "
-        f"{'failed, all repeats':>19} {'extra':>5} {'out MDE':>7}  vs"
+        f"{'failed, all repeats':>19} {'extra':>5} {'out MDE':>7} {'took (plan)':>15}  vs"
     )
     lines = [header, "-" * len(header)]
     for run in report.runs:
@@ -27,7 +28,7 @@ def session_table(report: SessionReport) -> list[str]:
         lines.append(
             f"{name:<48} {v['output_throughput']:>10.1f} {v['total_token_throughput']:>11.1f} "
             f"{v['p99_ttft_ms']:>7.1f}ms {v['p99_tpot_ms']:>7.2f}ms {v['completed']:>5} {run.failed_requests:>19} "
-            f"{run.extra_repeats:>5} {format_mde(mde):>7}  {run.reference or '—'}"
+            f"{run.extra_repeats:>5} {format_mde(mde):>7} {_took(report, run):>15}  {run.reference or '—'}"
             + _invalid(run)
             + _slid(run)
         )
@@ -109,6 +110,13 @@ def _capacity(run: Run) -> str:
         cliff = ", a cliff" if search.cliff else ""
         searches.append(f"{search.load:.3g}{interval} ({search.binding or 'no term'} binds{cliff}{edge}, {len(search.probes)} probes)")
     return f"{run.capacity[0].unit}: " + "; ".join(searches)
+
+
+def _took(report: SessionReport, run: Run) -> str:
+    """How long measuring the point took, and what the session's plan said it would: ``52 s (48 s)``."""
+    point = report.planned(run)
+    took = "—" if run.elapsed_s is None else clock(run.elapsed_s)
+    return took if point is None or point.planned_s is None else f"{took} ({clock(point.planned_s)})"
 
 
 def _slid(run: Run) -> str:

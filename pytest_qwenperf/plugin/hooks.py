@@ -26,9 +26,11 @@ from pytest_qwenperf.gate.update import update_baselines
 from pytest_qwenperf.history.report import Series
 from pytest_qwenperf.measure.report import SessionReport
 from pytest_qwenperf.measure.session_table import session_table
+from pytest_qwenperf.plugin.planning import end_lines, plan_session, start_lines
 from pytest_qwenperf.plugin.progress import end_live_line, progress_setting
 from pytest_qwenperf.plugin.settings import (
     DEFAULT_HISTORY,
+    ORDER_KEY,
     POOLS_KEY,
     REPORT_KEY,
     SETTINGS_KEY,
@@ -284,7 +286,8 @@ def _config_of(item: pytest.Item) -> ServingConfig | None:
 @pytest.hookimpl(trylast=True)  # after -m/-k deselection, so the use counts are right
 def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
     """Group tests by serving config, in ladder order, so each server boots once, stops after
-    its last test, and a rung's parent has already been measured when the rung is compared."""
+    its last test, and a rung's parent has already been measured when the rung is compared; then
+    plan the session (:mod:`~pytest_qwenperf.plugin.planning`)."""
     rank: dict[str, tuple[int, ...]] = {}
     suites = config.stash[SUITES_KEY]
     for s, suite in enumerate(suites):
@@ -296,6 +299,8 @@ def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item
             rank[cfg.key] = (1, len(rank))
     items.sort(key=lambda item: rank[found.key] if (found := _config_of(item)) else (-1,))
     config.stash[USES_KEY] = Counter(cfg.key for item in items if (cfg := _config_of(item)))
+    config.stash[ORDER_KEY] = tuple({cfg.key: cfg for item in items if (cfg := _config_of(item))}.values())
+    plan_session(config, items)  # the terminal says it once collection is done (pytest_report_collectionfinish)
 
 
 # ------------------------------------------------------------- before any boot
@@ -345,6 +350,12 @@ def pytest_collection_finish(session: pytest.Session) -> None:
         )
 
 
+def pytest_report_collectionfinish(config: pytest.Config) -> list[str]:
+    """The session's plan, said before anything boots."""
+    report = config.stash.get(REPORT_KEY, None)
+    return start_lines(report.plans) if report is not None else []
+
+
 @pytest.hookimpl(tryfirst=True)
 def pytest_runtest_makereport(item: pytest.Item) -> None:
     """End a point's live progress line before pytest reports the phase that drew it."""
@@ -374,6 +385,8 @@ def pytest_terminal_summary(terminalreporter: pytest.TerminalReporter, config: p
         terminalreporter.section("qwenperf results: the reference (--qwenperf-launcher), repeats interleaved with the candidate's")
         for line in session_table(report.reference):
             terminalreporter.write_line(line)
+    for line in end_lines(config, list(config.stash.get(POOLS_KEY, {}).values())):
+        terminalreporter.write_line(line)
 
 
 @pytest.hookimpl(trylast=True)
@@ -471,7 +484,7 @@ def _history_series(where: HistorySetting | None) -> list[Series]:
 
 def _write_results(config: pytest.Config, report: SessionReport, path: Path, pool: ServerPool | None) -> None:
     """``pool``: the servers the report's runs were measured on (how often each booted)."""
-    kept = report.write_json(path, pool.boots if pool is not None else {})
+    kept = report.write_json(path, pool.boots if pool is not None else {}, pool.boot_seconds if pool is not None else {})
     reporter = config.pluginmanager.get_plugin("terminalreporter")
     if reporter is not None:
         note = f" (previous file kept as {kept})" if kept else ""

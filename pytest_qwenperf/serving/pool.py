@@ -6,6 +6,8 @@ ladder uses the same pool.
 
 from __future__ import annotations
 
+import os
+import threading
 import time
 from collections import Counter
 from dataclasses import dataclass
@@ -82,23 +84,64 @@ class ServerPool:
         self.boots: Counter[str] = Counter()
         self.boot_seconds: dict[str, float] = {}  # config key -> seconds its boots took, until ready or failed
         self._running: dict[str, ManagedServer | ReplicaSet] = {}
+        self._ahead: set[str] = set()  # configs booted beside another, not yet moved onto their own cores
         self._failed: dict[str, ServerError] = {}
         self._external: ExternalServer | None = None
         self._profiler: ProfilerSwitch | None = None
 
-    def get(self, config: ServingConfig, cpus: frozenset[int] = frozenset(), gpus: tuple[str, ...] = ()) -> Server:
+    def get(
+        self,
+        config: ServingConfig,
+        cpus: frozenset[int] = frozenset(),
+        gpus: tuple[str, ...] = (),
+        then: ServingConfig | None = None,
+    ) -> Server:
         """The running server for ``config`` (on ``cpus`` if given), booting it on first use.
 
         A config of several replicas boots them all, each on its share of ``cpus`` and of
         the GPUs ``gpus`` (``CUDA_VISIBLE_DEVICES`` ids; empty: leave GPUs alone).
+
+        ``then``: the config the caller will ask for next. Where ``config`` boots on some of this
+        machine's cores and ``then`` is one server that is not up yet, ``then`` boots at the same
+        time on the other cores (the load generator's, idle while servers boot), and is moved onto
+        the cores it is asked for when it is: two boots for the time of one. An idle vLLM server
+        takes no CPU, so it does not disturb what ``config``'s server measures meanwhile.
         """
         if self.settings.endpoints:
             return self._external_server()
         key = config.key
         if key in self._running:
-            return self._running[key]
+            server = self._running[key]
+            if key in self._ahead:  # booted beside another, on the cores it is not measured on
+                self._ahead.discard(key)
+                assert isinstance(server, ManagedServer), "only a single server boots ahead"
+                server.pin(cpus)
+            return server
         if key in self._failed:
             raise BootFailedEarlier(f"config {key!r} failed to boot earlier in this session:\n{self._failed[key]}")
+        spare = frozenset(os.sched_getaffinity(0)) - cpus if cpus and not gpus else frozenset()
+        ahead = None
+        if then is not None and spare and then.replicas == 1 and then.key not in self._running and then.key not in self._failed:
+            ahead = self._server(then, spare, ())
+            booting = threading.Thread(target=self._boot, args=(then.key, ahead), name="qwenperf-boot-ahead", daemon=True)
+            booting.start()
+        try:
+            booted = self._boot(key, self._server(config, cpus, gpus))
+        except BaseException:
+            if ahead is not None:
+                ahead.stop()  # its boot then ends at once, failed
+                booting.join()
+            raise
+        if ahead is not None:
+            booting.join()
+            if then is not None and then.key in self._running:
+                self._ahead.add(then.key)
+        if booted is None:
+            raise self._failed[key]
+        return booted
+
+    def _server(self, config: ServingConfig, cpus: frozenset[int], gpus: tuple[str, ...]) -> ManagedServer | ReplicaSet:
+        """The (not yet started) server of ``config`` on ``cpus`` and ``gpus``."""
         spec = server_spec(
             config,
             launcher=self.settings.launcher,
@@ -108,20 +151,22 @@ class ServerPool:
             profiler=self._profiler_switch(),
             vllm_cache=self.settings.vllm_cache,
         )
+        watch = BootWatch(self.settings.boot_progress, config.key) if self.settings.boot_progress is not None else None
+        if config.replicas == 1:
+            return ManagedServer(spec, self.settings.log_dir, watch)
+        specs = replica_specs(spec, config.replicas, gpu_devices=gpus)
+        return ReplicaSet(config.id, specs, self.settings.log_dir, routing=config.routing, watch=watch)
+
+    def _boot(self, key: str, server: ManagedServer | ReplicaSet) -> ManagedServer | ReplicaSet | None:
+        """Start ``server`` as config ``key``'s: kept as running, or its error kept as the config's
+        (None returned); the boot's count and seconds are kept either way."""
         self.boots[key] += 1
         started = time.monotonic()
         try:
-            server: ManagedServer | ReplicaSet
-            watch = BootWatch(self.settings.boot_progress, key) if self.settings.boot_progress is not None else None
-            if config.replicas == 1:
-                server = ManagedServer(spec, self.settings.log_dir, watch)
-            else:
-                specs = replica_specs(spec, config.replicas, gpu_devices=gpus)
-                server = ReplicaSet(config.id, specs, self.settings.log_dir, routing=config.routing, watch=watch)
             server.start()
         except ServerError as exc:
             self._failed[key] = exc
-            raise
+            return None
         finally:
             self.boot_seconds[key] = self.boot_seconds.get(key, 0.0) + time.monotonic() - started
         self._running[key] = server
@@ -140,6 +185,7 @@ class ServerPool:
     def release(self, key: str) -> None:
         """Stop the server of config ``key`` (no more consumers); a later :meth:`get` boots it again."""
         server = self._running.pop(key, None)
+        self._ahead.discard(key)
         if server is not None:
             server.stop()
 

@@ -58,6 +58,16 @@ class SuiteError(ValueError):
     """A suite file is malformed; the message names the file, the key and what was expected."""
 
 
+class ExpectedThroughput(schema.Shape, frozen=True):
+    """What a config is expected to carry, as a suite file states it (a config's ``expected`` table):
+    the throughput ``qwenperf plan`` times a point by when the history holds no run of it
+    (:mod:`pytest_qwenperf.suite.cost`). A config's whole figure (all its replicas together), as its
+    runs record it; not inherited, so each rung states its own."""
+
+    total_token_throughput: Annotated[float, Meta(gt=0, description="tokens per second > 0")] | None = None
+    output_throughput: Annotated[float, Meta(gt=0, description="tokens per second > 0")] | None = None
+
+
 SAFE_ID = re.compile(r"[A-Za-z0-9](?:[A-Za-z0-9._-]*[A-Za-z0-9])?")
 """Config ids and workload names: each names a folder or file of the baselines (``baseline.Identity.path``),
 a pytest id and a Kubernetes label value, so one path component of plain characters."""
@@ -82,6 +92,7 @@ class ServingConfig:
     replicas: int = 1  # independent vLLM servers, each with its own device slice and N-th of the load
     routing: str = "round-robin"  # how requests reach the replicas: one of ROUTINGS
     canary: CanaryFloor | None = None  # the suite's floor for its canary answer against the rung it inherits
+    expected: ExpectedThroughput | None = None  # the throughput the suite expects of it (``qwenperf plan``); None: not stated
 
     @property
     def key(self) -> str:
@@ -230,6 +241,7 @@ class Suite:
     canary_floor: CanaryFloor = EXACT  # a config's canary answer against another session's (the [canary] table)
     history_window: int = HISTORY_WINDOW  # valid runs of the history a run without a stored baseline is judged against
     baseline_max_age_days: int = BASELINE_MAX_AGE_DAYS  # a stored baseline older than this is named stale
+    boot_s: float | None = None  # seconds one server takes to boot (``qwenperf plan``); None: ``suite.cost``'s default for CPU or GPU
 
     def config(self, config_id: str) -> ServingConfig:
         for cfg in self.configs:
@@ -293,6 +305,8 @@ def load_suite(path: Path | str) -> Suite:
             raise _fail(path, f"{where}.improves", "improves only on a rung that inherits from another", entry.improves)
         if entry.canary is not None and parent is None:
             raise _fail(path, f"{where}.canary", "a canary floor only on a rung that inherits from another", msgspec.to_builtins(entry.canary))
+        if entry.expected is not None:
+            _expected(path, entry.expected, f"{where}.expected")
         inherited = rungs[parent] if parent else base
         rung = rungs[config_id] = _Rung(
             {**inherited.flags, **_flags(path, entry.vllm, f"{where}.vllm")},
@@ -315,6 +329,7 @@ def load_suite(path: Path | str) -> Suite:
                 replicas=rung.replicas,
                 routing=rung.routing,
                 canary=entry.canary,
+                expected=entry.expected,
             )
         )
     _one_file_each(path, [c.id for c in configs], "config")
@@ -339,6 +354,7 @@ def load_suite(path: Path | str) -> Suite:
         canary_floor=file.canary,
         history_window=suite.history_window,
         baseline_max_age_days=suite.baseline_max_age_days,
+        boot_s=suite.boot_s,
     )
 
 
@@ -359,6 +375,7 @@ _Flags = Annotated[
 ]
 _LOAD = "a table such as { concurrency = 32 }, { rate = 10 } or { replay = true }"
 _CANARY = "a table such as { match_rate = 0.5, logprob_drift = 0.2 }"
+_EXPECTED = "a table such as { total_token_throughput = 22300.0 } (or output_throughput)"
 
 
 class _SuiteTable(schema.Shape, frozen=True):
@@ -380,6 +397,7 @@ class _SuiteTable(schema.Shape, frozen=True):
     must_match: _Strings = ()
     history_window: Annotated[int, Meta(ge=1, description="a whole number of runs >= 1")] = HISTORY_WINDOW
     baseline_max_age_days: Annotated[int, Meta(ge=1, description="a whole number of days >= 1")] = BASELINE_MAX_AGE_DAYS
+    boot_s: Annotated[float, Meta(gt=0, le=86_400, description="a number of seconds > 0, at most a day (one server's boot)")] | None = None
 
 
 class _ConfigTable(schema.Shape, frozen=True):
@@ -395,6 +413,7 @@ class _ConfigTable(schema.Shape, frozen=True):
     replicas: Annotated[int, Meta(ge=1, description="a whole number of vLLM servers >= 1")] | None = None
     routing: Annotated[Routing, Meta(description=f"one of {list(ROUTINGS)}")] | None = None
     canary: Annotated[CanaryFloor, Meta(description=_CANARY)] | None = None  # not inherited: it is about this rung's change
+    expected: Annotated[ExpectedThroughput, Meta(description=_EXPECTED)] | None = None  # not inherited: each rung carries its own
 
 
 _SEARCH = 'a table such as { by = "concurrency", lowest = 1, highest = 64 }'
@@ -468,6 +487,16 @@ def _field(data: Mapping[str, Any], path: tuple[schema.Step, ...]) -> str:
 
 def _fail(path: Path, key: str, expected: str, got: object) -> SuiteError:
     return SuiteError(f"{path}: {key}: expected {expected}, got {got!r}")
+
+
+def _expected(path: Path, expected: ExpectedThroughput, key: str) -> None:
+    """An ``expected`` table names at least one figure, each finite (TOML has ``inf``)."""
+    figures = msgspec.structs.asdict(expected)
+    if all(value is None for value in figures.values()):
+        raise _fail(path, key, _EXPECTED, {})
+    for name, value in figures.items():
+        if value is not None and not math.isfinite(value):
+            raise _fail(path, f"{key}.{name}", "a finite number of tokens per second > 0", value)
 
 
 def _tolerances(path: Path, tolerances: Mapping[str, float]) -> Mapping[str, float]:

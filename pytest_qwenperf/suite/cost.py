@@ -1,0 +1,622 @@
+"""What a session of a suite will cost, before anything boots: per point (config × workload) its
+warm-up, its measured time per repeat, its repeats (planned and at most) and a search's probes; per
+config one boot; in all wall time and GPU-hours (``qwenperf plan --suite``, a session's first line).
+
+A pure model: :func:`plan` takes the suite, its points and what the history measured of them
+(:class:`Measured`, read by :func:`history_of`, the one function here that reads a store) and
+computes. Each point is timed by the first source that can time it:
+
+1. **history**: the newest valid runs of the point (:func:`history_of`): their median measured
+   duration of a load run, and their median throughput for the warm-up and a search's probes;
+2. **expected (suite)**: the config's ``expected`` table in the suite file
+   (:class:`~pytest_qwenperf.suite.config.ExpectedThroughput`);
+3. **floor (bound)**: the workload's floor of ``total_token_throughput`` or ``output_throughput``
+   for the config: a run that meets its floor is at least that fast, so its time is at most this;
+4. **none**: nothing to time it by (or its tokens cannot be counted without the tokenizer); the plan
+   names it and leaves it out of the totals.
+
+Where a source gives both throughputs, the one that gives the shorter time is used (for floors the
+tighter bound; two figures of the same runs give about the same time).
+
+One load run at a throughput T (tokens/s of the kind the figure counts; a config's figure, all its
+replicas together, as its runs record it):
+
+- its warm-up takes ``warm-up tokens / T`` and its measured requests ``measured tokens / T``
+  (``num_prompts - warmup`` requests; a request's tokens are its input and output tokens: random
+  ``input_len + output_len`` as the range ratio draws them, shared-prefix ``prefix_len + suffix_len
+  + output_len``, a conversation's turns as they grow, a trace's own entries, JSONL's stated output
+  lengths), or the history's measured duration;
+- at least as long as its arrivals take, whatever the server's speed: an open loop at rate r sends N
+  requests in N / r, a replay lasts the trace's span × ``time_scale``, an open loop's ramp lasts as
+  :meth:`~pytest_qwenperf.loadgen.arrivals.OpenLoop.ramp_offsets` says, a conversation's turns wait
+  their think time;
+- plus :data:`LOAD_RUN_OVERHEAD_S` and :data:`PROMPT_BUILD_S_PER_TOKEN` per prompt token.
+
+A repeat is one load run, or two on a config of N > 1 replicas (the load once on one replica, then N
+times the load on all N, each about as long: ``measure.run.routes_of``). A search's repeat is one
+search of up to ``max_probes`` probes, each a load run of the workload at the probe's load
+(:meth:`~pytest_qwenperf.suite.config.SuiteWorkload.at_load`): planned as ``max_probes`` probes at the
+geometric middle of ``lowest`` and ``highest`` (a search brackets by doubling, bisects to its
+resolution and probes both ends of the bracket again, which takes about ``max_probes`` on this
+project's suites), at worst ``max_probes`` of its longest probe, at ``highest`` or at ``lowest``
+(a concurrency probe measures the most requests at ``highest``, a rate probe's arrivals are slowest
+at ``lowest``). A probe is timed at the point's throughput, though a probe far below the capacity
+runs slower than that: the estimate is simple, not exact.
+
+A point takes ``repeats`` repeats as planned and ``max_repeats`` at most (extra repeats while its
+verdicts cannot decide). Each config boots once a session.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import math
+import statistics
+from collections.abc import Iterator, Mapping, Sequence
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Literal
+
+from pytest_qwenperf.core.run import Run
+from pytest_qwenperf.gate.history_store import HistoryStore
+from pytest_qwenperf.loadgen.arrivals import Arrival, ClosedLoop, OpenLoop, Replay, warmup_lanes
+from pytest_qwenperf.suite.config import ServingConfig, Suite, SuiteError, SuiteWorkload
+from pytest_qwenperf.suite.traces import TraceEntry
+from pytest_qwenperf.suite.workloads import (
+    ConversationWorkload,
+    FixedWorkload,
+    JsonlWorkload,
+    RandomWorkload,
+    SharedPrefixWorkload,
+    TraceWorkload,
+    Workload,
+    length_range,
+)
+
+PLAN_SCHEMA = "qwenperf-plan/1"
+"""``qwenperf plan --suite --json``."""
+
+CPU_BOOT_S = 40.0
+"""One server's boot on a CPU suite that states no ``boot_s``: vLLM's CPU build with the tiny model was
+ready in 31-40 s on a warm 2-vCPU machine and in 59-72 s on a cold one (measured 2026-11-28): the warm
+figure's top, as a session's boots after its first are warm."""
+GPU_BOOT_S = 240.0
+"""One server's boot on a GPU suite that states no ``boot_s``: an assumption, not a measurement. vLLM
+loading a 27B FP8 model over 8 GPUs, compiling it (torch.compile) and capturing CUDA graphs takes
+minutes; the GPU suites of this project state their own figure."""
+LOAD_RUN_OVERHEAD_S = 3.0
+"""Seconds each load run takes besides its requests: the prefix caches reset, the telemetry samplers
+started and stopped, ``/metrics`` scraped before and after, the client's workers started, the run
+summarized. A guess, to be calibrated against ``Run.elapsed_s`` once sessions record it."""
+PROMPT_BUILD_S_PER_TOKEN = 0.45e-6
+"""Seconds the client takes to draw one prompt token before a load run (``Workload.build`` draws every id
+from BLAKE2b, again for each load run): 0.43 µs measured on this project's 2-vCPU Xeon (2026-11-28,
+200 prompts of random 1024/512 at range ratio 0.8 over Qwen's 151,643 ids). b200's 41,472 prompts of
+about 1,024 tokens take some 19 s of each of its load runs."""
+
+Metric = Literal["total_token_throughput", "output_throughput"]
+RATES: tuple[Metric, ...] = ("total_token_throughput", "output_throughput")
+"""The throughputs a point can be timed by, in the order a figure is looked for."""
+SourceKind = Literal["history", "expected", "floor", "none"]
+Point = tuple[ServingConfig, SuiteWorkload]
+
+
+@dataclass(frozen=True)
+class Rate:
+    """A throughput a point is timed by: tokens per second of the kind ``metric`` counts."""
+
+    metric: Metric
+    tokens_per_s: float
+
+
+@dataclass(frozen=True)
+class Measured:
+    """What the history holds of a point: how many of its newest valid runs, their median
+    throughputs, and their median measured duration of one load run (a search's is its chosen
+    probe's, which times no repeat: the model uses its throughput alone)."""
+
+    runs: int
+    rates: tuple[Rate, ...]
+    duration_s: float | None
+    repeat_s: float | None = None  # their median wall time of one repeat, all of it (``Run.elapsed_s``); None: not recorded
+
+
+@dataclass(frozen=True)
+class Source:
+    """Where a point's throughput came from; ``runs``: the history's runs it rests on."""
+
+    kind: SourceKind
+    runs: int = 0
+
+    @property
+    def label(self) -> str:
+        """``history: 3 runs``, ``expected (suite)``, ``floor (bound)`` or ``none``."""
+        if self.kind == "history":
+            return f"history: {self.runs} run{'s' if self.runs != 1 else ''}"
+        return {"expected": "expected (suite)", "floor": "floor (bound)", "none": "none"}[self.kind]
+
+
+@dataclass(frozen=True)
+class Phase:
+    """Requests of one phase of a load run (its warm-up, or its measured requests): how many, their
+    tokens in all (None: not countable without the tokenizer), and the least time their arrivals
+    take whatever the server's speed."""
+
+    requests: int
+    input_tokens: float | None
+    output_tokens: float | None
+    paced_s: float = 0.0
+
+    def tokens(self, metric: Metric) -> float | None:
+        """The tokens ``metric`` counts: output tokens, or input and output tokens."""
+        if metric == "output_throughput":
+            return self.output_tokens
+        return None if self.input_tokens is None or self.output_tokens is None else self.input_tokens + self.output_tokens
+
+    def seconds(self, rate: Rate) -> float | None:
+        tokens = self.tokens(rate.metric)
+        return None if tokens is None else max(tokens / rate.tokens_per_s, self.paced_s)
+
+
+@dataclass(frozen=True)
+class LoadRun:
+    """One load run, timed: its warm-up, its measured requests, and what it costs besides."""
+
+    warmup_s: float
+    measured_s: float
+    overhead_s: float
+
+    @property
+    def seconds(self) -> float:
+        return self.warmup_s + self.measured_s + self.overhead_s
+
+
+@dataclass(frozen=True)
+class Probes:
+    """A search's probes in one repeat of it: how many, the load of the planned one, and how long a
+    probe takes as planned and at worst."""
+
+    count: int
+    load: float
+    planned_s: float
+    worst_s: float
+
+
+@dataclass(frozen=True)
+class Timing:
+    """A timed point: the throughput used, one load run (a search's: its planned probe), the load
+    runs of a repeat, and a repeat as planned and at worst."""
+
+    rate: Rate
+    load_run: LoadRun
+    load_runs: int  # of one repeat: routes x probes
+    repeat_s: float
+    worst_repeat_s: float
+    probes: Probes | None
+
+
+@dataclass(frozen=True)
+class PointCost:
+    """One point's cost: where its throughput came from, its timing (None: not timed) and its repeats."""
+
+    config: str
+    workload: str
+    source: Source
+    timing: Timing | None
+    repeats: int
+    most_repeats: int
+
+    @property
+    def planned_s(self) -> float | None:
+        return None if self.timing is None else self.repeats * self.timing.repeat_s
+
+    @property
+    def worst_s(self) -> float | None:
+        return None if self.timing is None else self.most_repeats * self.timing.worst_repeat_s
+
+    def as_json(self) -> dict[str, object]:
+        timing = self.timing
+        return {
+            "config": self.config,
+            "workload": self.workload,
+            "source": self.source.kind,
+            "source_label": self.source.label,
+            "runs": self.source.runs,
+            "throughput": None if timing is None else {"metric": timing.rate.metric, "tokens_per_s": timing.rate.tokens_per_s},
+            "warmup_s": None if timing is None else timing.load_run.warmup_s,
+            "measured_s": None if timing is None else timing.load_run.measured_s,
+            "load_runs_per_repeat": None if timing is None else timing.load_runs,
+            "repeat_s": None if timing is None else timing.repeat_s,
+            "worst_repeat_s": None if timing is None else timing.worst_repeat_s,
+            "repeats": self.repeats,
+            "most_repeats": self.most_repeats,
+            "probes": None if timing is None or timing.probes is None else dataclasses.asdict(timing.probes),
+            "planned_s": self.planned_s,
+            "worst_s": self.worst_s,
+        }
+
+
+@dataclass(frozen=True)
+class SessionPlan:
+    """A session's points, each config's one boot, and their totals; points not timed are named and
+    counted in no total."""
+
+    suite: str
+    path: str
+    gpus: int  # of the node a session holds: GPU-hours are gpus x wall hours (0 on a CPU suite)
+    boot_s: float  # one server's boot
+    boot_from: Literal["suite", "default"]
+    boots: tuple[str, ...]  # the configs booted, once each
+    rounds: int  # boots one after another: a CPU suite's single servers boot two at a time (``serving.pool``)
+    points: tuple[PointCost, ...]
+
+    @property
+    def untimed(self) -> tuple[PointCost, ...]:
+        return tuple(p for p in self.points if p.timing is None)
+
+    @property
+    def bounded(self) -> tuple[PointCost, ...]:
+        """Points timed by a floor: their times are upper bounds."""
+        return tuple(p for p in self.points if p.source.kind == "floor")
+
+    @property
+    def boots_s(self) -> float:
+        return self.rounds * self.boot_s
+
+    @property
+    def planned_s(self) -> float:
+        return self.boots_s + math.fsum(p.planned_s or 0.0 for p in self.points)
+
+    @property
+    def worst_s(self) -> float:
+        return self.boots_s + math.fsum(p.worst_s or 0.0 for p in self.points)
+
+    def gpu_hours(self, seconds: float) -> float:
+        return self.gpus * seconds / 3600
+
+    def line(self) -> str:
+        """``planned ≈ 41 min, 5.5 GPU-h; at most 63 min, 8.4 GPU-h, with extra repeats``: what a session
+        says before it starts (the worst case: every extra repeat, every probe of a search at its
+        longest); then the points timed by floors and those not timed, if any."""
+        extra = " with extra repeats" if any(p.most_repeats > p.repeats for p in self.points) else ""
+        if self.gpus:
+            planned = f"planned ≈ {minutes(self.planned_s)}, {self.gpu_hours(self.planned_s):.1f} GPU-h"
+            worst = f"at most {minutes(self.worst_s)}, {self.gpu_hours(self.worst_s):.1f} GPU-h{',' if extra else ''}{extra}"
+        else:
+            planned = f"planned ≈ {minutes(self.planned_s)}, 0 GPU-h (a CPU suite)"
+            worst = f"at most {minutes(self.worst_s)}{extra}"
+        notes = []
+        if self.bounded:
+            notes.append(f"{len(self.bounded)} point(s) timed by floors (upper bounds)")
+        if self.untimed:
+            notes.append(f"{len(self.untimed)} point(s) not timed (no history, expected figure or floor): not counted")
+        return f"{planned}; {worst}" + "".join(f"; {note}" for note in notes)
+
+    def as_json(self) -> dict[str, object]:
+        """The plan as ``qwenperf plan --suite --json`` writes it (:data:`PLAN_SCHEMA`)."""
+        return {
+            "schema": PLAN_SCHEMA,
+            "suite": self.suite,
+            "path": self.path,
+            "gpus": self.gpus,
+            "boot": {
+                "seconds": self.boot_s,
+                "from": self.boot_from,
+                "configs": list(self.boots),
+                "rounds": self.rounds,
+                "total_s": self.boots_s,
+            },
+            "points": [p.as_json() for p in self.points],
+            "totals": {
+                "planned_s": self.planned_s,
+                "worst_s": self.worst_s,
+                "planned_gpu_hours": self.gpu_hours(self.planned_s),
+                "worst_gpu_hours": self.gpu_hours(self.worst_s),
+                "bounded_by_floors": [f"{p.config}/{p.workload}" for p in self.bounded],
+                "untimed": [f"{p.config}/{p.workload}" for p in self.untimed],
+            },
+            "line": self.line(),
+        }
+
+
+def minutes(seconds: float) -> str:
+    """``41 min``: the unit of a session's totals (and of ``--fail-over``)."""
+    return f"{seconds / 60:.0f} min"
+
+
+def clock(seconds: float) -> str:
+    """``42 s``, ``2 m 05 s``, ``1 h 07 m``: a point's times in a table."""
+    whole = max(0, round(seconds))
+    if whole < 60:
+        return f"{whole} s"
+    if whole < 3600:
+        return f"{whole // 60} m {whole % 60:02d} s"
+    return f"{whole // 3600} h {whole % 3600 // 60:02d} m"
+
+
+def points_of(suite: Suite, configs: Sequence[str] = (), workloads: Sequence[str] = ()) -> tuple[Point, ...]:
+    """The suite's points, config by config (the order a session boots them), of the ``configs`` and
+    ``workloads`` named (none named: all); an id the suite lacks, or a selection without a point, is
+    a :class:`~pytest_qwenperf.suite.config.SuiteError`."""
+    chosen = [suite.config(config_id) for config_id in configs] if configs else list(suite.configs)
+    known = [w.id for w in suite.workloads]
+    unknown = [w for w in workloads if w not in known]
+    if unknown:
+        raise SuiteError(f"{suite.path}: no workload {unknown[0]!r}; workloads are {known}")
+    found = tuple(
+        (config, workload)
+        for config in suite.configs
+        if config in chosen
+        for workload in suite.workloads
+        if (not workloads or workload.id in workloads) and workload.runs_on(config.id)
+    )
+    if not found:
+        raise SuiteError(f"{suite.path}: no point: none of the workloads {list(workloads) or known} runs on {[c.id for c in chosen]}")
+    return found
+
+
+def plan(suite: Suite, points: Sequence[Point], history: Mapping[tuple[str, str], Measured]) -> SessionPlan:
+    """The cost of a session of ``points`` of ``suite`` (see the module's docstring); ``history`` holds
+    what the history measured, by (config id, workload id). Repeats are the suite's: a caller whose
+    settings change them passes a suite with its own (``dataclasses.replace``)."""
+    boot_from: Literal["suite", "default"] = "default" if suite.boot_s is None else "suite"
+    boot_s = suite.boot_s if suite.boot_s is not None else GPU_BOOT_S if suite.gpus else CPU_BOOT_S
+    configs = list(dict.fromkeys(config for config, _ in points))
+    return SessionPlan(
+        suite=suite.name,
+        path=str(suite.path),
+        gpus=suite.gpus,
+        boot_s=boot_s,
+        boot_from=boot_from,
+        boots=tuple(config.id for config in configs),
+        rounds=boot_rounds(suite, configs),
+        points=tuple(_cost(suite, config, workload, history.get((config.id, workload.id))) for config, workload in points),
+    )
+
+
+def boot_rounds(suite: Suite, configs: Sequence[ServingConfig]) -> int:
+    """How many boots a session of ``configs`` waits for one after another: on a CPU suite the pool
+    boots the next single server beside the one asked for, on the load generator's idle cores
+    (:meth:`~pytest_qwenperf.serving.pool.ServerPool.get`), so two such configs in a row boot in one
+    round; a GPU suite's servers, and a config of several replicas (all cores), boot alone."""
+    if suite.gpus:
+        return len(configs)
+    rounds, waiting = 0, False  # waiting: the last single server booted alone, so the next may join it
+    for config in configs:
+        if config.replicas == 1 and waiting:
+            waiting = False
+            continue
+        rounds += 1
+        waiting = config.replicas == 1
+    return rounds
+
+
+def _cost(suite: Suite, config: ServingConfig, workload: SuiteWorkload, measured: Measured | None) -> PointCost:
+    """A point timed by its first source that can (the module's docstring)."""
+    repeats, most = suite.repeats, suite.max_repeats or suite.repeats
+    for source, rates, duration_s in _sources(config, workload, measured):
+        timings = [t for t in (_timing(config, workload, rate, duration_s) for rate in rates) if t is not None]
+        if timings:
+            best = min(timings, key=lambda t: t.repeat_s)
+            if source.kind == "history" and measured is not None and measured.repeat_s is not None:
+                # what its repeats took, whole: no model of the overheads needed
+                best = dataclasses.replace(best, repeat_s=measured.repeat_s, worst_repeat_s=max(best.worst_repeat_s, measured.repeat_s))
+            return PointCost(config.id, workload.id, source, best, repeats, most)
+    return PointCost(config.id, workload.id, Source("none"), None, repeats, most)
+
+
+def _sources(
+    config: ServingConfig, workload: SuiteWorkload, measured: Measured | None
+) -> Iterator[tuple[Source, tuple[Rate, ...], float | None]]:
+    """Each source of a point's throughput, in order, with its rates and measured duration of a load run."""
+    if measured is not None:
+        yield Source("history", measured.runs), measured.rates, None if workload.search else measured.duration_s
+    if config.expected is not None:
+        stated = ((name, getattr(config.expected, name)) for name in RATES)
+        yield Source("expected"), tuple(Rate(name, value) for name, value in stated if value is not None), None
+    floors = ((name, workload.floor(name, config.id)) for name in RATES)
+    yield Source("floor"), tuple(Rate(name, value) for name, value in floors if value is not None and value > 0), None
+
+
+def _timing(config: ServingConfig, workload: SuiteWorkload, rate: Rate, duration_s: float | None) -> Timing | None:
+    """The point at ``rate`` (a measured duration of a load run, where the history has one); None when
+    its tokens cannot be counted for that rate."""
+    routes = 2 if config.replicas > 1 else 1
+    search = workload.search
+    if search is None:
+        run = load_run(workload, config.replicas, rate, duration_s)
+        if run is None:
+            return None
+        return Timing(rate, run, routes, routes * run.seconds, routes * run.seconds, None)
+    middle = search.load(math.sqrt(search.lowest * search.highest))
+    planned = load_run(workload.at_load(middle), config.replicas, rate)
+    ends = [load_run(workload.at_load(search.load(end)), config.replicas, rate) for end in (search.lowest, search.highest)]
+    if planned is None or None in ends:
+        return None
+    worst = max(run.seconds for run in ends if run is not None)
+    probes = Probes(search.max_probes, middle, planned.seconds, worst)
+    return Timing(rate, planned, routes * probes.count, routes * probes.count * planned.seconds, routes * probes.count * worst, probes)
+
+
+def load_run(workload: SuiteWorkload, replicas: int, rate: Rate, duration_s: float | None = None) -> LoadRun | None:
+    """One load run of ``workload`` on ``replicas`` replicas at ``rate`` (the measured requests take
+    ``duration_s`` where the history measured it); None when its tokens cannot be counted for ``rate``."""
+    warmup, measured = phases(workload, replicas)
+    warmup_s = warmup.seconds(rate)
+    measured_s = measured.seconds(rate) if duration_s is None else duration_s
+    if warmup_s is None or measured_s is None:
+        return None
+    prompts = (warmup.input_tokens or 0.0) + (measured.input_tokens or 0.0)
+    return LoadRun(warmup_s, measured_s, LOAD_RUN_OVERHEAD_S + prompts * PROMPT_BUILD_S_PER_TOKEN)
+
+
+def phases(workload: SuiteWorkload, replicas: int = 1) -> tuple[Phase, Phase]:
+    """The warm-up and the measured requests of one load run of ``workload`` on ``replicas`` replicas.
+
+    Each replica gets the whole workload (its tokens count ``replicas`` times) at ``replicas`` times
+    its concurrency or rate, so its arrivals take as long as one copy's (``measure.scaling``)."""
+    w = workload.workload
+    if isinstance(w, TraceWorkload):
+        entries = w.entries()
+        first, rest = entries[: workload.warmup], entries[workload.warmup :]
+        warm = Phase(len(first), *_trace_tokens(first))
+        measured = Phase(len(rest), *_trace_tokens(rest), _replay_s(rest, workload.arrival))
+    else:
+        total = w.num_prompts if w.num_prompts is not None or not isinstance(w, JsonlWorkload) else _jsonl_lines(w)
+        assert total is not None  # only a JSONL workload may leave num_prompts out
+        input_tokens, output_tokens = _per_request(w)
+        count = total - workload.warmup
+        warm = _phase(workload.warmup, input_tokens, output_tokens, _warmup_paced_s(workload))
+        measured = _phase(count, input_tokens, output_tokens, _measured_paced_s(workload, count))
+    return _times(warm, replicas), _times(measured, replicas)
+
+
+def _times(phase: Phase, copies: int) -> Phase:
+    def scaled(tokens: float | None) -> float | None:
+        return None if tokens is None else tokens * copies
+
+    return Phase(phase.requests * copies, scaled(phase.input_tokens), scaled(phase.output_tokens), phase.paced_s)
+
+
+def _phase(requests: int, input_tokens: float | None, output_tokens: float | None, paced_s: float) -> Phase:
+    """``requests`` requests of the mean tokens given (None: unknown)."""
+    return Phase(
+        requests,
+        None if input_tokens is None else requests * input_tokens,
+        None if output_tokens is None else requests * output_tokens,
+        paced_s,
+    )
+
+
+def _per_request(w: Workload) -> tuple[float | None, float | None]:
+    """A request's mean input and output tokens, as far as they are known without the tokenizer."""
+    if isinstance(w, RandomWorkload):
+        out_low, out_high = (max(n, 1) for n in length_range(w.output_len, w.range_ratio))  # as build: never 0 output tokens
+        return sum(length_range(w.input_len, w.range_ratio)) / 2, (out_low + out_high) / 2
+    if isinstance(w, SharedPrefixWorkload):
+        return float(w.prefix_len + w.suffix_len), float(w.output_len)
+    if isinstance(w, ConversationWorkload):  # turn k: the first input, then k replies and user turns
+        grown = (w.output_len + w.turn_input_len) * (w.turns - 1) / 2
+        return w.first_input_len + grown, float(w.output_len)
+    if isinstance(w, FixedWorkload):  # a text prompt: its tokens need the tokenizer
+        return None, float(w.output_len)
+    if isinstance(w, JsonlWorkload):
+        return None, _jsonl_output(w)
+    raise TypeError(f"no token count for a {w.kind!r} workload")
+
+
+def _jsonl_lines(w: JsonlWorkload) -> int:
+    """The requests of a JSONL workload without ``num_prompts``: one per non-blank line."""
+    return sum(1 for line in Path(w.path).read_text(encoding="utf-8").splitlines() if line.strip())
+
+
+def _jsonl_output(w: JsonlWorkload) -> float | None:
+    """The workload's ``output_len``, else the mean of its lines' when every line states one (lines
+    that are conversations take their reply's length, which needs the tokenizer)."""
+    if w.output_len is not None:
+        return float(w.output_len)
+    stated = []
+    for line in Path(w.path).read_text(encoding="utf-8").splitlines():
+        if line.strip():
+            try:
+                entry = json.loads(line)
+            except ValueError:  # the session's build names the line; a plan just cannot count it
+                return None
+            value = entry.get("output_len") if isinstance(entry, dict) else None
+            if not isinstance(value, int):
+                return None
+            stated.append(value)
+    return statistics.fmean(stated) if stated else None
+
+
+def _trace_tokens(entries: Sequence[TraceEntry]) -> tuple[float, float]:
+    return float(sum(e.input_length for e in entries)), float(sum(e.output_length for e in entries))
+
+
+def _replay_s(entries: Sequence[TraceEntry], arrival: Arrival) -> float:
+    """How long a replay of ``entries`` sends for: their span, times its ``time_scale``."""
+    if not isinstance(arrival, Replay) or len(entries) < 2:
+        return 0.0
+    return (entries[-1].timestamp_ms - entries[0].timestamp_ms) / 1000 * arrival.time_scale
+
+
+def _measured_paced_s(workload: SuiteWorkload, requests: int) -> float:
+    """The least time the measured requests' arrivals take: an open loop's schedule, and the think
+    time of conversations (a closed loop's lane sends its conversations one after another)."""
+    arrival, w = workload.arrival, workload.workload
+    arrivals = requests // w.turns if isinstance(w, ConversationWorkload) else requests
+    if isinstance(arrival, OpenLoop):
+        return arrivals / arrival.rate + _think_s(w, 1, 1)
+    if isinstance(arrival, ClosedLoop):
+        return _think_s(w, arrivals, arrival.concurrency)
+    return 0.0
+
+
+def _warmup_paced_s(workload: SuiteWorkload) -> float:
+    """The least time the warm-up's arrivals take: an open loop's ramp, and conversations' think time
+    over the warm-up's lanes (``loadgen.arrivals.warmup_lanes``)."""
+    arrival, w = workload.arrival, workload.workload
+    if workload.warmup == 0:
+        return 0.0
+    arrivals = workload.warmup // w.turns if isinstance(w, ConversationWorkload) else workload.warmup
+    if isinstance(arrival, OpenLoop) and arrival.ramp is not None:
+        return arrival.ramp_offsets(arrivals)[-1] + _think_s(w, 1, 1)
+    return _think_s(w, arrivals, warmup_lanes(arrival, workload.warmup)[-1][1])
+
+
+def _think_s(w: Workload, conversations: int, lanes: int) -> float:
+    """The think time ``lanes`` lanes wait between the turns of ``conversations`` conversations."""
+    if not isinstance(w, ConversationWorkload):
+        return 0.0
+    return math.ceil(conversations / lanes) * (w.turns - 1) * w.think_time_s
+
+
+def planned(suite: Suite, points: Sequence[Point], where: str | None) -> SessionPlan:
+    """:func:`plan` with what the history store at ``where`` holds of the points (None: no store to
+    read). The store is only read, never made: the caller says where one exists."""
+    if where is None:
+        return plan(suite, points, {})
+    with HistoryStore.open(where, create=False) as store:
+        return plan(suite, points, history_of(store, suite, points))
+
+
+def history_of(store: HistoryStore, suite: Suite, points: Sequence[Point]) -> dict[tuple[str, str], Measured]:
+    """What ``store`` holds of each point: its newest valid runs (the suite's ``history_window`` of
+    them) and their medians, by (config id, workload id).
+
+    A point's runs are those of its identity today (``Suite.identity``: the suite, config, model,
+    vLLM argv, workload and the workload's fingerprint, so a resized workload or a changed flag is not
+    timed by runs of the old one) on *any* hardware the store holds: a CPU's hardware id names its
+    model and cores, and a plan is made before, and without, a look at the machine. A store shared
+    by runners of different speeds thus times a point by the newest runs of any of them."""
+    found = {}
+    for config, workload in points:
+        machines = sorted({key.hardware for key in store.keys(config=config.key, workload=workload.id)})
+        runs = [run for machine in machines for run in store.valid_runs(suite.identity(config.id, workload.id, hardware=machine))]
+        if runs:
+            runs.sort(key=lambda run: run.context.started or "")
+            found[(config.id, workload.id)] = measured_of(runs[-suite.history_window :])
+    return found
+
+
+def measured_of(runs: Sequence[Run]) -> Measured:
+    """The medians of ``runs``' throughputs and measured durations (each run's median repeat's)."""
+    rates = tuple(Rate(name, statistics.median(values)) for name in RATES if (values := _positive(runs, name)))
+    durations = _positive(runs, "duration")
+    repeats = [run.elapsed_s / _repeats(run) for run in runs if run.elapsed_s]
+    return Measured(
+        len(runs), rates, statistics.median(durations) if durations else None, statistics.median(repeats) if repeats else None
+    )
+
+
+def _repeats(run: Run) -> int:
+    """How many repeats ``run`` took: one search each for a search, else its samples per metric."""
+    if run.capacity:
+        return len(run.capacity)
+    return max((len(values) for values in (run.samples or {}).values()), default=1)
+
+
+def _positive(runs: Sequence[Run], name: str) -> list[float]:
+    values = (run.metrics.get(name) for run in runs)
+    return [float(v) for v in values if isinstance(v, (int, float)) and math.isfinite(v) and v > 0]

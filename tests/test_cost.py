@@ -1,0 +1,311 @@
+"""The cost of a session before it starts (``suite/cost.py``, ``qwenperf plan --suite``): times worked
+out by hand for a small suite, the sources of a point's throughput in their order (history, the
+suite's expected figure, a floor as a bound, none), ``--fail-over``, a plan that creates no file, and
+the client sizing that ``qwenperf plan`` still does."""
+
+from __future__ import annotations
+
+import json
+import math
+from pathlib import Path
+
+import pytest
+
+from pytest_qwenperf.cli.main import main
+from pytest_qwenperf.core.run import Run
+from pytest_qwenperf.gate.history_store import HistoryStore
+from pytest_qwenperf.suite.config import SuiteError, load_suite
+from pytest_qwenperf.suite.cost import (
+    LOAD_RUN_OVERHEAD_S,
+    PLAN_SCHEMA,
+    PROMPT_BUILD_S_PER_TOKEN,
+    Measured,
+    Rate,
+    history_of,
+    phases,
+    plan,
+    points_of,
+)
+from pytest_qwenperf.suite.traces import TraceEntry, write_jsonl
+from tests.suite_files import suite_at
+from tests.test_baseline import make_run, run_of
+
+ROOT = Path(__file__).resolve().parents[1]
+SMALL = """
+[suite]
+name = "small"
+hardware = "h100"
+model = "embedded:tiny"
+gpus = 2
+repeats = 2
+max_repeats = 4
+boot_s = 30
+
+[[config]]
+id = "base"
+expected = { total_token_throughput = 1000.0 }
+
+[[config]]
+id = "two"
+inherits = "base"
+replicas = 2
+expected = { total_token_throughput = 2000.0 }
+
+[[config]]
+id = "bare"
+inherits = "base"
+
+[[workload]]
+name = "w"
+kind = "random"
+input_len = 100
+output_len = 50
+num_prompts = 120
+warmup = 20
+load = { concurrency = 10 }
+configs = ["base", "two", "bare"]
+floors = { output_throughput = { bare = 25.0 } }
+
+[[workload]]
+name = "open"
+kind = "random"
+input_len = 10
+output_len = 10
+num_prompts = 50
+warmup = 10
+load = { rate = 2.0 }
+configs = ["base"]
+
+[[workload]]
+name = "search"
+kind = "random"
+input_len = 10
+output_len = 10
+num_prompts = 520
+warmup = 8
+load = { concurrency = 32 }
+slo = "tpot:6"
+search = { by = "concurrency", lowest = 2, highest = 256, max_probes = 7 }
+configs = ["base"]
+
+[[workload]]
+name = "x"
+kind = "random"
+input_len = 10
+output_len = 10
+num_prompts = 20
+load = { concurrency = 4 }
+configs = ["bare"]
+"""
+
+
+def overhead(prompt_tokens: float) -> float:
+    return LOAD_RUN_OVERHEAD_S + prompt_tokens * PROMPT_BUILD_S_PER_TOKEN
+
+
+def test_a_small_suite_costs_what_the_model_says_by_hand(tmp_path: Path) -> None:
+    suite = suite_at(tmp_path, SMALL)
+    found = plan(suite, points_of(suite), {})
+    cost = {(p.config, p.workload): p for p in found.points}
+    # base x w at 1,000 total tok/s: 20 warm-up and 100 measured requests of 150 tokens
+    base_w = 20 * 150 / 1000 + 100 * 150 / 1000 + overhead(120 * 100)
+    # two replicas: each repeat runs one replica's load on one, then twice it on both, at the config's 2,000 tok/s
+    two_w = 2 * (3.0 + 15.0 + overhead(2 * 120 * 100))
+    # an open loop at 2 req/s sends its 40 measured requests in 20 s, though the server needs 0.8 s
+    base_open = 10 * 20 / 1000 + 40 / 2 + overhead(50 * 10)
+    # a search of 7 probes, planned at concurrency round(sqrt(2 x 256)) = 23 (64 requests: 2 a stream, at least 64),
+    # at worst each at 256 (512 requests, all the workload measures)
+    probe = 8 * 20 / 1000 + 64 * 20 / 1000 + overhead(72 * 10)
+    longest = 8 * 20 / 1000 + 512 * 20 / 1000 + overhead(520 * 10)
+    assert cost["base", "w"].timing is not None and cost["base", "w"].timing.repeat_s == pytest.approx(base_w)
+    assert cost["base", "w"].planned_s == pytest.approx(2 * base_w) and cost["base", "w"].worst_s == pytest.approx(4 * base_w)
+    two = cost["two", "w"]
+    assert two.planned_s == pytest.approx(2 * two_w) and two.timing is not None and two.timing.load_runs == 2
+    assert cost["base", "open"].planned_s == pytest.approx(2 * base_open)
+    search = cost["base", "search"]
+    assert search.timing is not None and search.timing.probes is not None
+    assert (search.timing.probes.count, search.timing.probes.load) == (7, 23.0)
+    assert search.timing.probes.planned_s == pytest.approx(probe) and search.timing.probes.worst_s == pytest.approx(longest)
+    assert search.planned_s == pytest.approx(2 * 7 * probe) and search.worst_s == pytest.approx(4 * 7 * longest)
+    assert {p.source.label for p in found.points if p.config in ("base", "two")} == {"expected (suite)"}
+    # bare states no expected figure (a rung's is not inherited): its floor of 25 output tok/s bounds it
+    bare_w = 20 * 50 / 25 + 100 * 50 / 25 + overhead(120 * 100)
+    assert cost["bare", "w"].source.label == "floor (bound)" and cost["bare", "w"].planned_s == pytest.approx(2 * bare_w)
+    assert cost["bare", "x"].source.label == "none" and cost["bare", "x"].timing is None
+    timed = 2 * (base_w + two_w + base_open + 7 * probe + bare_w)
+    worst = 4 * (base_w + two_w + base_open + 7 * longest + bare_w)
+    assert found.boots == ("base", "two", "bare") and found.rounds == 3 and found.boots_s == 90.0 and found.boot_from == "suite"  # a GPU suite boots one at a time
+    assert found.planned_s == pytest.approx(90 + timed) and found.worst_s == pytest.approx(90 + worst)
+    assert found.gpu_hours(found.planned_s) == pytest.approx(2 * found.planned_s / 3600)
+    assert found.line() == (
+        f"planned ≈ {found.planned_s / 60:.0f} min, {2 * found.planned_s / 3600:.1f} GPU-h; "
+        f"at most {found.worst_s / 60:.0f} min, {2 * found.worst_s / 3600:.1f} GPU-h, with extra repeats; "
+        "1 point(s) timed by floors (upper bounds); 1 point(s) not timed (no history, expected figure or floor): not counted"
+    )
+
+
+def test_points_are_chosen_by_config_and_workload(tmp_path: Path) -> None:
+    suite = suite_at(tmp_path, SMALL)
+    assert [(c.id, w.id) for c, w in points_of(suite, ["two", "base"], ["w", "open"])] == [("base", "w"), ("base", "open"), ("two", "w")]
+    with pytest.raises(SuiteError, match=r"no workload 'nope'; workloads are \['w', 'open', 'search', 'x'\]"):
+        points_of(suite, workloads=["nope"])
+    with pytest.raises(SuiteError, match=r"no point: none of the workloads \['open'\] runs on \['bare'\]"):
+        points_of(suite, ["bare"], ["open"])
+
+
+def test_a_replay_lasts_its_span_and_conversations_wait_their_think_time(tmp_path: Path) -> None:
+    write_jsonl([TraceEntry(0, 100, 10), TraceEntry(1000, 200, 20), TraceEntry(3000, 300, 30), TraceEntry(7000, 400, 40)], tmp_path / "t.jsonl")
+    suite = suite_at(
+        tmp_path,
+        SMALL
+        + """
+[[workload]]
+name = "replay"
+kind = "trace"
+path = "t.jsonl"
+warmup = 1
+load = { replay = true, time_scale = 0.5 }
+configs = ["base"]
+
+[[workload]]
+name = "chat"
+kind = "conversation"
+conversations = 4
+turns = 3
+first_input_len = 10
+turn_input_len = 5
+output_len = 4
+think_time_s = 1.5
+warmup = 3
+load = { concurrency = 2 }
+configs = ["base"]
+""",
+    )
+    replay, chat = suite.workloads[-2:]
+    warm, measured = phases(replay)
+    assert (warm.requests, warm.input_tokens, warm.output_tokens, warm.paced_s) == (1, 100, 10, 0.0)
+    # the measured requests go from 1 s to 7 s of the trace, replayed at half its times
+    assert (measured.requests, measured.input_tokens, measured.output_tokens, measured.paced_s) == (3, 900, 90, 3.0)
+    warm, measured = phases(chat)
+    # a turn's prompt grows by a reply and a user turn: 10, 19, 28 tokens; 3 conversations on 2 lanes wait 2 x 2 x 1.5 s
+    assert (measured.requests, measured.input_tokens, measured.output_tokens, measured.paced_s) == (9, 171, 36, 6.0)
+    assert (warm.requests, warm.input_tokens, warm.paced_s) == (3, 57, 3.0)
+    found = plan(suite, points_of(suite, ["base"], ["replay"]), {})
+    assert found.points[0].timing is not None and found.points[0].timing.load_run.measured_s == 3.0
+
+
+def night(day: int, duration: float, total: float, failed: int = 0, **identity: str) -> Run:
+    """A run of the cpu suite's base x isl128-osl128 that started on November ``day``, its
+    ``identity`` changed where given."""
+    data = make_run("base", total=total, output=total / 2, failed=failed)
+    data["context"]["started"] = f"2026-11-{day:02d}T02:00:00+00:00"
+    data["metrics"]["duration"] = duration
+    data["identity"] |= identity
+    return run_of(data)
+
+
+def test_the_history_beats_the_suites_expected_figure_which_beats_a_floor(tmp_path: Path) -> None:
+    lines = (ROOT / "perf_tests" / "suites" / "cpu.toml").read_text().splitlines(keepends=True)
+    text = "".join(line for line in lines if not line.startswith("expected ="))  # the cpu suite without its figures
+    (tmp_path / "floors").mkdir()
+    bare = suite_at(tmp_path / "floors", text)
+    floored = plan(bare, points_of(bare, ["base"], ["isl128-osl128"]), {}).points[0]
+    suite = suite_at(tmp_path, text.replace('id = "base"\n', 'id = "base"\nexpected = { total_token_throughput = 2048.0 }\n', 1))
+    points = points_of(suite, ["base"], ["isl128-osl128"])
+    expected = plan(suite, points, {}).points[0]
+    assert expected.source.label == "expected (suite)" and expected.timing is not None
+    assert expected.timing.load_run.measured_s == pytest.approx(128 * 256 / 2048)
+    assert floored.source.label == "floor (bound)" and floored.timing is not None and floored.timing.rate == Rate("output_throughput", 500.0)
+
+    runs = [night(day, duration, 10_000.0 + day) for day, duration in zip(range(1, 10), (9, 9, 10, 11, 12, 12, 12, 13, 14), strict=True)]
+    others = [
+        night(20, 99.0, 1.0, hardware="cpu-other-cpu-8c"),  # another machine: counted, and the newest
+        night(21, 99.0, 1.0, failed=3),  # invalid
+        night(22, 99.0, 1.0, workload_fingerprint="0" * 16),  # another workload of the same name
+    ]
+    with HistoryStore.open(tmp_path / "history.sqlite") as store:
+        store.append([*runs, *others], source="test")
+        history = history_of(store, suite, points)
+    # the newest 7 (the suite's history_window) valid runs of the point's identity, on any hardware
+    assert history == {("base", "isl128-osl128"): Measured(7, (Rate("total_token_throughput", 10_006.0), Rate("output_throughput", 5_003.0)), 12.0)}
+    timed = plan(suite, points, history).points[0]
+    assert timed.source.label == "history: 7 runs" and timed.timing is not None
+    assert timed.timing.load_run.measured_s == 12.0 and timed.timing.load_run.warmup_s == pytest.approx(32 * 256 / 10_006)
+
+
+def test_a_plan_creates_no_file_and_fails_over_its_limit(tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]) -> None:
+    folder = tmp_path / "suite"
+    folder.mkdir()
+    suite_at(folder, SMALL)
+    monkeypatch.chdir(tmp_path)
+    before = sorted(tmp_path.rglob("*"))
+    chosen = ["plan", "--suite", str(folder / "suite.toml"), "--config", "base", "--config", "two"]
+    assert main([*chosen, "--json"]) == 0
+    out = json.loads(capsys.readouterr().out)
+    assert out["schema"] == PLAN_SCHEMA and out["history"] is None and out["totals"]["untimed"] == []
+    assert [(p["config"], p["workload"], p["source"]) for p in out["points"]] == [
+        ("base", "w", "expected"), ("base", "open", "expected"), ("base", "search", "expected"), ("two", "w", "expected")
+    ]
+    worst_min = out["totals"]["worst_s"] / 60
+    assert main([*chosen, "--fail-over", f"{worst_min * 1.01}"]) == 0
+    assert "is within --fail-over" in capsys.readouterr().err
+    assert main([*chosen, "--fail-over", f"{worst_min * 0.99}"]) == 1
+    assert f"the worst case, {worst_min:.1f} min, is over --fail-over {worst_min * 0.99:g} min" in capsys.readouterr().err
+    assert main(["plan", "--suite", str(folder / "suite.toml"), "--fail-over", "100000"]) == 1  # bare x x cannot be timed
+    assert "cannot hold the session to --fail-over 100000 min: no figure times bare/x" in capsys.readouterr().err
+    assert main([*chosen, "--history", str(tmp_path / "none.sqlite")]) == 2
+    assert "none.sqlite: no history store there (a command that reads a store never creates one)" in capsys.readouterr().err
+    assert sorted(tmp_path.rglob("*")) == before
+
+
+def test_the_client_sizing_plan_still_works_and_the_two_plans_do_not_mix(capsys: pytest.CaptureFixture[str]) -> None:
+    assert main(["plan", "--request-rate", "16.6", "--output-len", "128"]) == 0
+    assert "busy client cores: 0.03" in capsys.readouterr().out
+    assert main(["plan", "--output-len", "64"]) == 2
+    assert "one of the arguments --output-throughput --request-rate is required (or --suite SUITE" in capsys.readouterr().err
+    assert main(["plan", "--request-rate", "1"]) == 2
+    assert "the argument --output-len is required" in capsys.readouterr().err
+    assert main(["plan", "--suite", "s.toml", "--output-len", "64"]) == 2
+    assert "--output-len: an option of the client sizing" in capsys.readouterr().err
+    assert main(["plan", "--request-rate", "1", "--output-len", "64", "--fail-over", "5"]) == 2
+    assert "--fail-over: an option of a suite's session (--suite)" in capsys.readouterr().err
+
+
+def test_the_b200_suite_plans_with_its_expected_figures(tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]) -> None:
+    monkeypatch.chdir(tmp_path)  # no history store here: the suite's figures alone
+    assert main(["plan", "--suite", str(ROOT / "perf_tests" / "suites" / "b200.toml"), "--json"]) == 0
+    out = json.loads(capsys.readouterr().out)
+    totals = out["totals"]
+    print(f"b200: planned {totals['planned_s'] / 60:.0f} min, at most {totals['worst_s'] / 60:.0f} min; {out['line']}")
+    assert {p["source"] for p in out["points"]} == {"expected"} and totals["untimed"] == []
+    assert out["boot"] == {"seconds": 240.0, "from": "suite", "configs": [c.id for c in load_suite(ROOT / "perf_tests" / "suites" / "b200.toml").configs], "rounds": 5, "total_s": 1200.0}
+    assert 1200 < totals["planned_s"] <= totals["worst_s"] and math.isclose(totals["planned_gpu_hours"], 8 * totals["planned_s"] / 3600)
+    assert totals["planned_s"] == pytest.approx(1200 + sum(p["planned_s"] for p in out["points"]))
+
+
+def test_a_history_that_timed_its_repeats_times_the_point_by_them(tmp_path: Path) -> None:
+    """Runs that recorded their wall time (``Run.elapsed_s``) time a repeat whole: its warm-up, its
+    drain, its overheads, with no model of them; a run of 4 repeats that took 60 s is 15 s a repeat."""
+    suite = load_suite(ROOT / "perf_tests" / "suites" / "cpu.toml")
+    points = points_of(suite, ["base"], ["isl128-osl128"])
+    samples = {"total_token_throughput": [10_000.0] * 4, "output_throughput": [5_000.0] * 4}
+    runs = []
+    for day, elapsed in ((1, 60.0), (2, 64.0), (3, 56.0)):
+        data = make_run("base", total=10_000.0, output=5_000.0, samples=samples)
+        data["context"]["started"] = f"2026-11-{day:02d}T02:00:00+00:00"
+        data["elapsed_s"] = elapsed
+        runs.append(run_of(data))
+    with HistoryStore.open(tmp_path / "history.sqlite") as store:
+        store.append(runs, source="test")
+        history = history_of(store, suite, points)
+    assert history["base", "isl128-osl128"].repeat_s == pytest.approx(15.0)
+    timed = plan(suite, points, history).points[0]
+    assert timed.timing is not None and timed.timing.repeat_s == pytest.approx(15.0)
+    assert timed.planned_s == pytest.approx(suite.repeats * 15.0)
+
+
+def test_a_cpu_suites_single_servers_boot_two_at_a_time_and_replicas_alone() -> None:
+    suite = load_suite(ROOT / "perf_tests" / "suites" / "cpu.toml")
+    found = plan(suite, points_of(suite), {})
+    # base+ctx-short, fp8kv+ngram-spec, prefix-cache+seqs-32, then replicas-2 on every core
+    assert len(found.boots) == 7 and found.rounds == 4 and found.boots_s == pytest.approx(4 * found.boot_s)
