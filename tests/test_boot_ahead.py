@@ -38,6 +38,7 @@ def test_the_next_config_boots_beside_on_the_other_cores_and_moves_onto_its_own(
         pool.get(first, measured, then=second)
         assert pool.boots == {"standin/first": 1, "standin/second": 1}  # both booted by the one call
         assert min(pool.boot_seconds.values()) >= 1.0
+        assert pool.booting_s < sum(pool.boot_seconds.values())  # the caller waited once for both (each at least 1 s)
         assert affinities(tmp_path / "second.pids") == {spare}  # idle meanwhile, off the measured cores
         pool.release("standin/first")
         pool.get(second, measured)

@@ -13,11 +13,12 @@ import pytest
 
 from pytest_qwenperf.core.records import RequestRecord
 from pytest_qwenperf.core.sequential import SequentialPlan
+from pytest_qwenperf.core.tables import format_duration as duration
 from pytest_qwenperf.loadgen.arrivals import ClosedLoop, OpenLoop
 from pytest_qwenperf.measure import sequential
 from pytest_qwenperf.measure.method import Method, repeats
 from pytest_qwenperf.measure.observe import Watching
-from pytest_qwenperf.measure.progress import Meter, duration, load_label, repeat_of, told, watched
+from pytest_qwenperf.measure.progress import Meter, load_label, repeat_of, told, watched
 from pytest_qwenperf.plugin.progress import ProgressSetting, Terminal, progress_setting
 from pytest_qwenperf.serving.server import Server
 from tests.stream_source import stream_source

@@ -8,11 +8,12 @@ from pathlib import Path
 import msgspec
 
 from pytest_qwenperf.core.run import PROMPT_LENGTHS, Decline, Loss, ServerCounters, TraceReplay
+from pytest_qwenperf.core.tables import format_duration
 from pytest_qwenperf.core.verdict import judge
 from pytest_qwenperf.measure.report import SessionReport
 from pytest_qwenperf.measure.session_table import noise_line, session_table
 from pytest_qwenperf.suite.config import load_suite
-from pytest_qwenperf.suite.cost import clock, plan, points_of
+from pytest_qwenperf.suite.cost import plan, points_of
 from tests.test_history_store import night
 
 
@@ -96,7 +97,7 @@ def test_each_point_says_what_it_took_against_the_plan_and_the_points_only_sessi
     report.add(night(21, 5_000.0, config="ctx-short"))  # not timed, not planned
     lines = session_table(report)
     assert "took (plan)" in lines[0]
-    assert f"52 s ({clock(planned_s)})" in lines[2] and "—  " in lines[3]
+    assert f"52 s ({format_duration(planned_s)})" in lines[2] and "—  " in lines[3]
     assert any(line.startswith("undecided where only more sessions can settle it, so no repeat was spent on it: 1 point(s)") for line in lines)
     plans = report.as_json()["plans"]
     assert isinstance(plans, list) and plans[0]["points"][0]["elapsed_s"] == 52.4

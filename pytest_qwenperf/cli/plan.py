@@ -10,10 +10,11 @@ from pathlib import Path
 
 from pytest_qwenperf.core.formats import json_safe
 from pytest_qwenperf.core.options import positive_rate, positive_tokens_rate, tokens_per_chunk, whole_number
+from pytest_qwenperf.core.tables import format_duration
 from pytest_qwenperf.gate.history_store import HistoryError
 from pytest_qwenperf.loadgen.sizing import need
 from pytest_qwenperf.suite.config import SuiteError, load_suite
-from pytest_qwenperf.suite.cost import PointCost, SessionPlan, clock, planned, points_of
+from pytest_qwenperf.suite.cost import PointCost, SessionPlan, planned, points_of
 from pytest_qwenperf.suite.traces import TraceError
 
 HELP = "what a suite's session will cost (--suite), or how many client cores and machines a target load needs"
@@ -150,14 +151,14 @@ def table(found: SessionPlan, history: str | None) -> list[str]:
         probes = point.timing.probes
         lines.append(
             f"  {point.config} / {point.workload}: {probes.count} probes, planned at load {probes.load:g} "
-            f"({clock(probes.planned_s)} each), at worst {clock(probes.worst_s)} each"
+            f"({format_duration(probes.planned_s)} each), at worst {format_duration(probes.worst_s)} each"
         )
     source = "the suite's boot_s" if found.boot_from == "suite" else "the default: the suite states no boot_s"
     lines += [
         "",
-        f"boots: {configs} config(s) in {found.rounds} round(s) x {clock(found.boot_s)} ({source}) = {clock(found.boots_s)}"
+        f"boots: {configs} config(s) in {found.rounds} round(s) x {format_duration(found.boot_s)} ({source}) = {format_duration(found.boots_s)}"
         + (" (single servers boot two at a time on a CPU suite)" if found.rounds < configs else ""),
-        f"total: planned {clock(found.planned_s)}, at most {clock(found.worst_s)}",
+        f"total: planned {format_duration(found.planned_s)}, at most {format_duration(found.worst_s)}",
         found.line(),
     ]
     return lines
@@ -171,7 +172,7 @@ def _row(point: PointCost) -> str:
     kind = "total" if timing.rate.metric == "total_token_throughput" else "output"
     runs = f"{timing.load_runs} probes" if timing.probes else str(timing.load_runs)
     return (
-        f"{head} {f'{timing.rate.tokens_per_s:,.0f} {kind}':>15} {clock(timing.load_run.warmup_s):>8} "
-        f"{clock(timing.load_run.measured_s):>9} {runs:>9} {clock(timing.repeat_s):>9} {repeats:>7} "
-        f"{clock(point.planned_s):>9} {clock(point.worst_s):>9}"
+        f"{head} {f'{timing.rate.tokens_per_s:,.0f} {kind}':>15} {format_duration(timing.load_run.warmup_s):>8} "
+        f"{format_duration(timing.load_run.measured_s):>9} {runs:>9} {format_duration(timing.repeat_s):>9} {repeats:>7} "
+        f"{format_duration(point.planned_s):>9} {format_duration(point.worst_s):>9}"
     )

@@ -26,3 +26,11 @@ def format_table(header: Sequence[str], rows: Sequence[Sequence[str]], *, markdo
     return [line(header), "-" * (sum(widths) + 2 * (len(widths) - 1)), *(line(row) for row in rows)]
 
 
+def format_duration(seconds: float) -> str:
+    """``42 s``, ``2 m 05 s``, ``1 h 07 m``: a time as a status line or a table shows it, no longer than it needs."""
+    whole = max(0, round(seconds))
+    if whole < 60:
+        return f"{whole} s"
+    if whole < 3600:
+        return f"{whole // 60} m {whole % 60:02d} s"
+    return f"{whole // 3600} h {whole % 3600 // 60:02d} m"

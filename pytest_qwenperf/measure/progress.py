@@ -21,6 +21,7 @@ from typing import Protocol, TypeVar
 
 from pytest_qwenperf.core.records import RequestRecord
 from pytest_qwenperf.core.sequential import SequentialPlan
+from pytest_qwenperf.core.tables import format_duration
 from pytest_qwenperf.loadgen.arrivals import Arrival, ClosedLoop, OpenLoop
 from pytest_qwenperf.measure.observe import Watching
 
@@ -91,16 +92,6 @@ def load_label(replicas: int | None, probe: Arrival | None) -> str:
     return ", ".join(parts)
 
 
-def duration(seconds: float) -> str:
-    """``42 s``, ``2 m 05 s``, ``1 h 07 m``: as long as a status line needs, no longer."""
-    whole = max(0, round(seconds))
-    if whole < 60:
-        return f"{whole} s"
-    if whole < 3600:
-        return f"{whole // 60} m {whole % 60:02d} s"
-    return f"{whole // 3600} h {whole % 3600 // 60:02d} m"
-
-
 def repeat_of(number: int, plan: SequentialPlan) -> str:
     """``repeat 2 of 3``, or ``repeat 4 of 3 (up to 6)`` when the plan may add repeats."""
     extra = f" (up to {plan.most})" if plan.most > plan.first else ""
@@ -151,7 +142,7 @@ class Meter:
         took = now - self._repeat_at
         rate = f", {self._repeat_tokens / took:,.0f} out tok/s" if took > 0 else ""
         self._shown_at = now
-        self._show(f"qwenperf {self._point}: {self._repeat} done, {self._repeat_requests:,} requests{rate}, {duration(took)}")
+        self._show(f"qwenperf {self._point}: {self._repeat} done, {self._repeat_requests:,} requests{rate}, {format_duration(took)}")
 
     def _maybe_show(self, now: float) -> None:
         if self._every_s is None or (self._shown_at is not None and now - self._shown_at < self._every_s):
@@ -173,9 +164,9 @@ class Meter:
             parts.append(f"{self._done:,}/{self._total:,} requests")
         if self._done and elapsed > 0:
             parts.append(f"{sum(tokens for _, tokens in self._recent) / min(WINDOW_S, elapsed):,.0f} out tok/s")
-        parts.append(f"{duration(elapsed)} elapsed")
+        parts.append(f"{format_duration(elapsed)} elapsed")
         if self._done and self._total and elapsed > 0:
-            parts[-1] += f", ~{duration((self._total - self._done) * elapsed / self._done)} left"
+            parts[-1] += f", ~{format_duration((self._total - self._done) * elapsed / self._done)} left"
         return f"qwenperf {self._point}: " + ", ".join(parts)
 
 
@@ -221,11 +212,11 @@ class BootMeter:
         with self._lock:
             self._began(config_key)
             self._shown.pop(config_key, None)
-            self._show(f"qwenperf booted {self._side}{config_key} in {duration(elapsed_s)}")
+            self._show(f"qwenperf booted {self._side}{config_key} in {format_duration(elapsed_s)}")
 
     def status(self, config_key: str, elapsed_s: float, phase: str, last_log_line: str | None) -> str:
         """A boot's status line."""
-        line = f"qwenperf booting {self._side}{config_key} ({duration(elapsed_s)}, {phase})"
+        line = f"qwenperf booting {self._side}{config_key} ({format_duration(elapsed_s)}, {phase})"
         if elapsed_s >= SLOW_BOOT_S and last_log_line:
             line += f"; log: {last_log_line[:LOG_LINE_CHARS]}"
         return line

@@ -7,10 +7,10 @@ import statistics
 from collections.abc import Sequence
 
 from pytest_qwenperf.core.run import Run
+from pytest_qwenperf.core.tables import format_duration
 from pytest_qwenperf.core.verdict import format_mde
 from pytest_qwenperf.gate.judge import losses
 from pytest_qwenperf.measure.report import SessionReport
-from pytest_qwenperf.suite.cost import clock
 
 
 def session_table(report: SessionReport) -> list[str]:
@@ -115,8 +115,8 @@ def _capacity(run: Run) -> str:
 def _took(report: SessionReport, run: Run) -> str:
     """How long measuring the point took, and what the session's plan said it would: ``52 s (48 s)``."""
     point = report.planned(run)
-    took = "—" if run.elapsed_s is None else clock(run.elapsed_s)
-    return took if point is None or point.planned_s is None else f"{took} ({clock(point.planned_s)})"
+    took = "—" if run.elapsed_s is None else format_duration(run.elapsed_s)
+    return took if point is None or point.planned_s is None else f"{took} ({format_duration(point.planned_s)})"
 
 
 def _slid(run: Run) -> str:

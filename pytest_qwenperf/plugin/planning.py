@@ -11,11 +11,12 @@ from pathlib import Path
 
 import pytest
 
+from pytest_qwenperf.core.tables import format_duration
 from pytest_qwenperf.gate.history_store import HistoryError, is_url
 from pytest_qwenperf.plugin.settings import REPORT_KEY, SETTINGS_KEY, SUITES_KEY, QwenperfSettings, repeat_plan
 from pytest_qwenperf.serving.pool import ServerPool
 from pytest_qwenperf.suite.config import ServingConfig, Suite, SuiteWorkload
-from pytest_qwenperf.suite.cost import SessionPlan, clock, minutes, planned
+from pytest_qwenperf.suite.cost import SessionPlan, minutes, planned
 
 STARTED_KEY = pytest.StashKey[float]()
 """When the plan was made (``time.monotonic``): what the session took is counted from there."""
@@ -74,11 +75,11 @@ def end_lines(config: pytest.Config, pools: Sequence[ServerPool]) -> list[str]:
     planned_s = sum(found.planned_s for found in report.plans)
     measured = sum(run.elapsed_s or 0.0 for run in report.runs)
     points = sum(point.planned_s or 0.0 for found in report.plans for point in found.points)
-    booted = sum(seconds for pool in pools for seconds in pool.boot_seconds.values())
+    booted = sum(pool.booting_s for pool in pools)
     boots = sum(found.boots_s for found in report.plans)
     return [
         f"qwenperf: took {minutes(took)} against a plan of {minutes(planned_s)} ({took / planned_s:.0%}): "
-        f"measuring {clock(measured)} of {clock(points)} planned, booting {clock(booted)} of {clock(boots)} planned"
+        f"measuring {format_duration(measured)} of {format_duration(points)} planned, booting {format_duration(booted)} of {format_duration(boots)} planned"
         if planned_s
         else f"qwenperf: took {minutes(took)}"
     ]

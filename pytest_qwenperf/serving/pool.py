@@ -83,6 +83,7 @@ class ServerPool:
         self.settings = settings
         self.boots: Counter[str] = Counter()
         self.boot_seconds: dict[str, float] = {}  # config key -> seconds its boots took, until ready or failed
+        self.booting_s = 0.0  # wall seconds callers waited on boots (two boots at once count once)
         self._running: dict[str, ManagedServer | ReplicaSet] = {}
         self._ahead: set[str] = set()  # configs booted beside another, not yet moved onto their own cores
         self._failed: dict[str, ServerError] = {}
@@ -119,6 +120,17 @@ class ServerPool:
             return server
         if key in self._failed:
             raise BootFailedEarlier(f"config {key!r} failed to boot earlier in this session:\n{self._failed[key]}")
+        waited = time.monotonic()
+        try:
+            return self._boot_with(config, cpus, gpus, then)
+        finally:
+            self.booting_s += time.monotonic() - waited
+
+    def _boot_with(
+        self, config: ServingConfig, cpus: frozenset[int], gpus: tuple[str, ...], then: ServingConfig | None
+    ) -> ManagedServer | ReplicaSet:
+        """Boot ``config``'s server, and ``then``'s beside it where :meth:`get` says it may."""
+        key = config.key
         spare = frozenset(os.sched_getaffinity(0)) - cpus if cpus and not gpus else frozenset()
         ahead = None
         if then is not None and spare and then.replicas == 1 and then.key not in self._running and then.key not in self._failed:

@@ -134,6 +134,7 @@ class SuiteWorkload:
     configs: tuple[str, ...] = ()  # empty: every config of the suite
     slo: GoodputSLO | None = None
     floors: tuple[tuple[str, tuple[tuple[str, float], ...]], ...] = ()
+    expected: tuple[tuple[str, tuple[tuple[str, float], ...]], ...] = ()  # throughput -> per config, as floors: what ``qwenperf plan`` times it by
     search: SearchPlan | None = None  # find the highest load meeting ``slo`` instead of measuring ``arrival``'s
     capacity_order: tuple[tuple[str, float], ...] = ()  # configs by rising capacity, each with the factor it must reach over the first
     capacity_relation: CapacityRelation = "above"  # how each config of capacity_order stands to the one before it
@@ -168,6 +169,15 @@ class SuiteWorkload:
 
     def runs_on(self, config_id: str) -> bool:
         return not self.configs or config_id in self.configs
+
+    def expected_rate(self, metric: str, config_id: str) -> float | None:
+        """The throughput the suite expects of this workload on ``config_id`` (its ``expected`` table;
+        None: not stated here, the config's own figure then stands)."""
+        for name, per_config in self.expected:
+            if name == metric:
+                table = dict(per_config)
+                return table.get(config_id, table.get("*"))
+        return None
 
     def floor(self, metric: str, config_id: str) -> float | None:
         for name, per_config in self.floors:
@@ -446,6 +456,16 @@ class _RunTable(schema.Shape, frozen=True):
         ],
         Meta(description="a table of metric = { config = minimum }"),
     ] = msgspec.field(default_factory=dict)
+    expected: Annotated[
+        dict[
+            str,
+            Annotated[
+                dict[str, Annotated[float, Meta(gt=0, description="tokens per second > 0")]],
+                Meta(description='a table of config id (or "*") = tokens per second'),
+            ],
+        ],
+        Meta(description="a table of throughput = { config = tokens per second }"),
+    ] = msgspec.field(default_factory=dict)
     search: Annotated[_SearchTable, Meta(description=_SEARCH)] | None = None
     capacity_order: _Strings = ()
     capacity_relation: Annotated[CapacityRelation, Meta(description='"above" or "not-below"')] = "above"
@@ -586,9 +606,12 @@ def _suite_workload(path: Path, entry: Mapping[str, Any], where: str, config_ids
         except ValueError as exc:
             raise _fail(path, f"{where}.slo", str(exc), run.slo) from None
     floors = _floors(path, run.floors, f"{where}.floors", run.configs or sorted(config_ids))
+    expected = _expected_rates(path, run.expected, f"{where}.expected", run.configs or sorted(config_ids))
     search = _search(path, run, f"{where}", arrival, workload)
     order = _capacity_order(path, run, where, run.configs or sorted(config_ids), search)
-    return SuiteWorkload(workload, arrival, run.warmup, run.configs, slo, floors, search, order, run.capacity_relation)
+    return SuiteWorkload(
+        workload, arrival, run.warmup, run.configs, slo, floors, expected, search, order, run.capacity_relation
+    )
 
 
 def _check_warmup(path: Path, warmup: int, where: str, arrival: Arrival, workload: Workload) -> None:
@@ -681,6 +704,23 @@ def _arrival(path: Path, load: dict[str, Any], key: str) -> Arrival:
         return Replay(**{k: v for k, v in load.items() if k != "replay"})
     except ArrivalError as exc:
         raise _fail(path, f"{key}.{exc.field}", exc.expected, exc.got) from None
+
+
+def _expected_rates(
+    path: Path, data: Mapping[str, Mapping[str, float]], key: str, config_ids: Sequence[str]
+) -> tuple[tuple[str, tuple[tuple[str, float], ...]], ...]:
+    """``throughput = { config = tokens/s }``: what a workload is expected to carry per config, where
+    its shape makes the config's own figure wrong for it (a prefill-heavy workload's tokens/s)."""
+    rates = [field.name for field in msgspec.structs.fields(ExpectedThroughput)]
+    for metric, per_config in data.items():
+        if metric not in rates:
+            raise _fail(path, f"{key}.{metric}", f"one of {rates}", metric)
+        for config_id, rate in per_config.items():
+            if config_id != "*" and config_id not in config_ids:
+                raise _fail(path, f"{key}.{metric}.{config_id}", f'a config this workload runs on {list(config_ids)} or "*"', config_id)
+            if not math.isfinite(rate):
+                raise _fail(path, f"{key}.{metric}.{config_id}", "a finite number of tokens per second", rate)
+    return tuple((metric, tuple(per_config.items())) for metric, per_config in data.items())
 
 
 def _floors(

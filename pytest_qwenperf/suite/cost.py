@@ -8,8 +8,8 @@ computes. Each point is timed by the first source that can time it:
 
 1. **history**: the newest valid runs of the point (:func:`history_of`): their median measured
    duration of a load run, and their median throughput for the warm-up and a search's probes;
-2. **expected (suite)**: the config's ``expected`` table in the suite file
-   (:class:`~pytest_qwenperf.suite.config.ExpectedThroughput`);
+2. **expected (suite)**: the workload's ``expected`` table's figure for the config, else the config's
+   ``expected`` table (:class:`~pytest_qwenperf.suite.config.ExpectedThroughput`);
 3. **floor (bound)**: the workload's floor of ``total_token_throughput`` or ``output_throughput``
    for the config: a run that meets its floor is at least that fast, so its time is at most this;
 4. **none**: nothing to time it by (or its tokens cannot be counted without the tokenizer); the plan
@@ -85,10 +85,11 @@ GPU_BOOT_S = 240.0
 """One server's boot on a GPU suite that states no ``boot_s``: an assumption, not a measurement. vLLM
 loading a 27B FP8 model over 8 GPUs, compiling it (torch.compile) and capturing CUDA graphs takes
 minutes; the GPU suites of this project state their own figure."""
-LOAD_RUN_OVERHEAD_S = 3.0
+LOAD_RUN_OVERHEAD_S = 0.5
 """Seconds each load run takes besides its requests: the prefix caches reset, the telemetry samplers
-started and stopped, ``/metrics`` scraped before and after, the client's workers started, the run
-summarized. A guess, to be calibrated against ``Run.elapsed_s`` once sessions record it."""
+started and stopped, ``/metrics`` scraped before and after, the run summarized. Calibrated on the CPU
+suite's ``Run.elapsed_s`` (2-vCPU Xeon, 2026-11-28): isl128-osl128's repeats took 4.3-4.7 s against
+4.1-4.3 s of tokens at their throughput, shared-prefix's 1.3-2.0 s against 1.2-2.0 s."""
 PROMPT_BUILD_S_PER_TOKEN = 0.45e-6
 """Seconds the client takes to draw one prompt token before a load run (``Workload.build`` draws every id
 from BLAKE2b, again for each load run): 0.43 µs measured on this project's 2-vCPU Xeon (2026-11-28,
@@ -325,16 +326,6 @@ def minutes(seconds: float) -> str:
     return f"{seconds / 60:.0f} min"
 
 
-def clock(seconds: float) -> str:
-    """``42 s``, ``2 m 05 s``, ``1 h 07 m``: a point's times in a table."""
-    whole = max(0, round(seconds))
-    if whole < 60:
-        return f"{whole} s"
-    if whole < 3600:
-        return f"{whole // 60} m {whole % 60:02d} s"
-    return f"{whole // 3600} h {whole % 3600 // 60:02d} m"
-
-
 def points_of(suite: Suite, configs: Sequence[str] = (), workloads: Sequence[str] = ()) -> tuple[Point, ...]:
     """The suite's points, config by config (the order a session boots them), of the ``configs`` and
     ``workloads`` named (none named: all); an id the suite lacks, or a selection without a point, is
@@ -412,11 +403,19 @@ def _sources(
     """Each source of a point's throughput, in order, with its rates and measured duration of a load run."""
     if measured is not None:
         yield Source("history", measured.runs), measured.rates, None if workload.search else measured.duration_s
-    if config.expected is not None:
-        stated = ((name, getattr(config.expected, name)) for name in RATES)
+    stated = tuple((name, _expected(config, workload, name)) for name in RATES)
+    if any(value is not None for _, value in stated):
         yield Source("expected"), tuple(Rate(name, value) for name, value in stated if value is not None), None
     floors = ((name, workload.floor(name, config.id)) for name in RATES)
     yield Source("floor"), tuple(Rate(name, value) for name, value in floors if value is not None and value > 0), None
+
+
+def _expected(config: ServingConfig, workload: SuiteWorkload, name: Metric) -> float | None:
+    """The suite's expected ``name`` of the point: the workload's figure for the config, else the config's."""
+    found = workload.expected_rate(name, config.id)
+    if found is None and config.expected is not None:
+        found = getattr(config.expected, name)
+    return found
 
 
 def _timing(config: ServingConfig, workload: SuiteWorkload, rate: Rate, duration_s: float | None) -> Timing | None:
