@@ -90,8 +90,8 @@ def render(comparison: Comparison, *, markdown: bool = False) -> str:
     if alone:
         lines.append(
             f"{alone} verdict(s) rest on the repeats of fewer than {MIN_SESSIONS} sessions: how far this runner's sessions "
-            f"differ is unknown, and sessions can differ by more than their repeats (give the reference as a directory of "
-            f"{MIN_SESSIONS} or more session files, or compare sessions recorded with a history)"
+            f"differ is unknown, and sessions can differ by more than their repeats (give each side as a directory of "
+            f"session files, {MIN_SESSIONS} against one or 2 against 2 at least, or compare sessions recorded with a history)"
         )
     lines.append(f"verdicts against {labels[0]}: {summary}")
     return "\n".join(lines)

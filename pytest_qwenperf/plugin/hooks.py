@@ -299,7 +299,8 @@ def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item
             rank[cfg.key] = (1, len(rank))
     items.sort(key=lambda item: rank[found.key] if (found := _config_of(item)) else (-1,))
     config.stash[USES_KEY] = Counter(cfg.key for item in items if (cfg := _config_of(item)))
-    config.stash[ORDER_KEY] = tuple({cfg.key: cfg for item in items if (cfg := _config_of(item))}.values())
+    runs = [cfg for item in items if (cfg := _config_of(item)) and item.get_closest_marker("skip") is None]
+    config.stash[ORDER_KEY] = tuple({cfg.key: cfg for cfg in runs}.values())  # a config this machine cannot run never boots
     plan_session(config, items)  # the terminal says it once collection is done (pytest_report_collectionfinish)
 
 
