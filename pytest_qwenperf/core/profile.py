@@ -28,6 +28,7 @@ from __future__ import annotations
 
 import gzip
 import json
+import math
 import re
 from collections import defaultdict
 from collections.abc import Iterable, Mapping, Sequence
@@ -192,7 +193,7 @@ def _nested(thread: list[Mapping[str, Any]]) -> list[tuple[Mapping[str, Any], fl
 
 
 def _table(found: Mapping[str, list[float]], top: int) -> OperatorTable:
-    total = sum(us for us, _ in found.values())
+    total = math.fsum(us for us, _ in found.values())  # correctly rounded: never below the listed rows' fsum
     ranked = sorted(found.items(), key=lambda item: item[1][0], reverse=True)[:top]
     return OperatorTable(
         total_us=total,

@@ -8,6 +8,7 @@ figures cover the measured run alone, every request of which was sent before the
 from __future__ import annotations
 
 import json
+import math
 import os
 import re
 import subprocess
@@ -51,7 +52,7 @@ def test_bench_profile_keeps_traces_beside_its_json_and_measures_only_the_unprof
     operators = profile.cpu.operators
     assert operators and all(op.name and op.self_us > 0 and op.count > 0 and 0 < op.share <= 1 for op in operators), operators
     assert [op.self_us for op in operators] == sorted((op.self_us for op in operators), reverse=True)  # top by self time
-    assert profile.cpu.total_us >= sum(op.self_us for op in operators) and profile.gpu is None
+    assert profile.cpu.total_us >= math.fsum(op.self_us for op in operators) and profile.gpu is None
     assert profile.stop_s is not None and profile.stop_s > 0
 
     # The figures are the measured run's: its records, and the server's counters over it (warm-up included).

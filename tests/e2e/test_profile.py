@@ -8,6 +8,7 @@ measured request was sent before the profiler started and none after it stopped.
 from __future__ import annotations
 
 import json
+import math
 import re
 from pathlib import Path
 
@@ -57,7 +58,7 @@ def test_a_profiled_session_keeps_the_trace_beside_its_json_and_measures_only_un
         assert (pytester.path / trace).is_file()
     operators = run.profile.cpu.operators
     assert operators and all(op.self_us > 0 and op.count > 0 for op in operators), operators
-    assert run.profile.cpu.total_us >= sum(op.self_us for op in operators) and run.profile.gpu is None
+    assert run.profile.cpu.total_us >= math.fsum(op.self_us for op in operators) and run.profile.gpu is None
     assert run.profile.stop_s is not None and run.profile.stop_s > 0
 
     (log,) = (pytester.path / "logs" / "profiled").glob("tiny*.log")
