@@ -156,8 +156,7 @@ def table(found: SessionPlan, history: str | None) -> list[str]:
     source = "the suite's boot_s" if found.boot_from == "suite" else "the default: the suite states no boot_s"
     lines += [
         "",
-        f"boots: {configs} config(s) in {found.rounds} round(s) x {format_duration(found.boot_s)} ({source}) = {format_duration(found.boots_s)}"
-        + (" (single servers boot two at a time on a CPU suite)" if found.rounds < configs else ""),
+        f"boots: {configs} x {format_duration(found.boot_s)} ({source}) = {format_duration(found.boots_s)}",
         f"total: planned {format_duration(found.planned_s)}, at most {format_duration(found.worst_s)}",
         found.line(),
     ]

@@ -32,7 +32,6 @@ from pytest_qwenperf.measure.scaling import endpoint_routes
 from pytest_qwenperf.measure.sequential import measure_pair, measure_point
 from pytest_qwenperf.plugin.progress import boot_progress, point_progress
 from pytest_qwenperf.plugin.settings import (
-    ORDER_KEY,
     POOLS_KEY,
     REPORT_KEY,
     SETTINGS_KEY,
@@ -134,26 +133,14 @@ def vllm_server(
     boots beside it); stopped after the last test that needs it."""
     cpus = _placement(serving_config, qwenperf_settings).server_cpus
     pools = [pool for pool in (qwenperf_pool, qwenperf_candidate_pool) if pool is not None]
-    then = _next_config(request.config, serving_config) if qwenperf_candidate_pool is None else None
     try:
-        yield qwenperf_pool.get(serving_config, cpus, gpu_ids(serving_config, detect()), then)
+        yield qwenperf_pool.get(serving_config, cpus, gpu_ids(serving_config, detect()))
     finally:
         uses = request.config.stash.get(USES_KEY, Counter())
         uses[serving_config.key] -= 1
         if uses[serving_config.key] <= 0:
             for pool in pools:
                 pool.release(serving_config.key)
-
-
-def _next_config(config: pytest.Config, current: ServingConfig) -> ServingConfig | None:
-    """The config whose tests run after ``current``'s, still to be used (None: none), which the
-    pool may boot beside ``current``'s server (not with a candidate, whose server boots beside each)."""
-    order = config.stash.get(ORDER_KEY, ())
-    uses = config.stash.get(USES_KEY, Counter())
-    keys = [cfg.key for cfg in order]
-    if current.key not in keys:
-        return None
-    return next((cfg for cfg in order[keys.index(current.key) + 1 :] if uses[cfg.key] > 0), None)
 
 
 MeasureFn = Callable[[ServingConfig, SuiteWorkload], Run]

@@ -30,7 +30,6 @@ from pytest_qwenperf.plugin.planning import end_lines, plan_session, start_lines
 from pytest_qwenperf.plugin.progress import end_live_line, progress_setting
 from pytest_qwenperf.plugin.settings import (
     DEFAULT_HISTORY,
-    ORDER_KEY,
     POOLS_KEY,
     REPORT_KEY,
     SETTINGS_KEY,
@@ -299,8 +298,6 @@ def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item
             rank[cfg.key] = (1, len(rank))
     items.sort(key=lambda item: rank[found.key] if (found := _config_of(item)) else (-1,))
     config.stash[USES_KEY] = Counter(cfg.key for item in items if (cfg := _config_of(item)))
-    runs = [cfg for item in items if (cfg := _config_of(item)) and item.get_closest_marker("skip") is None]
-    config.stash[ORDER_KEY] = tuple({cfg.key: cfg for cfg in runs}.values())  # a config this machine cannot run never boots
     plan_session(config, items)  # the terminal says it once collection is done (pytest_report_collectionfinish)
 
 

@@ -33,7 +33,7 @@ from pytest_qwenperf.plugin.progress import ProgressSetting, progress_setting
 from pytest_qwenperf.serving.endpoints import EndpointSets
 from pytest_qwenperf.serving.pool import ServerPool
 from pytest_qwenperf.serving.server import DEFAULT_BOOT_TIMEOUT_S, DEFAULT_LAUNCHER
-from pytest_qwenperf.suite.config import ServingConfig, Suite
+from pytest_qwenperf.suite.config import Suite
 
 
 @dataclass(frozen=True)
@@ -90,9 +90,6 @@ POOLS_KEY = pytest.StashKey[dict[str, ServerPool]]()
 """The session's server pools by role ("launcher", "candidate"): their boot counts go into the JSON."""
 USES_KEY = pytest.StashKey[Counter[str]]()
 """Config key → collected tests still to use its server (it stops after the last)."""
-ORDER_KEY = pytest.StashKey[tuple[ServingConfig, ...]]()
-"""The configs the collected tests are parametrized with, in the order they run (a boot may bring
-the next one up beside it: :meth:`~pytest_qwenperf.serving.pool.ServerPool.get`)."""
 _T = TypeVar("_T")
 
 

@@ -6,8 +6,6 @@ ladder uses the same pool.
 
 from __future__ import annotations
 
-import os
-import threading
 import time
 from collections import Counter
 from dataclasses import dataclass
@@ -83,71 +81,30 @@ class ServerPool:
         self.settings = settings
         self.boots: Counter[str] = Counter()
         self.boot_seconds: dict[str, float] = {}  # config key -> seconds its boots took, until ready or failed
-        self.booting_s = 0.0  # wall seconds callers waited on boots (two boots at once count once)
+        self.booting_s = 0.0  # wall seconds callers waited on boots
         self._running: dict[str, ManagedServer | ReplicaSet] = {}
-        self._ahead: set[str] = set()  # configs booted beside another, not yet moved onto their own cores
         self._failed: dict[str, ServerError] = {}
         self._external: ExternalServer | None = None
         self._profiler: ProfilerSwitch | None = None
 
-    def get(
-        self,
-        config: ServingConfig,
-        cpus: frozenset[int] = frozenset(),
-        gpus: tuple[str, ...] = (),
-        then: ServingConfig | None = None,
-    ) -> Server:
+    def get(self, config: ServingConfig, cpus: frozenset[int] = frozenset(), gpus: tuple[str, ...] = ()) -> Server:
         """The running server for ``config`` (on ``cpus`` if given), booting it on first use.
 
         A config of several replicas boots them all, each on its share of ``cpus`` and of
         the GPUs ``gpus`` (``CUDA_VISIBLE_DEVICES`` ids; empty: leave GPUs alone).
-
-        ``then``: the config the caller will ask for next. Where ``config`` boots on some of this
-        machine's cores and ``then`` is one server that is not up yet, ``then`` boots at the same
-        time on the other cores (the load generator's, idle while servers boot), and is moved onto
-        the cores it is asked for when it is: two boots for the time of one. An idle vLLM server
-        takes no CPU, so it does not disturb what ``config``'s server measures meanwhile.
         """
         if self.settings.endpoints:
             return self._external_server()
         key = config.key
         if key in self._running:
-            server = self._running[key]
-            if key in self._ahead:  # booted beside another, on the cores it is not measured on
-                self._ahead.discard(key)
-                assert isinstance(server, ManagedServer), "only a single server boots ahead"
-                server.pin(cpus)
-            return server
+            return self._running[key]
         if key in self._failed:
             raise BootFailedEarlier(f"config {key!r} failed to boot earlier in this session:\n{self._failed[key]}")
         waited = time.monotonic()
         try:
-            return self._boot_with(config, cpus, gpus, then)
+            booted = self._boot(key, self._server(config, cpus, gpus))
         finally:
             self.booting_s += time.monotonic() - waited
-
-    def _boot_with(
-        self, config: ServingConfig, cpus: frozenset[int], gpus: tuple[str, ...], then: ServingConfig | None
-    ) -> ManagedServer | ReplicaSet:
-        """Boot ``config``'s server, and ``then``'s beside it where :meth:`get` says it may."""
-        key = config.key
-        spare = frozenset(os.sched_getaffinity(0)) - cpus if cpus and not gpus else frozenset()
-        ahead = None
-        if then is not None and spare and then.replicas == 1 and then.key not in self._running and then.key not in self._failed:
-            ahead = self._server(then, spare, ())
-            booting = threading.Thread(target=self._boot, args=(then.key, ahead), name="qwenperf-boot-ahead", daemon=True)
-            booting.start()
-        try:
-            booted = self._boot(key, self._server(config, cpus, gpus))
-        except BaseException:
-            if ahead is not None:
-                ahead.stop()  # its boot then ends at once, failed
-                booting.join()
-            raise
-        if ahead is not None:
-            booting.join()
-            if then is not None and then.key in self._running:
-                self._ahead.add(then.key)
         if booted is None:
             raise self._failed[key]
         return booted
@@ -197,7 +154,6 @@ class ServerPool:
     def release(self, key: str) -> None:
         """Stop the server of config ``key`` (no more consumers); a later :meth:`get` boots it again."""
         server = self._running.pop(key, None)
-        self._ahead.discard(key)
         if server is not None:
             server.stop()
 

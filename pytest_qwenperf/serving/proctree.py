@@ -269,19 +269,6 @@ def tree_of(root_pid: int, tag: str, *, group: bool = True) -> set[psutil.Proces
     return {p for p in procs if _alive(p)}
 
 
-def pin_tree(root_pid: int, tag: str, cpus: frozenset[int]) -> None:
-    """Move every thread of the live tree onto ``cpus``: a thread's affinity is its own, so pinning
-    each process alone would leave threads it already started (OpenMP's) where they were."""
-    for proc in tree_of(root_pid, tag):
-        try:
-            threads = proc.threads()
-        except psutil.NoSuchProcess:
-            continue
-        for thread in threads:
-            with contextlib.suppress(ProcessLookupError):  # ended meanwhile
-                os.sched_setaffinity(thread.id, cpus)
-
-
 def _group_members(pgid: int) -> set[psutil.Process]:
     members = set()
     for proc in psutil.process_iter():

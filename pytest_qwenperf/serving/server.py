@@ -35,7 +35,6 @@ from pytest_qwenperf.core.apikey import (
 )
 from pytest_qwenperf.core.environment import Environment
 from pytest_qwenperf.core.http import http_get
-from pytest_qwenperf.serving import proctree
 from pytest_qwenperf.serving.boot_progress import BootProgress, BootWatch
 from pytest_qwenperf.serving.environment import server_environment
 from pytest_qwenperf.serving.process import (
@@ -373,14 +372,6 @@ class ManagedServer(StartStop):
             self._process.stop()
         finally:
             self._info = None
-
-    def pin(self, cpus: frozenset[int]) -> None:
-        """Move the running tree, every thread of it, onto ``cpus`` (a server booted on other cores
-        than it is measured on: :meth:`~pytest_qwenperf.serving.pool.ServerPool.get`'s ``then``)."""
-        if self.pid is None:
-            raise ServerError(f"server {self.spec.name!r} is not running")
-        proctree.pin_tree(self.pid, self.tag, cpus)
-        self.spec = replace(self.spec, cpus=cpus)
 
     def is_alive(self) -> bool:
         return self._process.is_alive()

@@ -249,7 +249,6 @@ class SessionPlan:
     boot_s: float  # one server's boot
     boot_from: Literal["suite", "default"]
     boots: tuple[str, ...]  # the configs booted, once each
-    rounds: int  # boots one after another: a CPU suite's single servers boot two at a time (``serving.pool``)
     points: tuple[PointCost, ...]
 
     @property
@@ -263,7 +262,7 @@ class SessionPlan:
 
     @property
     def boots_s(self) -> float:
-        return self.rounds * self.boot_s
+        return len(self.boots) * self.boot_s
 
     @property
     def planned_s(self) -> float:
@@ -305,7 +304,6 @@ class SessionPlan:
                 "seconds": self.boot_s,
                 "from": self.boot_from,
                 "configs": list(self.boots),
-                "rounds": self.rounds,
                 "total_s": self.boots_s,
             },
             "points": [p.as_json() for p in self.points],
@@ -353,34 +351,15 @@ def plan(suite: Suite, points: Sequence[Point], history: Mapping[tuple[str, str]
     settings change them passes a suite with its own (``dataclasses.replace``)."""
     boot_from: Literal["suite", "default"] = "default" if suite.boot_s is None else "suite"
     boot_s = suite.boot_s if suite.boot_s is not None else GPU_BOOT_S if suite.gpus else CPU_BOOT_S
-    configs = list(dict.fromkeys(config for config, _ in points))
     return SessionPlan(
         suite=suite.name,
         path=str(suite.path),
         gpus=suite.gpus,
         boot_s=boot_s,
         boot_from=boot_from,
-        boots=tuple(config.id for config in configs),
-        rounds=boot_rounds(suite, configs),
+        boots=tuple(dict.fromkeys(config.id for config, _ in points)),
         points=tuple(_cost(suite, config, workload, history.get((config.id, workload.id))) for config, workload in points),
     )
-
-
-def boot_rounds(suite: Suite, configs: Sequence[ServingConfig]) -> int:
-    """How many boots a session of ``configs`` waits for one after another: on a CPU suite the pool
-    boots the next single server beside the one asked for, on the load generator's idle cores
-    (:meth:`~pytest_qwenperf.serving.pool.ServerPool.get`), so two such configs in a row boot in one
-    round; a GPU suite's servers, and a config of several replicas (all cores), boot alone."""
-    if suite.gpus:
-        return len(configs)
-    rounds, waiting = 0, False  # waiting: the last single server booted alone, so the next may join it
-    for config in configs:
-        if config.replicas == 1 and waiting:
-            waiting = False
-            continue
-        rounds += 1
-        waiting = config.replicas == 1
-    return rounds
 
 
 def _cost(suite: Suite, config: ServingConfig, workload: SuiteWorkload, measured: Measured | None) -> PointCost:
