@@ -209,7 +209,7 @@ def test_the_second_session_is_judged_against_the_first_one_the_history_holds(py
         ]
     )
     second.stdout.re_match_lines([r".*REFERENCE history: 1 run, \d{4}-\d\d-\d\d, vLLM \S+ VERDICTS (?!.*no-baseline).+$"])
-    second.stdout.re_match_lines([r".*out MDE  vs$", r"standin/base / w .*  history: 1 run, \d{4}-"])  # the session table
+    second.stdout.re_match_lines([r".*out MDE +took \(plan\)  vs$", r"standin/base / w .*  history: 1 run, \d{4}-"])  # the session table
     assert "had no stored baseline" not in second.stdout.str()
 
 

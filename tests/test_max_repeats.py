@@ -137,9 +137,10 @@ def test_gate(qwenperf_judgements):
 """
 
 
-def test_an_undecided_point_takes_every_extra_repeat_and_the_gate_warns_without_failing(pytester: pytest.Pytester) -> None:
-    """A baseline whose spread decides nothing keeps the verdict on output throughput undecided:
-    the point runs to its most, the verdicts come from that last look, and the session says so."""
+def test_an_undecided_point_no_repeat_can_settle_takes_none_and_the_gate_warns_without_failing(pytester: pytest.Pytester) -> None:
+    """A baseline whose spread decides nothing keeps the verdict on output throughput undecided
+    however many repeats the run takes: no extra repeat is spent, the verdicts come from the first
+    look, and the session says the point needs sessions, not repeats."""
     suite = load_suite(write_suite(pytester.path, 4))
     identity = suite.identity("base", "w", hardware=detect().id)
     hopeless = StoredMetric.of("output_throughput", (1e-12, 1e-2))  # far below any run and spread over ten decades
@@ -171,14 +172,15 @@ def test_an_undecided_point_takes_every_extra_repeat_and_the_gate_warns_without_
     assert result.ret == pytest.ExitCode.OK, output
     assert result.parseoutcomes()["passed"] == 2, output
     (run,) = json.loads((pytester.path / "results.json").read_text())["runs"]
-    assert run["extra_repeats"] == 2 and len(run["samples"]["output_throughput"]) == 4
+    assert run["extra_repeats"] == 0 and len(run["samples"]["output_throughput"]) == 2 and run["needs_sessions"]
     judged = {metric: (verdict, confidence) for metric, verdict, confidence in json.loads((pytester.path / "judgements.json").read_text())}
-    assert judged["output_throughput"] == ("underpowered", SequentialPlan(0.95, 2, 4).confidence_at(4))
+    assert judged["output_throughput"] == ("underpowered", SequentialPlan(0.95, 2, 4).confidence_at(2))
     result.stdout.fnmatch_lines(
         [
             "*extra*out MDE*",
-            "standin/base / w * 2  100.0%  stored baseline",  # its extra repeats; the MDE a baseline spread over ten decades leaves
-            "*extra repeats, taken while a verdict was noisy or underpowered: 1 of 1 point(s), 2 repeat(s) in all*",
+            "standin/base / w * 0  100.0% * stored baseline",  # no extra repeat; the MDE a baseline spread over ten decades leaves
+            "*extra repeats, taken while a verdict was noisy or underpowered: 0 of 1 point(s), 0 repeat(s) in all*",
+            "undecided where only more sessions can settle it, so no repeat was spent on it: 1 point(s)*",
         ]
     )
     assert "could not have shown a change of their tolerance's size" in output
