@@ -9,7 +9,7 @@ import sys
 from pathlib import Path
 
 from pytest_qwenperf.core.formats import json_safe
-from pytest_qwenperf.core.options import positive_rate, positive_tokens_rate, tokens_per_chunk, whole_number
+from pytest_qwenperf.core.options import positive_minutes, positive_rate, positive_tokens_rate, tokens_per_chunk, whole_number
 from pytest_qwenperf.core.tables import format_duration
 from pytest_qwenperf.gate.history_store import HistoryError
 from pytest_qwenperf.loadgen.sizing import need
@@ -58,7 +58,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         "--history", metavar="PATH_OR_URL", help=f"the history store to time points by (default {DEFAULT_HISTORY} where it exists)"
     )
     session.add_argument("--json", action="store_true", help="machine-readable output (schema qwenperf-plan/1)")
-    session.add_argument("--fail-over", type=_minutes, metavar="MINUTES", help="exit 1 when the worst case takes longer")
+    session.add_argument("--fail-over", type=positive_minutes, metavar="MINUTES", help="exit 1 when the worst case takes longer")
     target = parser.add_argument_group("client cores for a target load")
     rate = target.add_mutually_exclusive_group()
     rate.add_argument("--output-throughput", type=positive_tokens_rate, metavar="TOK/S", help="the target: output tokens per second")
@@ -66,16 +66,6 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     target.add_argument("--output-len", type=whole_number(1), help="output tokens per request (a mean)")
     target.add_argument("--tokens-per-chunk", type=tokens_per_chunk, help="tokens a streamed chunk carries (above 1 with MTP; default 1)")
     target.add_argument("--cores-per-node", type=whole_number(1), help="cores of one client machine: how many machines it takes")
-
-
-def _minutes(value: str) -> float:
-    try:
-        number = float(value)
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"expected a number of minutes, got {value!r}") from None
-    if not number > 0:
-        raise argparse.ArgumentTypeError(f"expected a positive number of minutes, got {value!r}")
-    return number
 
 
 def run(args: argparse.Namespace) -> int:

@@ -26,6 +26,10 @@ def positive_seconds(value: str) -> float:
     return _positive(value, "seconds")
 
 
+def positive_minutes(value: str) -> float:
+    return _positive(value, "minutes")
+
+
 def positive_rate(value: str) -> float:
     return _positive(value, "requests per second")
 

@@ -712,28 +712,32 @@ def _expected_rates(
     """``throughput = { config = tokens/s }``: what a workload is expected to carry per config, where
     its shape makes the config's own figure wrong for it (a prefill-heavy workload's tokens/s)."""
     rates = [field.name for field in msgspec.structs.fields(ExpectedThroughput)]
-    for metric, per_config in data.items():
+    for metric in data:
         if metric not in rates:
             raise _fail(path, f"{key}.{metric}", f"one of {rates}", metric)
-        for config_id, rate in per_config.items():
-            if config_id != "*" and config_id not in config_ids:
-                raise _fail(path, f"{key}.{metric}.{config_id}", f'a config this workload runs on {list(config_ids)} or "*"', config_id)
-            if not math.isfinite(rate):
-                raise _fail(path, f"{key}.{metric}.{config_id}", "a finite number of tokens per second", rate)
-    return tuple((metric, tuple(per_config.items())) for metric, per_config in data.items())
+    return _per_config(path, data, key, config_ids, "a finite number of tokens per second")
 
 
 def _floors(
     path: Path, data: Mapping[str, Mapping[str, float]], key: str, config_ids: Sequence[str]
 ) -> tuple[tuple[str, tuple[tuple[str, float], ...]], ...]:
     """``metric = { config = minimum }``: a metric the perf tests hold to a floor, configs this workload runs on."""
-    for metric, per_config in data.items():
+    for metric in data:
         info = find(metric)
         if info is None or not info.floor:
             raise _fail(path, f"{key}.{metric}", f"a metric with a floor, one of {list(FLOORED)} or {SCALING.shape}", metric)
-        for config_id, minimum in per_config.items():
+    return _per_config(path, data, key, config_ids, "a finite number (the minimum)")
+
+
+def _per_config(
+    path: Path, data: Mapping[str, Mapping[str, float]], key: str, config_ids: Sequence[str], number: str
+) -> tuple[tuple[str, tuple[tuple[str, float], ...]], ...]:
+    """A ``metric = { config = number }`` table whose metrics are checked: each config one this workload
+    runs on (or ``"*"``), each number finite (``number`` says what it is); as the suite keeps it."""
+    for metric, per_config in data.items():
+        for config_id, value in per_config.items():
             if config_id != "*" and config_id not in config_ids:
                 raise _fail(path, f"{key}.{metric}.{config_id}", f'a config this workload runs on {list(config_ids)} or "*"', config_id)
-            if not math.isfinite(minimum):
-                raise _fail(path, f"{key}.{metric}.{config_id}", "a finite number (the minimum)", minimum)
+            if not math.isfinite(value):
+                raise _fail(path, f"{key}.{metric}.{config_id}", number, value)
     return tuple((metric, tuple(per_config.items())) for metric, per_config in data.items())
