@@ -22,7 +22,6 @@ from pytest_qwenperf.core.summary import (
     prompt_lengths_off,
     steady_window,
     summarize,
-    summarize_window,
 )
 
 
@@ -470,7 +469,7 @@ def test_steady_window_of_a_closed_loop_starts_when_the_last_user_joins_and_ends
 def test_window_throughput_is_the_constant_mid_run_rate():
     records = closed_loop_run()
     window = steady_window(records)
-    values = summarize_window(records, window).values()
+    values = summarize(records, window=window).values()
     assert values["duration"] == 18.0
     assert values["output_throughput"] == 16.0  # 4 streams * 4 tok/s
     assert values["total_token_throughput"] == 16.0 + 36 * 100 / 18.0  # first tokens of sends 1.5 .. 19.0
@@ -479,19 +478,22 @@ def test_window_throughput_is_the_constant_mid_run_rate():
     assert summarize(records)["output_throughput"].value < 16.0  # ramp-up and drain dilute the whole run
 
 
-def test_window_ignores_failed_and_warmup_requests():
+def test_window_counts_a_failed_request_sent_inside_it_and_nothing_else_of_it_or_of_the_warm_up():
     records = closed_loop_run()
     window = steady_window(records)
     noise = [
         rec(9_000, 5.0, [(5.5, 50)], ended=6.0, warmup=True),
         rec(9_001, 5.0, [(5.5, 50)], ended=6.0, expected=51),  # truncated
     ]
-    assert summarize_window(records + noise, window) == summarize_window(records, window)
+    noisy, clean = summarize(records + noise, window=window).values(), summarize(records, window=window).values()
+    assert noisy["failed"] == clean["failed"] + 1 == 1
+    for key in ("completed", "output_throughput", "total_token_throughput", "request_throughput", "mean_e2el_ms", "p99_ttft_ms"):
+        assert noisy[key] == clean[key], key
 
 
 def test_window_is_half_open():
     records = [rec(0, 0.0, [(1.0, 2), (2.0, 3), (3.0, 5)], ended=3.0, prompt=7)]
-    values = summarize_window(records, (1.0, 3.0)).values()
+    values = summarize(records, window=(1.0, 3.0)).values()
     assert values["total_output_tokens"] == 5  # the chunk at 1.0 counts, the one at 3.0 does not
     assert values["total_input_tokens"] == 7  # first token at 1.0
     assert values["completed"] == 0  # ended at 3.0, the window's end
@@ -502,7 +504,7 @@ def test_steady_window_absent_without_a_steady_phase():
     burst = [rec(i, 0.0, [(1.0 + i, 1)]) for i in range(5)]  # all sent at once: only draining
     assert steady_window(burst) is None
     with pytest.raises(ValueError, match="empty window"):
-        summarize_window(burst, (1.0, 1.0))
+        summarize(burst, window=(1.0, 1.0))
 
 
 

@@ -37,6 +37,7 @@ from pytest_qwenperf.core.options import (
     cpu_list,
     endpoint_url,
     fraction,
+    measured_window,
     positive_rate,
     positive_seconds,
     whole_number,
@@ -79,7 +80,11 @@ ERRORS: tuple[type[Exception], ...] = (BenchError, HistoryError)
 def add_arguments(parser: argparse.ArgumentParser) -> None:
     target = parser.add_argument_group("target")
     target.add_argument(
-        "--endpoint", type=endpoint_url, action="append", required=True, help="server base URL; repeatable (round-robin per request)"
+        "--endpoint",
+        type=endpoint_url,
+        action="append",
+        required=True,
+        help="server base URL; repeatable (round-robin per request)",
     )
     target.add_argument("--model", help="model name to request (default: the one the endpoints serve)")
     target.add_argument("--tokenizer", help="folder or hub name of the tokenizer (default: the folder the server loaded)")
@@ -93,7 +98,9 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     work = parser.add_argument_group("workload")
     work.add_argument("--dataset-name", default="random", choices=sorted(KINDS), help="default: %(default)s")
     work.add_argument("--dataset-path", help="JSON-lines file of prompts or conversations (--dataset-name jsonl)")
-    work.add_argument("--input-len", "--random-input-len", type=_AT_LEAST_1, default=1024, help="prompt tokens (default %(default)s)")
+    work.add_argument(
+        "--input-len", "--random-input-len", type=_AT_LEAST_1, default=1024, help="prompt tokens (default %(default)s)"
+    )
     work.add_argument(
         "--output-len",
         "--random-output-len",
@@ -110,12 +117,20 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     work.add_argument("--seed", type=int, default=0)
 
     load = parser.add_argument_group("load")
-    load.add_argument("--max-concurrency", type=_AT_LEAST_1, help="requests in flight at most (closed loop without --request-rate)")
+    load.add_argument(
+        "--max-concurrency", type=_AT_LEAST_1, help="requests in flight at most (closed loop without --request-rate)"
+    )
     load.add_argument("--request-rate", type=positive_rate, help="open loop: requests per second (default: closed loop)")
     load.add_argument("--burstiness", type=float, default=1.0, help="open loop: gamma shape; 1 is Poisson (default)")
     load.add_argument("--constant-rate", action="store_true", help="open loop: exactly 1/rate between requests")
     load.add_argument("--warmup", type=_AT_LEAST_0, default=0, help="extra requests sent first and left out of the results")
     load.add_argument("--duration", type=positive_seconds, help="stop sending after this many seconds")
+    load.add_argument(
+        "--window",
+        type=measured_window,
+        help='measure for this long once the batch is full, "90s" or "4 lifetimes" (a lifetime: the warm-up\'s median '
+        "request); the figures are the window's, the dataset a supply it must not exhaust",
+    )
     load.add_argument("--timeout", type=positive_seconds, default=DEFAULT_TIMEOUT_S, help="per request (default %(default)s s)")
     load.add_argument(
         "--no-continuous-usage",
@@ -147,7 +162,12 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         "started with vLLM's --profiler-config, in dev mode, on this host) and measure nothing of it: the traces go beside "
         "--json (<stem>.profiles/), the top operators by self time into the result",
     )
-    out.add_argument("--progress", choices=("auto", "on", "off"), default="auto", help="progress bar (auto: when stderr is a terminal and not in CI)")
+    out.add_argument(
+        "--progress",
+        choices=("auto", "on", "off"),
+        default="auto",
+        help="progress bar (auto: when stderr is a terminal and not in CI)",
+    )
     out.add_argument(
         "--max-failed-fraction",
         type=fraction,
@@ -236,7 +256,7 @@ def _check_profilers(plan: BenchPlan) -> None:
     if silent:
         raise BenchError(
             f"--profile: {', '.join(silent)} name no profiler folder in GET /server_info: start vLLM with VLLM_SERVER_DEV_MODE=1 and "
-            "--profiler-config '{\"profiler\": \"torch\", \"torch_profiler_dir\": \"/abs/dir\"}' (VLLM_TORCH_PROFILER_DIR before vLLM 0.32)"
+            '--profiler-config \'{"profiler": "torch", "torch_profiler_dir": "/abs/dir"}\' (VLLM_TORCH_PROFILER_DIR before vLLM 0.32)'
         )
 
 
@@ -250,7 +270,9 @@ def _profile(plan: BenchPlan, json_path: Path | None) -> OperatorProfile:
 
     folder = json_path.with_name(f"{json_path.stem}.profiles") if json_path is not None else None
     try:
-        return capture(target.base_urls, drive, folder, relative_to=json_path.parent if json_path else None, api_key=plan.options.api_key)
+        return capture(
+            target.base_urls, drive, folder, relative_to=json_path.parent if json_path else None, api_key=plan.options.api_key
+        )
     except ProfilingFailed as exc:
         raise BenchError(f"--profile: {exc}") from None
 
@@ -274,7 +296,9 @@ def _exit_status(seen: Observation, max_failed_fraction: float, err: TextIO) -> 
 
 def plan_from_args(args: argparse.Namespace) -> BenchPlan:
     if args.ray is not None and args.client_cpus:
-        raise BenchError("--client-cpus pins a client on this machine; with --ray the workers run on the cluster's nodes, one CPU each")
+        raise BenchError(
+            "--client-cpus pins a client on this machine; with --ray the workers run on the cluster's nodes, one CPU each"
+        )
     try:
         api_key = resolve_api_key(args.api_key, os.environ)
     except ApiKeyError as exc:
@@ -294,7 +318,14 @@ def plan_from_args(args: argparse.Namespace) -> BenchPlan:
         workload=workload,
         requests=requests,
         arrival=_arrival(args, len(requests) - args.warmup),
-        options=LoadOptions(args.warmup, args.duration, args.timeout, args.continuous_usage, api_key=api_key),
+        options=LoadOptions(
+            warmup=args.warmup,
+            duration_s=args.duration,
+            window=args.window,
+            timeout_s=args.timeout,
+            continuous_usage=args.continuous_usage,
+            api_key=api_key,
+        ),
         slo=_slo(args.goodput),
         client=ClientSetup(cpus=args.client_cpus or frozenset(), workers=args.workers, ray=args.ray),
     )
@@ -311,7 +342,9 @@ def _servers(endpoints: Sequence[str], model: str | None, api_key: ApiKey | None
         raise BenchError("; ".join(f"endpoint {url} is not ready: {reason}" for url, reason in unreachable))
     servers = tuple(describe(url, model, api_key=api_key) for url in endpoints)
     if len({s.model for s in servers}) > 1:
-        raise BenchError("the endpoints serve different models: " + ", ".join(f"{s.base_url}: {s.model}" for s in servers) + "; pass --model")
+        raise BenchError(
+            "the endpoints serve different models: " + ", ".join(f"{s.base_url}: {s.model}" for s in servers) + "; pass --model"
+        )
     return servers
 
 
@@ -403,5 +436,3 @@ def _check_first_request(plan: BenchPlan) -> None:
         status = f"HTTP {record.status}" if record.status is not None else "no response"
         detail = record.error or f"{record.completion_tokens} of {record.expected_output_tokens} output tokens"
         raise BenchError(f"the first request to {plan.servers[0].base_url} failed ({status}): {detail}")
-
-

@@ -10,16 +10,28 @@ import shlex
 import urllib.parse
 from collections.abc import Callable
 
+from pytest_qwenperf.core.window import Window
+
 
 def launcher_argv(value: str) -> tuple[str, ...]:
     """``"vllm serve"`` → ``("vllm", "serve")``; the model and flags are appended to it."""
     try:
         argv = tuple(shlex.split(value))
     except ValueError as exc:  # an unclosed quote
-        raise argparse.ArgumentTypeError(f"expected a command line that a POSIX shell could split, got {value!r}: {exc}") from None
+        raise argparse.ArgumentTypeError(
+            f"expected a command line that a POSIX shell could split, got {value!r}: {exc}"
+        ) from None
     if not argv:
         raise argparse.ArgumentTypeError("expected a command such as 'vllm serve', got an empty string")
     return argv
+
+
+def measured_window(value: str) -> Window:
+    """``"90s"`` or ``"4 lifetimes"``: a time-bounded load's window (:mod:`~pytest_qwenperf.core.window`)."""
+    try:
+        return Window.parse(value)
+    except ValueError as exc:
+        raise argparse.ArgumentTypeError(str(exc)) from None
 
 
 def positive_seconds(value: str) -> float:
@@ -136,7 +148,6 @@ def endpoint_url(value: str) -> str:
     if path.endswith("/v1"):
         raise argparse.ArgumentTypeError(f"give the server's base URL without /v1, got {shown}")
     return urllib.parse.urlunsplit((parsed.scheme, parsed.netloc, path, "", ""))
-
 
 
 def cpu_list(value: str) -> frozenset[int]:

@@ -260,19 +260,27 @@ def summarize(
     records: Iterable[RequestRecord],
     *,
     duration_s: float | None = None,
+    window: tuple[float, float] | None = None,
     percentiles: Sequence[float] = (50, 90, 99),
     goodput_slo: GoodputSLO | None = None,
     requested_rate: float | None = None,
 ) -> RunSummary:
-    """Whole-run metrics of the non-warmup records, named and computed as ``vllm bench serve``."""
+    """Metrics of the non-warmup records, named and computed as ``vllm bench serve``: over the
+    whole run, or over ``window`` (``[start, end)``, see :func:`_in_window`)."""
     run = _measured(records)
-    completed = [r for r in run if r.ok]
-    if duration_s is None:
-        duration_s = max(r.ended_at for r in run) - run[0].sent_at if run else 0.0
-    elif duration_s <= 0:
-        raise ValueError(f"duration_s must be positive, got {duration_s}")
-    total_input = sum(r.prompt_tokens for r in completed)
-    total_output = sum(r.completion_tokens for r in completed)
+    if window is not None:
+        if duration_s is not None:
+            raise ValueError("a summary is over a duration or over a window, not both")
+        run, duration_s, total_input, total_output = _in_window(run, window)
+        completed = [r for r in run if r.ok]
+    else:
+        completed = [r for r in run if r.ok]
+        if duration_s is None:
+            duration_s = max(r.ended_at for r in run) - run[0].sent_at if run else 0.0
+        elif duration_s <= 0:
+            raise ValueError(f"duration_s must be positive, got {duration_s}")
+        total_input = sum(r.prompt_tokens for r in completed)
+        total_output = sum(r.completion_tokens for r in completed)
     values: dict[str, float | int] = {
         "duration": duration_s,
         "completed": len(completed),
@@ -323,39 +331,23 @@ def steady_window(records: Iterable[RequestRecord]) -> tuple[float, float] | Non
     return (start, end) if end > start else None
 
 
-def summarize_window(
-    records: Iterable[RequestRecord], window: tuple[float, float], *, percentiles: Sequence[float] = (50, 90, 99)
-) -> RunSummary:
-    """Metrics of the completed requests' activity inside ``[start, end)``, named like the whole-run ones.
+def _in_window(run: Sequence[RequestRecord], window: tuple[float, float]) -> tuple[list[RequestRecord], float, int, int]:
+    """The requests sent inside ``[start, end)``, its length, and the prompt and output tokens of
+    the run's completed requests that came inside it (:mod:`~pytest_qwenperf.core.window`).
 
-    Output tokens count at their chunk's arrival; prompt tokens at the request's first
-    token; a request counts as completed when it ended inside the window; latency
-    statistics cover the requests that were sent and ended inside it.
+    Output tokens count at their chunk's arrival and prompt tokens at the request's first token,
+    whenever the request was sent. Requests are chosen by when they were sent, not by when they
+    ended: a rule of "ended inside" would drop the long requests in flight at the end and bias
+    every latency towards short ones. The caller keeps the requests sent inside it until they end
+    (the steady state ends at the last send; a time-bounded run waits for them).
     """
     start, end = window
     if end <= start:
         raise ValueError(f"empty window {window}")
-    length = end - start
-
-    def inside(at: float) -> bool:
-        return start <= at < end
-
-    completed = [r for r in _measured(records) if r.ok]
+    completed = [r for r in run if r.ok]
     output_tokens = Chunks.of(completed).tokens_within(start, end)
-    prompt_tokens = sum(r.prompt_tokens for r in completed if inside(_first_token_at(r)))
-    ended = [r for r in completed if inside(r.ended_at)]
-    values: dict[str, float | int] = {
-        "duration": length,
-        "completed": len(ended),
-        "total_input_tokens": prompt_tokens,
-        "total_output_tokens": output_tokens,
-        "request_throughput": len(ended) / length,
-        "output_throughput": output_tokens / length,
-        "total_token_throughput": (prompt_tokens + output_tokens) / length,
-    }
-    sent_inside = [r for r in ended if r.sent_at >= start]
-    values |= _latency_stats(sent_inside, Chunks.of(sent_inside), percentiles)
-    return RunSummary.from_values(values)
+    prompt_tokens = sum(r.prompt_tokens for r in completed if start <= _first_token_at(r) < end)
+    return [r for r in run if start <= r.sent_at < end], end - start, prompt_tokens, output_tokens
 
 
 # --- sanity checks -------------------------------------------------------------------
@@ -443,9 +435,7 @@ def client_bound_reason(
     if requested_rate is not None and math.isfinite(requested_rate) and len(run) >= 2:
         achieved = _send_rate(run)
         if achieved < _MIN_SEND_RATIO * requested_rate:
-            reasons.append(
-                f"sent {achieved:.3g} req/s, below {_MIN_SEND_RATIO:.0%} of the requested {requested_rate:.3g} req/s"
-            )
+            reasons.append(f"sent {achieved:.3g} req/s, below {_MIN_SEND_RATIO:.0%} of the requested {requested_rate:.3g} req/s")
     if run:
         lag_p99 = float(np.percentile([r.scheduling_lag for r in run], 99))
         if lag_p99 > lag_p99_limit_s:

@@ -23,6 +23,8 @@ from typing import Literal, get_args
 
 import numpy as np
 
+from pytest_qwenperf.core.window import Window
+
 Distribution = Literal["poisson", "constant", "gamma"]
 Ramp = Literal["linear", "steps"]
 Steps = tuple[tuple[int, int], ...]
@@ -181,7 +183,9 @@ class Replay:
     def offsets_of(self, times: Sequence[float | None]) -> list[float]:
         """Send times, in seconds from the start, of requests traced at ``times``."""
         if any(at is None for at in times):
-            raise ArrivalError("replay", "a workload whose requests carry their traced send times (kind 'trace')", "requests without them")
+            raise ArrivalError(
+                "replay", "a workload whose requests carry their traced send times (kind 'trace')", "requests without them"
+            )
         stamps = [at for at in times if at is not None]
         start = stamps[0] if stamps else 0.0
         return [(at - start) * self.time_scale for at in stamps]
@@ -201,6 +205,23 @@ def warmup_lanes(arrival: Arrival, warmup: int) -> Steps:
         return arrival.warmup_lanes(warmup)
     cap = arrival.max_concurrency if isinstance(arrival, OpenLoop) else None
     return ((0, cap or max(warmup, 1)),)
+
+
+def window_problem(window: Window, arrival: Arrival, warmup: int) -> str | None:
+    """Why a load by ``arrival`` with ``warmup`` requests cannot keep ``window``, or None: a replay
+    keeps its trace's own span, a window in lifetimes needs a warm-up before the measured phase to
+    time one, and an open loop's batch is full only a lifetime after its start (or at once after a
+    ramp)."""
+    if isinstance(arrival, Replay):
+        return "a replay is measured over its trace's span, not a window"
+    ramp = isinstance(arrival, OpenLoop) and arrival.ramp is not None
+    if window.lifetimes is not None and (warmup == 0 or ramp):
+        return (
+            f"a window of {window} needs a warm-up that runs before the measured phase (not a ramp) to time a request's lifetime"
+        )
+    if isinstance(arrival, OpenLoop) and not ramp and warmup == 0:
+        return "an open loop's window needs a warm-up or a ramp: it opens a request's lifetime after the load starts"
+    return None
 
 
 def requested_rate(arrival: Arrival, offsets: Sequence[float] | None) -> float | None:

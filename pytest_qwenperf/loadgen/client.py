@@ -25,6 +25,7 @@ from __future__ import annotations
 import asyncio
 import gc
 import json
+import math
 import os
 from bisect import bisect_left
 from collections import defaultdict, deque
@@ -37,6 +38,7 @@ from time import perf_counter
 from pytest_qwenperf.core.apikey import ApiKey
 from pytest_qwenperf.core.records import RequestRecord
 from pytest_qwenperf.core.run import WorkerClock
+from pytest_qwenperf.core.window import KeptWindow, Window
 from pytest_qwenperf.loadgen.arrivals import (
     Arrival,
     ClosedLoop,
@@ -45,6 +47,7 @@ from pytest_qwenperf.loadgen.arrivals import (
     Steps,
     requested_rate,
     warmup_lanes,
+    window_problem,
 )
 from pytest_qwenperf.loadgen.http import Connection, Endpoint
 from pytest_qwenperf.loadgen.request import RequestSpec
@@ -59,7 +62,10 @@ Stop = Callable[[], bool]
 flight finish and count), as a capacity search stops a probe that is clearly over-saturated."""
 Job = tuple[int, RequestSpec]  # (position in the workload, request)
 Unit = tuple[Job, ...]  # what is sent as one: a request on its own, or a conversation's turns in order
-Send = Callable[[int, RequestSpec, float | None], Awaitable[RequestRecord | None]]  # (routing position, request, due): None if not sent
+Send = Callable[
+    [int, RequestSpec, float | None], Awaitable[RequestRecord | None]
+]  # (routing position, request, due): None if not sent
+
 
 @dataclass(frozen=True)
 class LoadOptions:
@@ -68,7 +74,9 @@ class LoadOptions:
     ``warmup``: the first this many requests go first, as a closed loop (an open loop's
     ``ramp``: at its rising rate), and are marked warm-up; with conversations they must be
     whole ones. ``duration_s``: stop sending after this long (requests in flight finish and
-    count; no later turn of a conversation is sent past it). ``timeout_s`` bounds each request. ``continuous_usage`` asks the server for
+    count; no later turn of a conversation is sent past it). ``window``: measure for this long
+    once the batch is full, instead (:mod:`~pytest_qwenperf.core.window`); the requests are then
+    a supply the window must not exhaust. ``timeout_s`` bounds each request. ``continuous_usage`` asks the server for
     cumulative usage in every chunk, which gives each chunk's token count.
 
     ``routing`` (one of :data:`ROUTINGS`) picks each request's endpoint. ``"round-robin"``:
@@ -87,6 +95,7 @@ class LoadOptions:
 
     warmup: int = 0
     duration_s: float | None = None
+    window: Window | None = None
     timeout_s: float = DEFAULT_TIMEOUT_S
     continuous_usage: bool = True
     routing: str = "round-robin"
@@ -97,6 +106,8 @@ class LoadOptions:
             raise ValueError(f"warmup must be at least 0, got {self.warmup}")
         if self.duration_s is not None and not self.duration_s > 0:
             raise ValueError(f"duration_s must be positive, got {self.duration_s}")
+        if self.duration_s is not None and self.window is not None:
+            raise ValueError("a load is bounded by a duration or measured for a window, not both")
         if not self.timeout_s > 0:
             raise ValueError(f"timeout_s must be positive, got {self.timeout_s}")
         if self.routing not in ROUTINGS:
@@ -122,6 +133,7 @@ class LoadResult:
     requested_rate: float | None = None
     cpu_s: float | None = None  # CPU seconds of client workers that are neither this process nor its children (Ray actors)
     clocks: tuple[WorkerClock, ...] = ()  # client workers on a Ray cluster's nodes, with their clocks against this one
+    window: KeptWindow | None = None  # the window a time-bounded load measured (``options.window``)
 
     def __repr__(self) -> str:
         """Short: asyncio.Runner formats its task's result on exit (Python 3.11), and a full
@@ -175,11 +187,13 @@ class _Client:
         self.progress, self.stop = progress, stop
         self.turns = _SendTurns()
 
-    async def send(self, position: int, spec: RequestSpec, scheduled_at: float | None, warmup: bool) -> RequestRecord:
+    async def send(
+        self, position: int, spec: RequestSpec, scheduled_at: float | None, warmup: bool, window: _WindowKeeper | None = None
+    ) -> RequestRecord:
         body = json.dumps(spec.body(self.model, continuous_usage=self.continuous_usage)).encode()
         parser = StreamParser()
         conn: Connection | None = None
-        reusable = False
+        reusable = waited = False
         prompt_tokens = completion_tokens = 0
         await self.turns.take()
         order = self.orders[position % len(self.orders)]
@@ -191,6 +205,7 @@ class _Client:
             async with asyncio.timeout(self.timeout_s):
                 conn = await endpoint.connection()
                 sent_at = perf_counter()  # TTFT counts from the write, not from connecting
+                waited = window is not None and window.sent(sent_at)
                 reusable = await conn.request(request, parser)
             if conn.status == 200:
                 prompt_tokens, completion_tokens = parser.finish()
@@ -202,6 +217,9 @@ class _Client:
             parser.error = f"{type(exc).__name__}: {exc}"
         finally:
             endpoint.in_flight -= 1
+            if waited:
+                assert window is not None
+                window.ended()
             if reusable and conn is not None:  # reusable implies a connection
                 endpoint.idle.append(conn)
             elif conn is not None and conn.transport is not None:
@@ -232,21 +250,78 @@ class _Client:
             endpoint.close()
 
 
+class _WindowKeeper:
+    """Keeps a time-bounded run's window while it runs (:mod:`~pytest_qwenperf.core.window`).
+
+    The window opens when the batch is full: at the send that fills a closed loop's last lane
+    (``fills``), or at ``opens_at`` for an open loop. It closes ``length_s`` later. Every request
+    sent before it closes is counted until it ends, and the run sends on while any is in flight
+    (:meth:`done`). Sends are counted at their write (the records' ``sent_at``), not when a lane
+    asks to send: a closed loop's lanes all ask at once and write one per loop turn
+    (``_SendTurns``), so the batch is full only at the last lane's write.
+    """
+
+    def __init__(self, length_s: float, lifetime_s: float | None, fills: int | None, opens_at: float | None) -> None:
+        self.length_s, self.lifetime_s = length_s, lifetime_s  # the lifetime it was reckoned in; None: seconds
+        self.fills, self.opened = fills, opens_at
+        self.sends = 0
+        self.waiting = 0  # requests sent before the window closed, not yet ended
+        self.last_send = -math.inf
+
+    @property
+    def closes(self) -> float:
+        return math.inf if self.opened is None else self.opened + self.length_s
+
+    def sent(self, at: float) -> bool:
+        """A request was written at ``at``; True when the window waits for it to end (then call :meth:`ended`)."""
+        self.sends += 1
+        self.last_send = at
+        if self.opened is None and self.sends == self.fills:
+            self.opened = at
+        if at < self.closes:
+            self.waiting += 1
+            return True
+        return False
+
+    def ended(self) -> None:
+        self.waiting -= 1
+
+    def done(self) -> bool:
+        """The window has closed and every request it waits for has ended: send no more."""
+        return self.waiting == 0 and perf_counter() >= self.closes
+
+    def kept(self) -> KeptWindow | None:
+        """The window measured; it closes at the last send where the requests ran out first."""
+        if self.opened is None:
+            return None
+        ran_out = self.last_send < self.closes
+        closed = self.last_send if ran_out else self.closes
+        return KeptWindow(self.opened, max(closed, self.opened), self.length_s, self.lifetime_s, ran_out)
+
+
 async def _until(at: float) -> None:
     while (delay := at - perf_counter()) > 0:  # a timer may fire early (uvloop's are in whole ms)
         await asyncio.sleep(delay)
 
 
-def _sender(client: _Client, limit: asyncio.Semaphore | None, deadline: float | None, warmup: bool) -> Send:
-    """Sends one request; under an open loop's cap (``limit``), one held back by it past ``deadline`` is not sent."""
+def _sender(
+    client: _Client, limit: asyncio.Semaphore | None, deadline: float | None, warmup: bool, window: _WindowKeeper | None = None
+) -> Send:
+    """Sends one request; under an open loop's cap (``limit``), one held back by it past ``deadline``
+    is not sent; none is sent once ``window`` is done."""
+
+    async def windowed(position: int, spec: RequestSpec, at: float | None) -> RequestRecord | None:
+        if window is not None and window.done():
+            return None
+        return await client.send(position, spec, at, warmup, window)
 
     async def send(position: int, spec: RequestSpec, at: float | None) -> RequestRecord | None:
         if limit is None:
-            return await client.send(position, spec, at, warmup)
+            return await windowed(position, spec, at)
         async with limit:
             if deadline is not None and perf_counter() >= deadline:
                 return None
-            return await client.send(position, spec, at, warmup)
+            return await windowed(position, spec, at)
 
     return send
 
@@ -277,9 +352,11 @@ async def _unit(send: Send, unit: Unit, at: float | None, deadline: float | None
     return records
 
 
-async def _closed(send: Send, units: Sequence[Unit], steps: Steps, deadline: float | None) -> list[RequestRecord]:
-    """Lanes that each send one unit after another; a step of ``steps`` adds lanes once the units
-    taken reach its start."""
+async def _closed(
+    send: Send, units: Sequence[Unit], steps: Steps, deadline: float | None, done: Stop | None = None
+) -> list[RequestRecord]:
+    """Lanes that each send one unit after another, until ``deadline`` or until ``done`` says so; a
+    step of ``steps`` adds lanes once the units taken reach its start."""
     records: list[RequestRecord] = []
     queue = iter(units)
     lanes: list[asyncio.Task[None]] = []
@@ -292,7 +369,7 @@ async def _closed(send: Send, units: Sequence[Unit], steps: Steps, deadline: flo
     async def lane() -> None:
         nonlocal taken
         for unit in queue:
-            if deadline is not None and perf_counter() >= deadline:
+            if (deadline is not None and perf_counter() >= deadline) or (done is not None and done()):
                 return
             taken += 1
             add_lanes()
@@ -394,6 +471,8 @@ class Assignment:
         ``options.warmup`` requests are the warm-up, the arrival's schedule covers the rest."""
         units = _units(enumerate(requests))
         warmup = _warmup_units(units, options.warmup)
+        if options.window is not None and (problem := window_problem(options.window, arrival, warmup)):
+            raise ValueError(problem)
         measured = units[warmup:]
         offsets: tuple[float, ...] | None = None
         if isinstance(arrival, OpenLoop):
@@ -412,30 +491,59 @@ class Assignment:
         return requested_rate(self.arrival, self.offsets)
 
 
-async def _measured(client: _Client, assignment: Assignment, start: float, limit: asyncio.Semaphore | None) -> list[RequestRecord]:
+def _keeper(assignment: Assignment, start: float, lifetime_s: float | None) -> _WindowKeeper | None:
+    """The measured phase's window keeper, or None when the load is not time-bounded. A closed loop's
+    batch is full at the send that fills its last lane; an open loop's one lifetime after the
+    measured phase starts, or at once after a ramp (whose requests are in flight already)."""
+    window = assignment.options.window
+    if window is None:
+        return None
+    length_s = window.length_s(lifetime_s)
+    reckoned_in = lifetime_s if window.lifetimes is not None else None
+    if isinstance(assignment.arrival, ClosedLoop):
+        return _WindowKeeper(length_s, reckoned_in, min(assignment.arrival.concurrency, len(assignment.units)), None)
+    opens_at = start if assignment.ramp is not None else start + (lifetime_s or 0.0)
+    return _WindowKeeper(length_s, reckoned_in, None, opens_at)
+
+
+def _lifetime_s(warmup: Sequence[RequestRecord]) -> float | None:
+    """A request's lifetime: the median end-to-end time of the warm-up's completed requests."""
+    times = sorted(r.ended_at - r.sent_at for r in warmup if r.ok)
+    return times[len(times) // 2] if times else None
+
+
+async def _measured(
+    client: _Client, assignment: Assignment, start: float, limit: asyncio.Semaphore | None, lifetime_s: float | None = None
+) -> tuple[list[RequestRecord], KeptWindow | None]:
     arrival, duration_s = assignment.arrival, assignment.options.duration_s
     deadline = None if duration_s is None else start + duration_s
-    send = _sender(client, limit, deadline, False)
+    window = _keeper(assignment, start, lifetime_s)
+    send = _sender(client, limit, deadline, False, window)
+    done = window.done if window is not None else None
     if isinstance(arrival, ClosedLoop):
-        return await _closed(send, assignment.units, ((0, arrival.concurrency),), deadline)
-    assert assignment.offsets is not None
-    return await _gathered(await _open(send, assignment.units, assignment.offsets, start, deadline, client.stop))
+        records = await _closed(send, assignment.units, ((0, arrival.concurrency),), deadline, done)
+    else:
+        assert assignment.offsets is not None
+        stops = [stop for stop in (client.stop, done) if stop is not None]
+        stop = (lambda: any(s() for s in stops)) if stops else None
+        records = await _gathered(await _open(send, assignment.units, assignment.offsets, start, deadline, stop))
+    return records, window.kept() if window is not None else None
 
 
 async def _phased(
     client: _Client, assignment: Assignment, sync: Callable[[], Awaitable[None]] | None
-) -> tuple[list[RequestRecord], float]:
+) -> tuple[list[RequestRecord], float, KeptWindow | None]:
     """The warm-up as a closed loop, all of it finished before the measured phase starts."""
     warmup = assignment.warmup
     records = await _closed(_sender(client, None, None, True), warmup, warmup_lanes(assignment.arrival, len(warmup)), None)
     if sync is not None:
         await sync()
     started_at = perf_counter()
-    records += await _measured(client, assignment, started_at, _limit(assignment.arrival))
-    return records, started_at
+    measured, window = await _measured(client, assignment, started_at, _limit(assignment.arrival), _lifetime_s(records))
+    return records + measured, started_at, window
 
 
-async def _ramped(client: _Client, assignment: Assignment) -> tuple[list[RequestRecord], float]:
+async def _ramped(client: _Client, assignment: Assignment) -> tuple[list[RequestRecord], float, KeptWindow | None]:
     """An open loop's warm-up at its rising rate, then at once the measured phase at the full rate
     while the warm-up's last requests still run; one cap on requests in flight for both."""
     assert assignment.ramp is not None
@@ -443,8 +551,8 @@ async def _ramped(client: _Client, assignment: Assignment) -> tuple[list[Request
     start = perf_counter()
     warmup = await _open(_sender(client, limit, None, True), assignment.warmup, assignment.ramp, start, None)
     started_at = start + assignment.ramp_s
-    records = await _measured(client, assignment, started_at, limit)
-    return await _gathered(warmup) + records, started_at
+    records, window = await _measured(client, assignment, started_at, limit)
+    return await _gathered(warmup) + records, started_at, window
 
 
 async def run_jobs(
@@ -453,8 +561,8 @@ async def run_jobs(
     progress: Progress | None,
     sync: Callable[[], Awaitable[None]] | None = None,
     stop: Stop | None = None,
-) -> tuple[list[RequestRecord], float, float]:
-    """The engine behind :func:`run_load` and each worker: ``(records, started_at, ended_at)``.
+) -> tuple[list[RequestRecord], float, float, KeptWindow | None]:
+    """The engine behind :func:`run_load` and each worker: ``(records, started_at, ended_at, window)``.
 
     ``sync`` (workers) is awaited before the warm-up and again before the measured phase so
     that all workers start together; a ramp runs on into the measured phase, so then only before it.
@@ -469,15 +577,15 @@ async def run_jobs(
         if sync is not None:
             await sync()
         if assignment.ramp is None:
-            records, started_at = await _phased(client, assignment, sync)
+            records, started_at, window = await _phased(client, assignment, sync)
         else:
-            records, started_at = await _ramped(client, assignment)
+            records, started_at, window = await _ramped(client, assignment)
         ended_at = perf_counter()
     finally:
         client.close()
         gc.unfreeze()
     records.sort(key=lambda record: record.sent_at)
-    return records, started_at, ended_at
+    return records, started_at, ended_at, window
 
 
 async def run_load(
@@ -501,9 +609,9 @@ async def run_load(
     each finished record; ``stop`` can end an open loop's sending early (:data:`Stop`).
     """
     assignment = Assignment.of(endpoints, model, requests, arrival, options)
-    records, started_at, ended_at = await run_jobs(assignment, progress=progress, stop=stop)
+    records, started_at, ended_at, window = await run_jobs(assignment, progress=progress, stop=stop)
     cpus = (tuple(sorted(os.sched_getaffinity(0))),)
-    return LoadResult(tuple(records), started_at, ended_at, arrival, options, cpus, assignment.requested_rate)
+    return LoadResult(tuple(records), started_at, ended_at, arrival, options, cpus, assignment.requested_rate, window=window)
 
 
 def new_event_loop() -> asyncio.AbstractEventLoop:

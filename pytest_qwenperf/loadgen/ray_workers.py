@@ -42,6 +42,7 @@ from typing import Any
 
 from pytest_qwenperf.core.records import RequestRecord
 from pytest_qwenperf.core.run import WorkerClock
+from pytest_qwenperf.core.window import KeptWindow, common
 from pytest_qwenperf.loadgen.client import Assignment, LoadResult, Progress, new_event_loop, run_jobs
 from pytest_qwenperf.loadgen.workers import BARRIER_TIMEOUT_S, check_split, share_of
 
@@ -70,9 +71,11 @@ class ClientWorker:
     def clock(self) -> float:
         return time.perf_counter()
 
-    def run(self, assignment: Assignment, barrier: Any) -> tuple[list[RequestRecord], float, float, float, tuple[int, ...]]:
+    def run(
+        self, assignment: Assignment, barrier: Any
+    ) -> tuple[list[RequestRecord], float, float, float, tuple[int, ...], KeptWindow | None]:
         """The share's records, its measured phase's start and end (its own clock), the CPU seconds
-        it used and its CPUs."""
+        it used, its CPUs and the window it kept (its own clock)."""
         import ray
 
         async def sync() -> None:
@@ -80,8 +83,8 @@ class ClientWorker:
 
         cpu = time.process_time()
         with asyncio.Runner(loop_factory=new_event_loop) as runner:
-            records, started_at, ended_at = runner.run(run_jobs(assignment, progress=None, sync=sync))
-        return records, started_at, ended_at, time.process_time() - cpu, tuple(sorted(os.sched_getaffinity(0)))
+            records, started_at, ended_at, window = runner.run(run_jobs(assignment, progress=None, sync=sync))
+        return records, started_at, ended_at, time.process_time() - cpu, tuple(sorted(os.sched_getaffinity(0))), window
 
 
 class _Barrier:
@@ -141,16 +144,28 @@ def run_load_on_ray(address: str, n_workers: int, whole: Assignment, *, progress
     lines = [ClockLine(start, end) for start, end in zip(before, after, strict=True)]
     records: list[RequestRecord] = []
     spans = []
-    for (found, started_at, ended_at, _, _), line in zip(outcomes, lines, strict=True):
+    windows: list[KeptWindow | None] = []
+    for (found, started_at, ended_at, _, _, window), line in zip(outcomes, lines, strict=True):
         records += [line.shifted(record) for record in found]
         spans.append((line(started_at), line(ended_at)))
+        windows.append(
+            None
+            if window is None
+            else KeptWindow(line(window.opened), line(window.closed), window.asked_s, window.lifetime_s, window.ran_out)
+        )
     records.sort(key=lambda record: record.sent_at)
     if progress is not None:
         for record in records:
             progress(record)
     clocks = tuple(
         WorkerClock(
-            worker=k, node=node, address=ip, pid=pid, offset_s=line.before.offset, drift_s=line.drift, round_trip_s=line.before.round_trip
+            worker=k,
+            node=node,
+            address=ip,
+            pid=pid,
+            offset_s=line.before.offset,
+            drift_s=line.drift,
+            round_trip_s=line.before.round_trip,
         )
         for k, ((node, ip, pid), line) in enumerate(zip(places, lines, strict=True))
     )
@@ -164,6 +179,7 @@ def run_load_on_ray(address: str, n_workers: int, whole: Assignment, *, progress
         requested_rate=whole.requested_rate,
         cpu_s=sum(outcome[3] for outcome in outcomes),
         clocks=clocks,
+        window=common(windows),
     )
 
 

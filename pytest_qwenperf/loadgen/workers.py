@@ -38,6 +38,7 @@ from types import FrameType
 from typing import Any
 
 from pytest_qwenperf.core.records import RequestRecord
+from pytest_qwenperf.core.window import KeptWindow, common
 from pytest_qwenperf.loadgen.arrivals import Arrival, ClosedLoop, OpenLoop
 from pytest_qwenperf.loadgen.client import (
     Assignment,
@@ -109,13 +110,15 @@ def _worker(k: int, parent: int, barrier: Barrier, results: multiprocessing.Queu
         async def sync() -> None:
             await asyncio.to_thread(barrier.wait, BARRIER_TIMEOUT_S)
 
-        async def measured_phase() -> tuple[float, float]:  # the records went out one by one through ``results``
-            _, started_at, ended_at = await run_jobs(assignment, progress=results.put, sync=sync)
-            return started_at, ended_at
+        async def measured_phase() -> tuple[
+            float, float, KeptWindow | None
+        ]:  # the records went out one by one through ``results``
+            _, started_at, ended_at, window = await run_jobs(assignment, progress=results.put, sync=sync)
+            return started_at, ended_at, window
 
         with asyncio.Runner(loop_factory=new_event_loop) as runner:
-            started_at, ended_at = runner.run(measured_phase())
-        results.put(("done", k, started_at, ended_at, tuple(sorted(os.sched_getaffinity(0)))))
+            started_at, ended_at, window = runner.run(measured_phase())
+        results.put(("done", k, started_at, ended_at, tuple(sorted(os.sched_getaffinity(0))), window))
     except BaseException:
         barrier.abort()
         results.put(("error", k, traceback.format_exc()))
@@ -215,7 +218,7 @@ def run_load_in_workers(
         for k in range(n_workers)
     ]
     records: list[RequestRecord] = []
-    done: dict[int, tuple[float, float, tuple[int, ...]]] = {}
+    done: dict[int, tuple[float, float, tuple[int, ...], KeptWindow | None]] = {}
     try:
         _start(procs)
         while len(done) < n_workers:
@@ -224,7 +227,9 @@ def run_load_in_workers(
             except queue.Empty:
                 crashed = [proc for proc in procs if proc.exitcode not in (None, 0)]
                 if crashed:
-                    raise RuntimeError(f"load generator worker {crashed[0].name} died with exit code {crashed[0].exitcode}") from None
+                    raise RuntimeError(
+                        f"load generator worker {crashed[0].name} died with exit code {crashed[0].exitcode}"
+                    ) from None
                 continue
             if isinstance(message, RequestRecord):
                 records.append(message)
@@ -246,4 +251,5 @@ def run_load_in_workers(
         options=options,
         client_cpus=tuple(span[2] for span in spans),
         requested_rate=whole.requested_rate,
+        window=common([span[3] for span in spans]),
     )

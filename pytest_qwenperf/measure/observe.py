@@ -15,7 +15,7 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from types import MappingProxyType
 
-from pytest_qwenperf.core.run import PROMPT_LENGTHS, Loss
+from pytest_qwenperf.core.run import PROMPT_LENGTHS, WINDOW_SHORT, Loss
 from pytest_qwenperf.core.summary import (
     GoodputSLO,
     RunSummary,
@@ -25,7 +25,6 @@ from pytest_qwenperf.core.summary import (
     prompt_lengths_off,
     steady_window,
     summarize,
-    summarize_window,
 )
 from pytest_qwenperf.core.timeline import Timeline
 from pytest_qwenperf.loadgen.arrivals import Arrival
@@ -100,7 +99,10 @@ class Observation:
         """What the client's records show was not the work asked for (the telemetry's conditions
         are :func:`~pytest_qwenperf.measure.validity.conditions`)."""
         off = prompt_lengths_off(self.load.records)
-        return (Loss(reason=PROMPT_LENGTHS, detail=off),) if off else ()
+        short = self.load.window.short() if self.load.window is not None else None
+        return tuple(
+            Loss(reason=reason, detail=detail) for reason, detail in ((PROMPT_LENGTHS, off), (WINDOW_SHORT, short)) if detail
+        )
 
     @property
     def client_cpus(self) -> tuple[int, ...]:
@@ -142,11 +144,23 @@ def observe(target: Target, load: Load, client: ClientSetup = ClientSetup(), wat
             result = run_load_on_ray(client.ray, client.workers, whole, progress=watching.progress)
         elif client.workers > 1:
             result = run_load_in_workers(
-                client.workers, target.base_urls, target.model, load.requests, load.arrival, load.options, progress=watching.progress
+                client.workers,
+                target.base_urls,
+                target.model,
+                load.requests,
+                load.arrival,
+                load.options,
+                progress=watching.progress,
             )
         else:
             result = run_load_sync(
-                target.base_urls, target.model, load.requests, load.arrival, load.options, progress=watching.progress, stop=watching.stop
+                target.base_urls,
+                target.model,
+                load.requests,
+                load.arrival,
+                load.options,
+                progress=watching.progress,
+                stop=watching.stop,
             )
         used = result.cpu_s if result.cpu_s is not None else _client_cpu_s() - cpu_start
         busy = used / max(time.perf_counter() - wall_start, 1e-9) / client.workers
@@ -161,9 +175,10 @@ def observe(target: Target, load: Load, client: ClientSetup = ClientSetup(), wat
         if before and after
         else dict.fromkeys(metrics_urls)
     )
-    window = steady_window(result.records)
-    summary = summarize(result.records, goodput_slo=load.slo, requested_rate=result.requested_rate)
-    steady = summarize_window(result.records, window) if window else None
+    kept = result.window.span if result.window is not None else None  # a time-bounded run's figures are its window's
+    window = kept or steady_window(result.records)
+    summary = summarize(result.records, window=kept, goodput_slo=load.slo, requested_rate=result.requested_rate)
+    steady = summarize(result.records, window=window) if window else None
     return Observation(
         load=result,
         summary=summary,

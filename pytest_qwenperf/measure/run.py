@@ -281,8 +281,12 @@ class Driver:
         # Usage in every chunk costs the server CPU per chunk (~20 % on the 2-core CPU build), but
         # without it a chunk whose text is empty (a partial UTF-8 byte token) cannot be timed, and
         # speculative chunks carry several tokens: exact timing needs it (the client always asks).
-        options = LoadOptions(warmup=workload.warmup * n, routing=_client_routing(config.routing), api_key=method.api_key)
-        load = Load(copies_of(workload.workload, n, _tokenizer(config.model)), times_arrival(workload.arrival, n), options, workload.slo)
+        options = LoadOptions(
+            warmup=workload.warmup * n, window=workload.window, routing=_client_routing(config.routing), api_key=method.api_key
+        )
+        load = Load(
+            copies_of(workload.workload, n, _tokenizer(config.model)), times_arrival(workload.arrival, n), options, workload.slo
+        )
         if self.progress is not None:
             label = load_label(n if config.replicas > 1 else None, workload.arrival if watch else None)
             self.progress.load_started(len(load.requests), label)

@@ -97,7 +97,9 @@ def decide(
         run = combine(repeats)
         judgements = judge_run(baseline, run, confidence=plan.confidence_at(len(repeats)))
     diagnosis = why(evidence(baseline), run, judgements) if baseline is not None else None
-    run = msgspec.structs.replace(run, extra_repeats=len(repeats) - plan.first, needs_sessions=_needs_sessions(plan, repeats, judgements))
+    run = msgspec.structs.replace(
+        run, extra_repeats=len(repeats) - plan.first, needs_sessions=_needs_sessions(plan, repeats, judgements)
+    )
     return Decided(run, judgements, unreadable, diagnosis)
 
 

@@ -36,7 +36,9 @@ from pytest_qwenperf.core.metrics import FLOORED, GATED, SCALING, find
 from pytest_qwenperf.core.summary import GoodputSLO
 from pytest_qwenperf.core.textfiles import read_text
 from pytest_qwenperf.core.validity import ValidityLimits
-from pytest_qwenperf.loadgen.arrivals import Arrival, ArrivalError, ClosedLoop, OpenLoop, Replay
+from pytest_qwenperf.core.window import EXPECTED as WINDOW_EXPECTED
+from pytest_qwenperf.core.window import Window
+from pytest_qwenperf.loadgen.arrivals import Arrival, ArrivalError, ClosedLoop, OpenLoop, Replay, window_problem
 from pytest_qwenperf.suite import embedded
 from pytest_qwenperf.suite.workloads import ConversationWorkload, TraceWorkload, Workload, workload_from_dict
 
@@ -74,7 +76,6 @@ a pytest id and a Kubernetes label value, so one path component of plain charact
 _SAFE_ID_EXPECTED = "letters, digits, '.', '_' and '-', beginning and ending with a letter or digit (it names baseline files)"
 
 
-
 @dataclass(frozen=True)
 class ServingConfig:
     """One serving configuration (a rung), identified by ``id`` across runs and baselines."""
@@ -98,7 +99,6 @@ class ServingConfig:
     def key(self) -> str:
         """Unique across suites: ``b200/dp8``."""
         return f"{self.suite}/{self.id}" if self.suite else self.id
-
 
     @property
     def speculative(self) -> bool:
@@ -134,10 +134,15 @@ class SuiteWorkload:
     configs: tuple[str, ...] = ()  # empty: every config of the suite
     slo: GoodputSLO | None = None
     floors: tuple[tuple[str, tuple[tuple[str, float], ...]], ...] = ()
-    expected: tuple[tuple[str, tuple[tuple[str, float], ...]], ...] = ()  # throughput -> per config, as floors: what ``qwenperf plan`` times it by
+    expected: tuple[
+        tuple[str, tuple[tuple[str, float], ...]], ...
+    ] = ()  # throughput -> per config, as floors: what ``qwenperf plan`` times it by
     search: SearchPlan | None = None  # find the highest load meeting ``slo`` instead of measuring ``arrival``'s
-    capacity_order: tuple[tuple[str, float], ...] = ()  # configs by rising capacity, each with the factor it must reach over the first
+    capacity_order: tuple[
+        tuple[str, float], ...
+    ] = ()  # configs by rising capacity, each with the factor it must reach over the first
     capacity_relation: CapacityRelation = "above"  # how each config of capacity_order stands to the one before it
+    window: Window | None = None  # measure for this long once the batch is full (core.window); None: the whole workload
 
     @property
     def id(self) -> str:
@@ -245,13 +250,17 @@ class Suite:
     ladder_tolerance: float = 0.10  # an improving rung may be this much slower before the ladder test fails
     repeats: int = 3  # load runs per (config, workload): the spread a verdict weighs changes against
     max_repeats: int | None = None  # load runs a point may take while its verdicts cannot decide; None: the repeats in force
-    tolerances: Mapping[str, float] = field(default_factory=lambda: MappingProxyType({}))  # per gated metric, for baselines recorded from this suite
+    tolerances: Mapping[str, float] = field(
+        default_factory=lambda: MappingProxyType({})
+    )  # per gated metric, for baselines recorded from this suite
     validity: ValidityLimits = ValidityLimits()  # when the device's conditions make a run invalid
     must_match: tuple[str, ...] = ()  # environment fields a comparison needs equal (``core.environment``)
     canary_floor: CanaryFloor = EXACT  # a config's canary answer against another session's (the [canary] table)
     history_window: int = HISTORY_WINDOW  # valid runs of the history a run without a stored baseline is judged against
     baseline_max_age_days: int = BASELINE_MAX_AGE_DAYS  # a stored baseline older than this is named stale
-    boot_s: float | None = None  # seconds one server takes to boot (``qwenperf plan``); None: ``suite.cost``'s default for CPU or GPU
+    boot_s: float | None = (
+        None  # seconds one server takes to boot (``qwenperf plan``); None: ``suite.cost``'s default for CPU or GPU
+    )
 
     def config(self, config_id: str) -> ServingConfig:
         for cfg in self.configs:
@@ -294,7 +303,9 @@ def load_suite(path: Path | str) -> Suite:
     if wrong:
         raise SuiteError(f"{path}: suite.must_match: {wrong}")
     if suite.max_repeats is not None and suite.max_repeats < suite.repeats:
-        raise _fail(path, "suite.max_repeats", f"a whole number of load runs >= suite.repeats ({suite.repeats})", suite.max_repeats)
+        raise _fail(
+            path, "suite.max_repeats", f"a whole number of load runs >= suite.repeats ({suite.repeats})", suite.max_repeats
+        )
     if suite.model.startswith("embedded:") and suite.model not in embedded.EMBEDDED:
         raise _fail(path, "suite.model", f"a Hugging Face id, a folder or one of {', '.join(embedded.EMBEDDED)}", suite.model)
     served = suite.served_model_name
@@ -314,7 +325,12 @@ def load_suite(path: Path | str) -> Suite:
         if entry.improves and parent is None:
             raise _fail(path, f"{where}.improves", "improves only on a rung that inherits from another", entry.improves)
         if entry.canary is not None and parent is None:
-            raise _fail(path, f"{where}.canary", "a canary floor only on a rung that inherits from another", msgspec.to_builtins(entry.canary))
+            raise _fail(
+                path,
+                f"{where}.canary",
+                "a canary floor only on a rung that inherits from another",
+                msgspec.to_builtins(entry.canary),
+            )
         if entry.expected is not None:
             _expected(path, entry.expected, f"{where}.expected")
         inherited = rungs[parent] if parent else base
@@ -407,7 +423,9 @@ class _SuiteTable(schema.Shape, frozen=True):
     must_match: _Strings = ()
     history_window: Annotated[int, Meta(ge=1, description="a whole number of runs >= 1")] = HISTORY_WINDOW
     baseline_max_age_days: Annotated[int, Meta(ge=1, description="a whole number of days >= 1")] = BASELINE_MAX_AGE_DAYS
-    boot_s: Annotated[float, Meta(gt=0, le=86_400, description="a number of seconds > 0, at most a day (one server's boot)")] | None = None
+    boot_s: (
+        Annotated[float, Meta(gt=0, le=86_400, description="a number of seconds > 0, at most a day (one server's boot)")] | None
+    ) = None
 
 
 class _ConfigTable(schema.Shape, frozen=True):
@@ -467,6 +485,7 @@ class _RunTable(schema.Shape, frozen=True):
         Meta(description="a table of throughput = { config = tokens per second }"),
     ] = msgspec.field(default_factory=dict)
     search: Annotated[_SearchTable, Meta(description=_SEARCH)] | None = None
+    window: Annotated[str, Meta(description=WINDOW_EXPECTED)] | None = None
     capacity_order: _Strings = ()
     capacity_relation: Annotated[CapacityRelation, Meta(description='"above" or "not-below"')] = "above"
     capacity_factors: Annotated[
@@ -576,7 +595,9 @@ def _suite_workload(path: Path, entry: Mapping[str, Any], where: str, config_ids
     if isinstance(name, str):
         where = f"workload {_safe_id(path, name, f'{where}.name')!r}"
         if name.casefold() == CANARY:
-            raise _fail(path, f"{where}.name", f"a name other than {CANARY!r}, which names the file of a config's canary answer", name)
+            raise _fail(
+                path, f"{where}.name", f"a name other than {CANARY!r}, which names the file of a config's canary answer", name
+            )
     source = f"{path}: {where}"
     run = schema.convert(
         {k: v for k, v in entry.items() if k in _RunTable.__struct_fields__},
@@ -591,7 +612,9 @@ def _suite_workload(path: Path, entry: Mapping[str, Any], where: str, config_ids
         workload = dataclasses.replace(workload, path=str(path.parent / workload.path))  # beside the suite file
     arrival = _arrival(path, run.load, f"{where}.load")
     if isinstance(arrival, Replay) and not isinstance(workload, TraceWorkload):
-        raise _fail(path, f"{where}.load.replay", "a workload of kind 'trace' (only a trace has send times to replay)", workload.kind)
+        raise _fail(
+            path, f"{where}.load.replay", "a workload of kind 'trace' (only a trace has send times to replay)", workload.kind
+        )
     # A JSONL workload without num_prompts sends every line: the count is known once the file is read.
     if workload.num_prompts is not None and run.warmup >= workload.num_prompts:
         raise _fail(path, f"{where}.warmup", f"a whole number of requests below num_prompts ({workload.num_prompts})", run.warmup)
@@ -609,9 +632,26 @@ def _suite_workload(path: Path, entry: Mapping[str, Any], where: str, config_ids
     expected = _expected_rates(path, run.expected, f"{where}.expected", run.configs or sorted(config_ids))
     search = _search(path, run, f"{where}", arrival, workload)
     order = _capacity_order(path, run, where, run.configs or sorted(config_ids), search)
+    window = _window(path, run, where, arrival)
     return SuiteWorkload(
-        workload, arrival, run.warmup, run.configs, slo, floors, expected, search, order, run.capacity_relation
+        workload, arrival, run.warmup, run.configs, slo, floors, expected, search, order, run.capacity_relation, window
     )
+
+
+def _window(path: Path, run: _RunTable, where: str, arrival: Arrival) -> Window | None:
+    """A workload's measured window; a search's probes measure their own rounds instead."""
+    if run.window is None:
+        return None
+    try:
+        window = Window.parse(run.window)
+    except ValueError:
+        raise _fail(path, f"{where}.window", WINDOW_EXPECTED, run.window) from None
+    if run.search is not None:
+        raise _fail(path, f"{where}.window", "no window with a search (each probe measures its own rounds)", run.window)
+    problem = window_problem(window, arrival, run.warmup)
+    if problem:
+        raise _fail(path, f"{where}.window", problem, run.window)
+    return window
 
 
 def _check_warmup(path: Path, warmup: int, where: str, arrival: Arrival, workload: Workload) -> None:
@@ -650,7 +690,10 @@ def _search(path: Path, run: _RunTable, where: str, arrival: Arrival, workload: 
     measured = None if workload.num_prompts is None else workload.num_prompts - run.warmup
     if table.by == "concurrency" and measured is not None and table.highest > measured / PROBE_ROUNDS:
         raise _fail(
-            path, f"{key}.highest", f"at most 1/{PROBE_ROUNDS} of the measured requests ({measured // PROBE_ROUNDS}), so that every probe keeps its concurrency", table.highest
+            path,
+            f"{key}.highest",
+            f"at most 1/{PROBE_ROUNDS} of the measured requests ({measured // PROBE_ROUNDS}), so that every probe keeps its concurrency",
+            table.highest,
         )
     return plan
 
@@ -665,13 +708,23 @@ def _capacity_order(
             raise _fail(path, f"{where}.capacity_factors", "a capacity_order the factors apply to", dict(run.capacity_factors))
         return ()
     if search is None:
-        raise _fail(path, f"{where}.capacity_order", "a search table (an order of capacities needs them measured)", list(run.capacity_order))
+        raise _fail(
+            path,
+            f"{where}.capacity_order",
+            "a search table (an order of capacities needs them measured)",
+            list(run.capacity_order),
+        )
     for config_id in run.capacity_order:
         if config_id not in config_ids:
             raise _fail(path, f"{where}.capacity_order", f"configs this workload runs on {list(config_ids)}", config_id)
     for config_id in run.capacity_factors:
         if config_id not in run.capacity_order[1:]:
-            raise _fail(path, f"{where}.capacity_factors.{config_id}", f"a config after the first of capacity_order {list(run.capacity_order)}", config_id)
+            raise _fail(
+                path,
+                f"{where}.capacity_factors.{config_id}",
+                f"a config after the first of capacity_order {list(run.capacity_order)}",
+                config_id,
+            )
     return tuple((config_id, run.capacity_factors.get(config_id, 1.0)) for config_id in run.capacity_order)
 
 
@@ -737,7 +790,9 @@ def _per_config(
     for metric, per_config in data.items():
         for config_id, value in per_config.items():
             if config_id != "*" and config_id not in config_ids:
-                raise _fail(path, f"{key}.{metric}.{config_id}", f'a config this workload runs on {list(config_ids)} or "*"', config_id)
+                raise _fail(
+                    path, f"{key}.{metric}.{config_id}", f'a config this workload runs on {list(config_ids)} or "*"', config_id
+                )
             if not math.isfinite(value):
                 raise _fail(path, f"{key}.{metric}.{config_id}", number, value)
     return tuple((metric, tuple(per_config.items())) for metric, per_config in data.items())

@@ -341,7 +341,9 @@ def points_of(suite: Suite, configs: Sequence[str] = (), workloads: Sequence[str
         if (not workloads or workload.id in workloads) and workload.runs_on(config.id)
     )
     if not found:
-        raise SuiteError(f"{suite.path}: no point: none of the workloads {list(workloads) or known} runs on {[c.id for c in chosen]}")
+        raise SuiteError(
+            f"{suite.path}: no point: none of the workloads {list(workloads) or known} runs on {[c.id for c in chosen]}"
+        )
     return found
 
 
@@ -371,7 +373,9 @@ def _cost(suite: Suite, config: ServingConfig, workload: SuiteWorkload, measured
             best = min(timings, key=lambda t: t.repeat_s)
             if source.kind == "history" and measured is not None and measured.repeat_s is not None:
                 # what its repeats took, whole: no model of the overheads needed
-                best = dataclasses.replace(best, repeat_s=measured.repeat_s, worst_repeat_s=max(best.worst_repeat_s, measured.repeat_s))
+                best = dataclasses.replace(
+                    best, repeat_s=measured.repeat_s, worst_repeat_s=max(best.worst_repeat_s, measured.repeat_s)
+                )
             return PointCost(config.id, workload.id, source, best, repeats, most)
     return PointCost(config.id, workload.id, Source("none"), None, repeats, most)
 
@@ -414,7 +418,9 @@ def _timing(config: ServingConfig, workload: SuiteWorkload, rate: Rate, duration
         return None
     worst = max(run.seconds for run in ends if run is not None)
     probes = Probes(search.max_probes, middle, planned.seconds, worst)
-    return Timing(rate, planned, routes * probes.count, routes * probes.count * planned.seconds, routes * probes.count * worst, probes)
+    return Timing(
+        rate, planned, routes * probes.count, routes * probes.count * planned.seconds, routes * probes.count * worst, probes
+    )
 
 
 def load_run(workload: SuiteWorkload, replicas: int, rate: Rate, duration_s: float | None = None) -> LoadRun | None:
