@@ -3,13 +3,14 @@ timing (tests/stream_source.py), the figures summarized over it, and the suite k
 
 from __future__ import annotations
 
+import dataclasses
 import os
 from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
 
-from pytest_qwenperf.core.summary import summarize
+from pytest_qwenperf.core.summary import cross_check, summarize
 from pytest_qwenperf.core.window import KeptWindow, Window, common
 from pytest_qwenperf.loadgen.arrivals import ClosedLoop, OpenLoop, Replay
 from pytest_qwenperf.loadgen.client import LoadOptions, run_load_sync
@@ -65,28 +66,32 @@ def test_workers_windows_overlap_and_any_running_out_counts() -> None:
 # --- the client keeps it ------------------------------------------------------------------
 
 
-def test_a_closed_loop_measures_its_window_and_waits_only_for_what_was_sent_inside(source: StreamSource) -> None:
-    """4 lanes of requests of 60 ms and 300 ms alternately, a 0.6 s window, a supply of 400.
+def test_a_closed_loop_measures_its_window_waits_for_what_was_sent_inside_and_cuts_the_rest(source: StreamSource) -> None:
+    """4 lanes of requests of 60 ms and 1.2 s alternately, a 0.6 s window, a supply of 400.
 
-    The window opens at the send that fills the last lane and lasts what was asked. The load
-    keeps the batch full until every request sent inside the window has ended, then sends no
-    more: a fraction of the supply is used, nothing is sent after the last of them ended, and the
-    long requests sent near the window's end are measured whole (their ends lie past it).
+    The window opens at the send that fills the last lane and lasts what was asked. The load keeps
+    the batch full until every request sent inside the window has ended (the long ones sent near
+    its end are measured whole, their ends lying past it), then sends no more and cuts what is
+    still in flight, all of it sent after the window: the run ends without their lifetimes.
     """
-    specs = [spec(i, max_tokens=2, ttft_ms=30 if i % 2 else 150, itl_ms=30 if i % 2 else 150) for i in range(400)]
+    specs = [spec(i, max_tokens=2, ttft_ms=30 if i % 2 else 600, itl_ms=30 if i % 2 else 600) for i in range(400)]
     load = run_load_sync(source.urls, MODEL, specs, ClosedLoop(4), LoadOptions(warmup=4, window=Window(seconds=0.6)))
     kept = load.window
     assert kept is not None and kept.length_s == pytest.approx(0.6) and kept.short() is None and kept.lifetime_s is None
     measured = [r for r in load.records if not r.warmup]
     assert sorted(r.sent_at for r in measured)[3] == kept.opened  # the fourth send filled the batch
     inside = [r for r in measured if kept.opened <= r.sent_at < kept.closed]
-    assert inside and all(r.ok for r in load.records)
+    assert inside and all(r.ok for r in inside)
     last_end = max(r.ended_at for r in inside)
     assert last_end > kept.closed  # a request sent inside ended after it, and was waited for
     assert all(r.sent_at <= last_end for r in measured)  # then nothing more was sent
+    cut = [r for r in measured if r.cut]
+    assert cut and all(r.sent_at >= kept.closed and not r.ok and r.error for r in cut)
+    assert all(r.ok for r in load.records if not r.cut)
+    assert max(r.ended_at for r in load.records) < last_end + 0.5  # the cut 1.2 s requests were not waited for
     assert len(measured) < 100
     summary = summarize(load.records, window=kept.span)
-    assert summary["completed"].value == len(inside)
+    assert summary["completed"].value == len(inside) and summary["failed"].value == 0
     assert summary["mean_e2el_ms"].value == pytest.approx(1000 * sum(r.chunk_times[-1] - r.sent_at for r in inside) / len(inside))
 
 
@@ -120,6 +125,20 @@ def test_an_open_loops_window_opens_a_lifetime_after_it_starts(source: StreamSou
     warm = sorted(r.ended_at - r.sent_at for r in load.records if r.warmup)
     assert kept.opened == pytest.approx(load.started_at + warm[len(warm) // 2])
     assert len([r for r in load.records if not r.warmup]) < 100
+
+
+def test_the_token_cross_check_allows_a_cut_request_what_the_server_may_have_counted_more() -> None:
+    whole = rec(0, 0.0, [(1.0, 4)], prompt=10, expected=4)
+    read_some = dataclasses.replace(rec(1, 0.5, [(1.5, 1)], prompt=10, expected=4), cut=True, error="cut")
+    unread = dataclasses.replace(rec(2, 0.9, [], prompt=0, completion=0, expected=4), cut=True, error="cut", expected_prompt_tokens=10)
+    records = [whole, read_some, unread]
+    assert cross_check(records, 20, 5).matches  # what the client read
+    assert cross_check(records, 30, 12).matches  # and all that the cut ones could have added: 10 prompt, 3 + 4 output
+    assert not cross_check(records, 31, 5).matches and not cross_check(records, 20, 13).matches
+    assert not cross_check(records, 19, 5).matches  # never fewer than the client read
+    check = cross_check(records, 30, 12)
+    assert check.cut == 2 and "2 request(s) cut at the window's end" in check.describe()
+    assert cross_check([whole], 10, 4).describe().startswith("token counts agree: client")
 
 
 def test_windows_that_cannot_be_kept_are_refused() -> None:
@@ -200,3 +219,11 @@ def test_a_suite_workload_states_its_window(tmp_path: Path) -> None:
 )
 def test_a_window_the_suite_cannot_keep_is_refused_naming_the_field(tmp_path: Path, keys: str, message: str) -> None:
     refused(tmp_path, HEADER + WORKLOAD + keys + "\n", message)
+
+
+def test_a_window_is_part_of_what_a_run_is_measured_on(tmp_path: Path) -> None:
+    plain = suite_at(tmp_path, HEADER + WORKLOAD + "load = { concurrency = 4 }\n").workloads[0]
+    timed = suite_at(tmp_path, HEADER + WORKLOAD + 'load = { concurrency = 4 }\nwindow = "20s"\n').workloads[0]
+    longer = suite_at(tmp_path, HEADER + WORKLOAD + 'load = { concurrency = 4 }\nwindow = "30s"\n').workloads[0]
+    assert plain.fingerprint() == plain.workload.fingerprint() == timed.workload.fingerprint()
+    assert len({plain.fingerprint(), timed.fingerprint(), longer.fingerprint()}) == 3

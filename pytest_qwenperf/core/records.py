@@ -33,6 +33,7 @@ class RequestRecord:
     status: int | None = None  # HTTP status; None when no response arrived
     error: str | None = None
     warmup: bool = False
+    cut: bool = False  # sent after its window closed and cut once the window was measured (core.window): not a failure
 
     @property
     def first_token_at(self) -> float | None:

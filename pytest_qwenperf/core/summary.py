@@ -363,12 +363,20 @@ class TokenCrossCheck:
     server_generation: float | None
     requests_without_usage: int  # their tokens reached the server's counters but not the client's
     matches: bool | None  # None: the server exposed neither counter
+    cut: int = 0  # requests cut once their window was measured: the server may have counted more of them
+    slack: tuple[float, float] = (0.0, 0.0)  # how many more prompt / generation tokens the server may count for them
 
     def describe(self) -> str:
         client = f"client {self.client_prompt} prompt / {self.client_generation} generation tokens"
         if self.matches is None:
             return f"{client}; the server exposed no token counters to compare with"
         server = f"server {_count(self.server_prompt)} prompt / {_count(self.server_generation)} generation tokens"
+        if self.cut:
+            within = (
+                f" within what {self.cut} request(s) cut at the window's end may have left unread "
+                f"(up to {_count(self.slack[0])} prompt / {_count(self.slack[1])} generation tokens more)"
+            )
+            return f"token counts {'agree' if self.matches else 'differ'}{within}: {client}, {server}"
         if self.matches:
             return f"token counts agree: {client}, {server}"
         hint = (
@@ -387,13 +395,27 @@ def cross_check(
     records: Iterable[RequestRecord], server_prompt_delta: float | None, server_generation_delta: float | None
 ) -> TokenCrossCheck:
     """Compare usage totals of all records (warmup and failed included: the server counted them
-    too) with the deltas of ``vllm:prompt_tokens_total`` / ``vllm:generation_tokens_total``."""
+    too) with the deltas of ``vllm:prompt_tokens_total`` / ``vllm:generation_tokens_total``.
+
+    Requests cut once their window was measured (:attr:`RequestRecord.cut`) count what the client
+    read of them, and the server may have counted more: a prompt the client saw no usage of (vLLM
+    counts it at the first token), and output tokens up to ``max_tokens`` generated before the
+    abort reached the engine. The server's counts must then lie between the client's and that
+    much more (unbounded where the record does not know the prompt's or the output's length)."""
     records = list(records)
     client_prompt = sum(r.prompt_tokens for r in records)
     client_generation = sum(r.completion_tokens for r in records)
+    cut = [r for r in records if r.cut]
+    slack = (
+        math.fsum(math.inf if r.expected_prompt_tokens is None else r.expected_prompt_tokens for r in cut if not r.prompt_tokens),
+        math.fsum(math.inf if r.expected_output_tokens is None else r.expected_output_tokens - r.completion_tokens for r in cut),
+    )
     compared = [
-        client == server
-        for client, server in ((client_prompt, server_prompt_delta), (client_generation, server_generation_delta))
+        client <= server <= client + more
+        for client, server, more in (
+            (client_prompt, server_prompt_delta, slack[0]),
+            (client_generation, server_generation_delta, slack[1]),
+        )
         if server is not None
     ]
     return TokenCrossCheck(
@@ -401,8 +423,10 @@ def cross_check(
         client_generation=client_generation,
         server_prompt=server_prompt_delta,
         server_generation=server_generation_delta,
-        requests_without_usage=sum(1 for r in records if r.prompt_tokens == 0 and r.completion_tokens == 0),
+        requests_without_usage=sum(1 for r in records if r.prompt_tokens == 0 and r.completion_tokens == 0 and not r.cut),
         matches=all(compared) if compared else None,
+        cut=len(cut),
+        slack=slack,
     )
 
 

@@ -12,9 +12,15 @@ sending once every request sent inside the window has ended. How each figure cou
   occur: a rule of "ended inside the window" would drop the long requests in flight at its end
   and bias every percentile towards short ones. The load keeps the batch full until the last of
   them has ended, so each ran entirely under the window's load.
-* The requests in flight then are not cut: they end and nothing of them is measured. The
-  server's token counters must still equal the client's (the token cross-check), and a request
-  cut mid-stream leaves tokens the server counted and the client never saw.
+* The requests still in flight then were all sent after the window closed, so nothing of them
+  lies inside it: they are cut (their connections closed, which vLLM takes as an abort) rather
+  than waited for, which would cost up to a whole lifetime more (``RequestRecord.cut``; not a
+  failure). The server may have counted a little more of them than the client read, so the
+  token cross-check then allows what they could have added, and no more
+  (:func:`~pytest_qwenperf.core.summary.cross_check`).
+
+A run thus takes its warm-up, the window, and one lifetime more for the requests sent last
+inside it to end.
 
 A window in lifetimes is that many times a request's lifetime, the median end-to-end latency of
 the warm-up's requests: a window of a few lifetimes sees each of the batch's slots turn over a
@@ -25,6 +31,7 @@ the window closes, the window kept is shorter than the one asked and the run say
 
 from __future__ import annotations
 
+import hashlib
 import math
 import re
 from collections.abc import Sequence
@@ -68,6 +75,14 @@ class Window:
         if self.seconds is not None:
             return f"{self.seconds:g}s"
         return f"{self.lifetimes:g} lifetime{'' if self.lifetimes == 1 else 's'}"
+
+
+def windowed_fingerprint(fingerprint: str, window: Window | None) -> str:
+    """A workload's fingerprint as measured over ``window``: its own without one, else another, as a
+    window's figures are not a whole run's (no ramp-up or drain-down in them), nor another window's."""
+    if window is None:
+        return fingerprint
+    return hashlib.sha256(f"{fingerprint} window {window}".encode()).hexdigest()[:16]
 
 
 @dataclass(frozen=True)

@@ -189,11 +189,13 @@ class _Client:
 
     async def send(
         self, position: int, spec: RequestSpec, scheduled_at: float | None, warmup: bool, window: _WindowKeeper | None = None
-    ) -> RequestRecord:
+    ) -> RequestRecord | None:
+        """Send one request and record it; None when ``window`` was measured before it could be
+        written (it waited for its turn or its connection meanwhile): nothing was sent."""
         body = json.dumps(spec.body(self.model, continuous_usage=self.continuous_usage)).encode()
         parser = StreamParser()
         conn: Connection | None = None
-        reusable = waited = False
+        reusable = waited = unsent = False
         prompt_tokens = completion_tokens = 0
         await self.turns.take()
         order = self.orders[position % len(self.orders)]
@@ -204,8 +206,11 @@ class _Client:
         try:
             async with asyncio.timeout(self.timeout_s):
                 conn = await endpoint.connection()
+                if window is not None and window.cutting:
+                    reusable = unsent = True  # the connection is still idle
+                    return None
                 sent_at = perf_counter()  # TTFT counts from the write, not from connecting
-                waited = window is not None and window.sent(sent_at)
+                waited = window is not None and window.sent(sent_at, conn)
                 reusable = await conn.request(request, parser)
             if conn.status == 200:
                 prompt_tokens, completion_tokens = parser.finish()
@@ -217,13 +222,16 @@ class _Client:
             parser.error = f"{type(exc).__name__}: {exc}"
         finally:
             endpoint.in_flight -= 1
-            if waited:
-                assert window is not None
-                window.ended()
+            if window is not None and conn is not None and not unsent:
+                window.ended(conn, waited)
             if reusable and conn is not None:  # reusable implies a connection
                 endpoint.idle.append(conn)
             elif conn is not None and conn.transport is not None:
                 conn.transport.abort()  # mid-response, timed out or closing: never reuse
+        cut = window is not None and conn is not None and parser.error is not None and window.cut(conn)
+        if cut:
+            parser.error = "cut once its window was measured"
+            prompt_tokens, completion_tokens = parser.seen()
         record = RequestRecord(
             index=spec.index,
             endpoint=endpoint.url,
@@ -239,6 +247,7 @@ class _Client:
             status=conn.status if conn is not None else None,
             error=parser.error,
             warmup=warmup,
+            cut=cut,
         )
         if self.progress is not None:
             self.progress(record)
@@ -255,25 +264,34 @@ class _WindowKeeper:
 
     The window opens when the batch is full: at the send that fills a closed loop's last lane
     (``fills``), or at ``opens_at`` for an open loop. It closes ``length_s`` later. Every request
-    sent before it closes is counted until it ends, and the run sends on while any is in flight
-    (:meth:`done`). Sends are counted at their write (the records' ``sent_at``), not when a lane
-    asks to send: a closed loop's lanes all ask at once and write one per loop turn
-    (``_SendTurns``), so the batch is full only at the last lane's write.
+    sent before it closes is counted until it ends, and the run sends on while any is in flight.
+    Once none is (:meth:`done`), the requests still in flight, all sent after the window closed,
+    are cut: their connections closed, which vLLM takes as an abort. Nothing of them lies inside
+    the window, so waiting for their ends would only cost time (a whole request's lifetime).
+    Sends are counted at their write (the records' ``sent_at``), not when a lane asks to send: a
+    closed loop's lanes all ask at once and write one per loop turn (``_SendTurns``), so the batch
+    is full only at the last lane's write.
     """
 
-    def __init__(self, length_s: float, lifetime_s: float | None, fills: int | None, opens_at: float | None) -> None:
+    def __init__(self, length_s: float, lifetime_s: float | None, supply: int, fills: int | None, opens_at: float | None) -> None:
         self.length_s, self.lifetime_s = length_s, lifetime_s  # the lifetime it was reckoned in; None: seconds
+        self.supply = supply  # the measured requests: once all were sent, the requests ran out
         self.fills, self.opened = fills, opens_at
         self.sends = 0
         self.waiting = 0  # requests sent before the window closed, not yet ended
         self.last_send = -math.inf
+        self.live: set[Connection] = set()  # the connections of the requests in flight
+        self.cut_off: set[Connection] = set()  # those cut once the window was measured
+        self.cutting = False
 
     @property
     def closes(self) -> float:
         return math.inf if self.opened is None else self.opened + self.length_s
 
-    def sent(self, at: float) -> bool:
-        """A request was written at ``at``; True when the window waits for it to end (then call :meth:`ended`)."""
+    def sent(self, at: float, conn: Connection) -> bool:
+        """A request was written at ``at`` on ``conn``; True when the window waits for it to end.
+        Its end is told to :meth:`ended` either way."""
+        self.live.add(conn)
         self.sends += 1
         self.last_send = at
         if self.opened is None and self.sends == self.fills:
@@ -283,18 +301,32 @@ class _WindowKeeper:
             return True
         return False
 
-    def ended(self) -> None:
-        self.waiting -= 1
+    def ended(self, conn: Connection, waited: bool) -> None:
+        self.live.discard(conn)
+        self.waiting -= waited
+        if waited and not self.waiting:
+            self.done()
 
     def done(self) -> bool:
-        """The window has closed and every request it waits for has ended: send no more."""
-        return self.waiting == 0 and perf_counter() >= self.closes
+        """The window has closed and every request it waits for has ended: send no more, and cut
+        the requests in flight."""
+        if self.waiting or perf_counter() < self.closes:
+            return False
+        self.cutting = True
+        for conn in self.live - self.cut_off:
+            self.cut_off.add(conn)
+            conn.cut()
+        return True
+
+    def cut(self, conn: Connection) -> bool:
+        """Whether the request on ``conn`` ended because it was cut."""
+        return conn in self.cut_off
 
     def kept(self) -> KeptWindow | None:
         """The window measured; it closes at the last send where the requests ran out first."""
         if self.opened is None:
             return None
-        ran_out = self.last_send < self.closes
+        ran_out = self.sends >= self.supply and self.last_send < self.closes
         closed = self.last_send if ran_out else self.closes
         return KeptWindow(self.opened, max(closed, self.opened), self.length_s, self.lifetime_s, ran_out)
 
@@ -500,10 +532,11 @@ def _keeper(assignment: Assignment, start: float, lifetime_s: float | None) -> _
         return None
     length_s = window.length_s(lifetime_s)
     reckoned_in = lifetime_s if window.lifetimes is not None else None
+    supply = sum(map(len, assignment.units))
     if isinstance(assignment.arrival, ClosedLoop):
-        return _WindowKeeper(length_s, reckoned_in, min(assignment.arrival.concurrency, len(assignment.units)), None)
+        return _WindowKeeper(length_s, reckoned_in, supply, min(assignment.arrival.concurrency, len(assignment.units)), None)
     opens_at = start if assignment.ramp is not None else start + (lifetime_s or 0.0)
-    return _WindowKeeper(length_s, reckoned_in, None, opens_at)
+    return _WindowKeeper(length_s, reckoned_in, supply, None, opens_at)
 
 
 def _lifetime_s(warmup: Sequence[RequestRecord]) -> float | None:

@@ -136,6 +136,11 @@ class Connection:
         self._left = left
         return b"".join(payload), pos, False
 
+    def cut(self) -> None:
+        """Abandon the request in flight: close the connection, which the server takes as an abort,
+        and fail the response (the transport's ``abort`` tells nobody)."""
+        self._finish(ConnectionError("cut before the response was complete"))
+
     def _finish(self, error: Exception | None) -> None:
         done, self._done = self._done, None
         if error is not None and self.transport is not None:

@@ -107,6 +107,12 @@ class StreamParser:
             self._seen += n
             self.tokens.append(n)
 
+    def seen(self) -> tuple[int, int]:
+        """``(prompt_tokens, completion_tokens)`` of the chunks read so far, of a stream cut before its
+        end: the prompt from the last usage read (0: none yet), the completion tokens counted."""
+        prompt = json.loads(self._usage[self._usage.find(b"{") :])["usage"].get("prompt_tokens") or 0 if self._usage else 0
+        return prompt, self._seen if self._continuous else sum(self.tokens)
+
     def finish(self) -> tuple[int, int]:
         """``(prompt_tokens, completion_tokens)`` from the last usage; sets ``error`` if there was none."""
         if self._rest.strip():  # a last event without its blank line: complete at the end of the stream

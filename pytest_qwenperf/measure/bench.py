@@ -22,6 +22,7 @@ from pytest_qwenperf.core.records import RequestRecord
 from pytest_qwenperf.core.run import ClientLoad, TokenCheck
 from pytest_qwenperf.core.summary import GoodputSLO, inter_token_latencies
 from pytest_qwenperf.core.validity import ValidityLimits
+from pytest_qwenperf.core.window import windowed_fingerprint
 from pytest_qwenperf.loadgen.arrivals import Arrival
 from pytest_qwenperf.loadgen.client import LoadOptions
 from pytest_qwenperf.loadgen.request import RequestSpec
@@ -74,7 +75,7 @@ def bench_result(plan: BenchPlan, seen: Observation, *, detailed: bool, max_fail
         identity=BenchIdentity(
             model=plan.servers[0].model,
             workload=plan.workload.id,
-            workload_fingerprint=plan.workload.fingerprint(),
+            workload_fingerprint=windowed_fingerprint(plan.workload.fingerprint(), plan.options.window),
             arrival=repr(plan.arrival),
             warmup=plan.options.warmup,
             endpoints=tuple(s.base_url for s in plan.servers),

@@ -73,7 +73,7 @@ def build_run(
             argv=tuple(redact_argv(config.vllm_args)),
             model=config.model,
             workload=workload.id,
-            workload_fingerprint=workload.workload.fingerprint(),
+            workload_fingerprint=workload.fingerprint(),
             hardware=hardware.id,
         ),
         context=RunContext(

@@ -137,7 +137,7 @@ def search_once(measure: Callable[[SuiteWorkload, Watch], Run], workload: SuiteW
     capacity, output = (0.0, 0.0) if found.load is None else (found.load, found.output_throughput)
     metrics = {**chosen.metrics, CAPACITY: capacity, CAPACITY_OUTPUT: output}
     # A probe's workload sends as many requests as its load needs: the search's is what was measured.
-    identity = msgspec.structs.replace(chosen.identity, workload_fingerprint=workload.workload.fingerprint())
+    identity = msgspec.structs.replace(chosen.identity, workload_fingerprint=workload.fingerprint())
     # The chosen probe's failures and client alone: a probe past the capacity failing is what the search looks for.
     return msgspec.structs.replace(
         whole, identity=identity, metrics=metrics, samples={}, client=chosen.client, capacity=(record,)

@@ -37,7 +37,7 @@ from pytest_qwenperf.core.summary import GoodputSLO
 from pytest_qwenperf.core.textfiles import read_text
 from pytest_qwenperf.core.validity import ValidityLimits
 from pytest_qwenperf.core.window import EXPECTED as WINDOW_EXPECTED
-from pytest_qwenperf.core.window import Window
+from pytest_qwenperf.core.window import Window, windowed_fingerprint
 from pytest_qwenperf.loadgen.arrivals import Arrival, ArrivalError, ClosedLoop, OpenLoop, Replay, window_problem
 from pytest_qwenperf.suite import embedded
 from pytest_qwenperf.suite.workloads import ConversationWorkload, TraceWorkload, Workload, workload_from_dict
@@ -147,6 +147,10 @@ class SuiteWorkload:
     @property
     def id(self) -> str:
         return self.workload.id
+
+    def fingerprint(self) -> str:
+        """What its runs are measured on: the workload's requests, and the window they are measured over."""
+        return windowed_fingerprint(self.workload.fingerprint(), self.window)
 
     def capacity_slo(self) -> Slo:
         """The search's targets: the p99 of each latency the workload's SLO limits."""
@@ -285,7 +289,7 @@ class Suite:
             config=config.id,
             argv_sha256=argv_digest(config.vllm_args),
             workload=workload.id,
-            workload_fingerprint=workload.workload.fingerprint(),
+            workload_fingerprint=workload.fingerprint(),
         )
 
 
