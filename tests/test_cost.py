@@ -302,3 +302,80 @@ def test_a_history_that_timed_its_repeats_times_the_point_by_them(tmp_path: Path
     timed = plan(suite, points, history).points[0]
     assert timed.timing is not None and timed.timing.repeat_s == pytest.approx(15.0)
     assert timed.planned_s == pytest.approx(suite.repeats * 15.0)
+    assert (timed.spread, timed.spread_from, timed.mde) == (0.0, "history", 0.0)  # repeats of one figure: no spread
+
+
+WINDOWED = """
+[suite]
+name = "windowed"
+hardware = "h100"
+model = "embedded:tiny"
+gpus = 1
+repeats = 4
+boot_s = 30
+repeat_spread = 0.015
+
+[[config]]
+id = "base"
+expected = { total_token_throughput = 1000.0 }
+
+[[workload]]
+name = "seconds"
+kind = "random"
+input_len = 100
+output_len = 50
+num_prompts = 520
+warmup = 20
+load = { concurrency = 10 }
+window = "20s"
+
+[[workload]]
+name = "lifetimes"
+kind = "random"
+input_len = 100
+output_len = 50
+num_prompts = 520
+warmup = 20
+load = { concurrency = 10 }
+window = "4 lifetimes"
+
+[[workload]]
+name = "short"
+kind = "random"
+input_len = 100
+output_len = 50
+num_prompts = 120
+warmup = 20
+load = { concurrency = 10 }
+window = "20s"
+"""
+
+
+def test_a_window_times_a_run_by_the_window_and_one_lifetime(tmp_path: Path) -> None:
+    """At 1,000 tok/s a request of 150 tokens leaves at 6.67 a second, so 10 in flight live 1.5 s
+    each (Little's law): a 20 s window takes 21.5 s, 4 lifetimes 7.5 s. 100 requests last 15 s,
+    so a 20 s window runs out of them: its run takes their 15 s, and the plan says so."""
+    suite = suite_at(tmp_path, WINDOWED)
+    found = plan(suite, points_of(suite), {})
+    cost = {p.workload: p for p in found.points}
+    runs = {name: point.timing.load_run for name, point in cost.items() if point.timing is not None}
+    assert runs["seconds"].lifetime_s == pytest.approx(1.5) and runs["seconds"].window_s == 20.0
+    assert runs["seconds"].measured_s == pytest.approx(21.5) and not runs["seconds"].runs_out
+    assert runs["lifetimes"].window_s == pytest.approx(6.0) and runs["lifetimes"].measured_s == pytest.approx(7.5)
+    assert runs["short"].runs_out and runs["short"].measured_s == pytest.approx(15.0)
+    assert "1 point(s) run out of requests before their window closes" in found.line()
+    assert cost["seconds"].timing is not None
+    assert cost["seconds"].timing.repeat_s == pytest.approx(20 * 150 / 1000 + 21.5 + overhead(520 * 100))
+
+
+def test_the_plan_gives_each_points_throughput_mde_at_its_repeats(tmp_path: Path) -> None:
+    """4 repeats a side spreading 1.5 %: Welch's half-width t(0.975, 6) x ln(1.015) x sqrt(2/4) = 0.02576
+    on the log scale, an MDE of 1 - exp(-0.02576) = 2.54 %; the history's own spread wins over the suite's."""
+    suite = suite_at(tmp_path, WINDOWED)
+    points = points_of(suite, workloads=["seconds"])
+    assumed = plan(suite, points, {}).points[0]
+    assert (assumed.spread, assumed.spread_from) == (0.015, "suite") and assumed.mde == pytest.approx(0.02543, abs=2e-5)
+    measured = Measured(runs=3, rates=(Rate("total_token_throughput", 1000.0),), duration_s=None, spread=0.03)
+    seen = plan(suite, points, {("base", "seconds"): measured}).points[0]
+    assert (seen.spread, seen.spread_from) == (0.03, "history") and seen.mde is not None and seen.mde > 2 * assumed.mde * 0.95
+    assert seen.as_json()["mde"] == {"spread": 0.03, "from": "history", "throughput_mde": seen.mde}

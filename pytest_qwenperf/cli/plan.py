@@ -139,7 +139,7 @@ def table(found: SessionPlan, history: str | None) -> list[str]:
     ]
     header = (
         f"{'config':<22} {'workload':<30} {'source':<16} {'tok/s':>15} {'warm-up':>8} {'measured':>9} "
-        f"{'runs':>9} {'repeat':>9} {'repeats':>7} {'planned':>9} {'worst':>9}"
+        f"{'runs':>9} {'repeat':>9} {'repeats':>7} {'planned':>9} {'worst':>9} {'MDE':>6}"
     )
     lines += [header, "-" * len(header)]
     lines += [_row(point) for point in found.points]
@@ -156,6 +156,22 @@ def table(found: SessionPlan, history: str | None) -> list[str]:
             f"  {point.config} / {point.workload}: {probes.count} probes, planned at load {probes.load:g} "
             f"({format_duration(probes.planned_s)} each), at worst {format_duration(probes.worst_s)} each"
         )
+    windowed = [p for p in found.points if p.timing is not None and p.timing.load_run.window_s is not None]
+    if windowed:
+        lines += ["", "windows (measured for the window, then one lifetime while the requests sent last inside it end):"]
+    for point in windowed:
+        assert point.timing is not None
+        run = point.timing.load_run
+        assert run.window_s is not None
+        lifetime = "" if run.lifetime_s is None else f", a request's lifetime ≈ {format_duration(run.lifetime_s)}"
+        out = "; its requests run out first: raise its num_prompts" if run.runs_out else ""
+        lines.append(f"  {point.config} / {point.workload}: {format_duration(run.window_s)}{lifetime}{out}")
+    spreads = {(p.spread, p.spread_from) for p in found.points if p.spread is not None}
+    if spreads:
+        told = ", ".join(
+            sorted(f"{spread:.1%} ({'history' if kind == 'history' else 'the suite assumes'})" for spread, kind in spreads)
+        )
+        lines += ["", f"MDE: the throughput MDE at the planned repeats, for repeats that spread by {told}"]
     source = "the suite's boot_s" if found.boot_from == "suite" else "the default: the suite states no boot_s"
     lines += [
         "",
@@ -169,12 +185,13 @@ def table(found: SessionPlan, history: str | None) -> list[str]:
 def _row(point: PointCost) -> str:
     timing, repeats = point.timing, f"{point.repeats}/{point.most_repeats}"
     head = f"{point.config:<22} {point.workload:<30} {point.source.label:<16}"
+    mde = "—" if point.mde is None else f"{point.mde:.1%}"
     if timing is None or point.planned_s is None or point.worst_s is None:
-        return f"{head} {'—':>15} {'—':>8} {'—':>9} {'—':>9} {'—':>9} {repeats:>7} {'—':>9} {'—':>9}"
+        return f"{head} {'—':>15} {'—':>8} {'—':>9} {'—':>9} {'—':>9} {repeats:>7} {'—':>9} {'—':>9} {mde:>6}"
     kind = "total" if timing.rate.metric == "total_token_throughput" else "output"
     runs = f"{timing.load_runs} probes" if timing.probes else str(timing.load_runs)
     return (
         f"{head} {f'{timing.rate.tokens_per_s:,.0f} {kind}':>15} {format_duration(timing.load_run.warmup_s):>8} "
         f"{format_duration(timing.load_run.measured_s):>9} {runs:>9} {format_duration(timing.repeat_s):>9} {repeats:>7} "
-        f"{format_duration(point.planned_s):>9} {format_duration(point.worst_s):>9}"
+        f"{format_duration(point.planned_s):>9} {format_duration(point.worst_s):>9} {mde:>6}"
     )

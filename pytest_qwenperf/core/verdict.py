@@ -218,6 +218,16 @@ class SessionSpread(msgspec.Struct, frozen=True, kw_only=True):
         return math.expm1(self.log_sd)
 
 
+def repeats_mde(repeats: int, spread: float, confidence: float = DEFAULT_CONFIDENCE) -> float:
+    """The MDE of a higher-is-better metric measured ``repeats`` times on each side, its repeats
+    spreading by ``spread`` (their coefficient of variation) on both: Welch's interval as
+    :func:`judge` computes it for equal sides (``2 × repeats - 2`` df), before sessions enter it."""
+    if repeats < 2 or not spread >= 0:
+        raise ValueError(f"an MDE needs at least 2 repeats and a spread >= 0, got {repeats} and {spread}")
+    half = t_quantile(1 - (1 - confidence) / 2, 2 * repeats - 2) * math.log1p(spread) * math.sqrt(2 / repeats)
+    return -math.expm1(-half)
+
+
 def sessions_known(baseline: int, current: int) -> bool:
     """Whether ``baseline`` and ``current`` sessions show how far sessions differ: their session means,
     each about its own side's mean, give ``baseline + current - 2`` degrees of freedom, and

@@ -265,6 +265,7 @@ class Suite:
     boot_s: float | None = (
         None  # seconds one server takes to boot (``qwenperf plan``); None: ``suite.cost``'s default for CPU or GPU
     )
+    repeat_spread: float | None = None  # how far a repeat's throughput is assumed to spread (CV), for the plan's MDE
 
     def config(self, config_id: str) -> ServingConfig:
         for cfg in self.configs:
@@ -385,6 +386,7 @@ def load_suite(path: Path | str) -> Suite:
         history_window=suite.history_window,
         baseline_max_age_days=suite.baseline_max_age_days,
         boot_s=suite.boot_s,
+        repeat_spread=suite.repeat_spread,
     )
 
 
@@ -429,6 +431,9 @@ class _SuiteTable(schema.Shape, frozen=True):
     baseline_max_age_days: Annotated[int, Meta(ge=1, description="a whole number of days >= 1")] = BASELINE_MAX_AGE_DAYS
     boot_s: (
         Annotated[float, Meta(gt=0, le=86_400, description="a number of seconds > 0, at most a day (one server's boot)")] | None
+    ) = None
+    repeat_spread: (
+        Annotated[float, Meta(gt=0, lt=1, description="a fraction > 0 and < 1 (a repeat's coefficient of variation)")] | None
     ) = None
 
 

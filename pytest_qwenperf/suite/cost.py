@@ -30,7 +30,17 @@ replicas together, as its runs record it):
   requests in N / r, a replay lasts the trace's span × ``time_scale``, an open loop's ramp lasts as
   :meth:`~pytest_qwenperf.loadgen.arrivals.OpenLoop.ramp_offsets` says, a conversation's turns wait
   their think time;
-- plus :data:`LOAD_RUN_OVERHEAD_S` and :data:`PROMPT_BUILD_S_PER_TOKEN` per prompt token.
+- plus :data:`LOAD_RUN_OVERHEAD_S` and :data:`PROMPT_BUILD_S_PER_TOKEN` per prompt token;
+- a workload with a ``window`` (:mod:`~pytest_qwenperf.core.window`) measures for the window and
+  one request lifetime more (the requests sent last inside it end; the rest are cut), as long as
+  its requests last: a closed loop's lifetime by Little's law, its concurrency over the request
+  rate the throughput makes; an open loop's taken as its warm-up's time (all of it at once), plus
+  one more before its window opens, without a ramp. Where the requests run out first the run
+  takes their time and the plan says so (:attr:`Timing.runs_out`).
+
+Each point's throughput MDE at its planned repeats is given where a spread of its repeats is known:
+the history's (the median over its runs of their repeats' coefficient of variation), else the
+suite's ``repeat_spread``, an assumption it states (:func:`~pytest_qwenperf.core.verdict.repeats_mde`).
 
 A repeat is one load run, or two on a config of N > 1 replicas (the load once on one replica, then N
 times the load on all N, each about as long: ``measure.run.routes_of``). A search's repeat is one
@@ -59,6 +69,7 @@ from pathlib import Path
 from typing import Literal
 
 from pytest_qwenperf.core.run import Run
+from pytest_qwenperf.core.verdict import repeats_mde
 from pytest_qwenperf.gate.history_store import HistoryStore
 from pytest_qwenperf.loadgen.arrivals import Arrival, ClosedLoop, OpenLoop, Replay, warmup_lanes
 from pytest_qwenperf.suite.config import ServingConfig, Suite, SuiteError, SuiteWorkload
@@ -121,6 +132,7 @@ class Measured:
     rates: tuple[Rate, ...]
     duration_s: float | None
     repeat_s: float | None = None  # their median wall time of one repeat, all of it (``Run.elapsed_s``); None: not recorded
+    spread: float | None = None  # their median coefficient of variation of a throughput's repeats; None: no run repeated
 
 
 @dataclass(frozen=True)
@@ -162,11 +174,15 @@ class Phase:
 
 @dataclass(frozen=True)
 class LoadRun:
-    """One load run, timed: its warm-up, its measured requests, and what it costs besides."""
+    """One load run, timed: its warm-up, its measured requests, and what it costs besides; a
+    windowed one's window and lifetime, and whether its requests run out before its window closes."""
 
     warmup_s: float
     measured_s: float
     overhead_s: float
+    window_s: float | None = None
+    lifetime_s: float | None = None
+    runs_out: bool = False
 
     @property
     def seconds(self) -> float:
@@ -207,6 +223,13 @@ class PointCost:
     timing: Timing | None
     repeats: int
     most_repeats: int
+    spread: float | None = None  # how far its repeats' throughput spreads (CV); None: not known
+    spread_from: Literal["history", "suite"] | None = None
+
+    @property
+    def mde(self) -> float | None:
+        """The throughput MDE at its planned repeats, for repeats spreading :attr:`spread`."""
+        return None if self.spread is None or self.repeats < 2 else repeats_mde(self.repeats, self.spread)
 
     @property
     def planned_s(self) -> float | None:
@@ -233,8 +256,12 @@ class PointCost:
             "repeats": self.repeats,
             "most_repeats": self.most_repeats,
             "probes": None if timing is None or timing.probes is None else dataclasses.asdict(timing.probes),
+            "window_s": None if timing is None else timing.load_run.window_s,
+            "lifetime_s": None if timing is None else timing.load_run.lifetime_s,
+            "runs_out": None if timing is None else timing.load_run.runs_out,
             "planned_s": self.planned_s,
             "worst_s": self.worst_s,
+            "mde": None if self.spread is None else {"spread": self.spread, "from": self.spread_from, "throughput_mde": self.mde},
         }
 
 
@@ -287,6 +314,9 @@ class SessionPlan:
             planned = f"planned ≈ {minutes(self.planned_s)}, 0 GPU-h (a CPU suite)"
             worst = f"at most {minutes(self.worst_s)}{extra}"
         notes = []
+        short = [p for p in self.points if p.timing is not None and p.timing.load_run.runs_out]
+        if short:
+            notes.append(f"{len(short)} point(s) run out of requests before their window closes")
         if self.bounded:
             notes.append(f"{len(self.bounded)} point(s) timed by floors (upper bounds)")
         if self.untimed:
@@ -366,7 +396,11 @@ def plan(suite: Suite, points: Sequence[Point], history: Mapping[tuple[str, str]
 
 def _cost(suite: Suite, config: ServingConfig, workload: SuiteWorkload, measured: Measured | None) -> PointCost:
     """A point timed by its first source that can (the module's docstring)."""
-    repeats, most = suite.repeats, suite.max_repeats or suite.repeats
+    point = PointCost(config.id, workload.id, Source("none"), None, suite.repeats, suite.max_repeats or suite.repeats)
+    if measured is not None and measured.spread is not None:
+        point = dataclasses.replace(point, spread=measured.spread, spread_from="history")
+    elif suite.repeat_spread is not None and workload.search is None:
+        point = dataclasses.replace(point, spread=suite.repeat_spread, spread_from="suite")
     for source, rates, duration_s in _sources(config, workload, measured):
         timings = [t for t in (_timing(config, workload, rate, duration_s) for rate in rates) if t is not None]
         if timings:
@@ -376,16 +410,20 @@ def _cost(suite: Suite, config: ServingConfig, workload: SuiteWorkload, measured
                 best = dataclasses.replace(
                     best, repeat_s=measured.repeat_s, worst_repeat_s=max(best.worst_repeat_s, measured.repeat_s)
                 )
-            return PointCost(config.id, workload.id, source, best, repeats, most)
-    return PointCost(config.id, workload.id, Source("none"), None, repeats, most)
+            return dataclasses.replace(point, source=source, timing=best)
+    return point
 
 
 def _sources(
     config: ServingConfig, workload: SuiteWorkload, measured: Measured | None
 ) -> Iterator[tuple[Source, tuple[Rate, ...], float | None]]:
     """Each source of a point's throughput, in order, with its rates and measured duration of a load run."""
-    if measured is not None:
-        yield Source("history", measured.runs), measured.rates, None if workload.search else measured.duration_s
+    if measured is not None:  # a search's duration is its chosen probe's, a window's its window's: neither times a run
+        yield (
+            Source("history", measured.runs),
+            measured.rates,
+            None if workload.search or workload.window else measured.duration_s,
+        )
     stated = tuple((name, _expected(config, workload, name)) for name in RATES)
     if any(value is not None for _, value in stated):
         yield Source("expected"), tuple(Rate(name, value) for name, value in stated if value is not None), None
@@ -432,7 +470,25 @@ def load_run(workload: SuiteWorkload, replicas: int, rate: Rate, duration_s: flo
     if warmup_s is None or measured_s is None:
         return None
     prompts = (warmup.input_tokens or 0.0) + (measured.input_tokens or 0.0)
-    return LoadRun(warmup_s, measured_s, LOAD_RUN_OVERHEAD_S + prompts * PROMPT_BUILD_S_PER_TOKEN)
+    run = LoadRun(warmup_s, measured_s, LOAD_RUN_OVERHEAD_S + prompts * PROMPT_BUILD_S_PER_TOKEN)
+    window = workload.window
+    if window is None:
+        return run
+    tokens = measured.tokens(rate.metric)
+    if not tokens or not measured.requests:
+        return None
+    arrival = workload.arrival
+    if isinstance(arrival, ClosedLoop):  # Little's law: in flight = request rate x lifetime
+        lifetime_s = arrival.concurrency * replicas / (rate.tokens_per_s * measured.requests / tokens)
+    else:
+        lifetime_s = warmup_s
+    opens_s = lifetime_s if isinstance(arrival, OpenLoop) and arrival.ramp is None else 0.0
+    window_s = window.length_s(lifetime_s)
+    needed_s = opens_s + window_s + lifetime_s
+    runs_out = measured_s < needed_s
+    return dataclasses.replace(
+        run, measured_s=min(measured_s, needed_s), window_s=window_s, lifetime_s=lifetime_s, runs_out=runs_out
+    )
 
 
 def phases(workload: SuiteWorkload, replicas: int = 1) -> tuple[Phase, Phase]:
@@ -589,9 +645,23 @@ def measured_of(runs: Sequence[Run]) -> Measured:
     rates = tuple(Rate(name, statistics.median(values)) for name in RATES if (values := _positive(runs, name)))
     durations = _positive(runs, "duration")
     repeats = [run.elapsed_s / _repeats(run) for run in runs if run.elapsed_s]
+    spreads = [spread for run in runs if (spread := _spread(run)) is not None]
     return Measured(
-        len(runs), rates, statistics.median(durations) if durations else None, statistics.median(repeats) if repeats else None
+        len(runs),
+        rates,
+        statistics.median(durations) if durations else None,
+        statistics.median(repeats) if repeats else None,
+        statistics.median(spreads) if spreads else None,
     )
+
+
+def _spread(run: Run) -> float | None:
+    """The coefficient of variation of ``run``'s repeats of its first throughput it repeated."""
+    for name in RATES:
+        values = [float(v) for v in (run.samples or {}).get(name, ()) if v is not None and v > 0]
+        if len(values) >= 2:
+            return statistics.stdev(values) / statistics.fmean(values)
+    return None
 
 
 def _repeats(run: Run) -> int:
