@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import json
 import math
+import re
 from pathlib import Path
 
 import pytest
@@ -146,7 +147,11 @@ def test_a_small_suite_costs_what_the_model_says_by_hand(tmp_path: Path) -> None
 
 def test_points_are_chosen_by_config_and_workload(tmp_path: Path) -> None:
     suite = suite_at(tmp_path, SMALL)
-    assert [(c.id, w.id) for c, w in points_of(suite, ["two", "base"], ["w", "open"])] == [("base", "w"), ("base", "open"), ("two", "w")]
+    assert [(c.id, w.id) for c, w in points_of(suite, ["two", "base"], ["w", "open"])] == [
+        ("base", "w"),
+        ("base", "open"),
+        ("two", "w"),
+    ]
     with pytest.raises(SuiteError, match=r"no workload 'nope'; workloads are \['w', 'open', 'search', 'x'\]"):
         points_of(suite, workloads=["nope"])
     with pytest.raises(SuiteError, match=r"no point: none of the workloads \['open'\] runs on \['bare'\]"):
@@ -154,7 +159,10 @@ def test_points_are_chosen_by_config_and_workload(tmp_path: Path) -> None:
 
 
 def test_a_replay_lasts_its_span_and_conversations_wait_their_think_time(tmp_path: Path) -> None:
-    write_jsonl([TraceEntry(0, 100, 10), TraceEntry(1000, 200, 20), TraceEntry(3000, 300, 30), TraceEntry(7000, 400, 40)], tmp_path / "t.jsonl")
+    write_jsonl(
+        [TraceEntry(0, 100, 10), TraceEntry(1000, 200, 20), TraceEntry(3000, 300, 30), TraceEntry(7000, 400, 40)],
+        tmp_path / "t.jsonl",
+    )
     suite = suite_at(
         tmp_path,
         SMALL
@@ -215,9 +223,16 @@ def test_the_history_beats_the_suites_expected_figure_which_beats_a_floor(tmp_pa
     expected = plan(suite, points, {}).points[0]
     assert expected.source.label == "expected (suite)" and expected.timing is not None
     assert expected.timing.load_run.measured_s == pytest.approx(128 * 256 / 2048)
-    assert floored.source.label == "floor (bound)" and floored.timing is not None and floored.timing.rate == Rate("output_throughput", 500.0)
+    assert (
+        floored.source.label == "floor (bound)"
+        and floored.timing is not None
+        and floored.timing.rate == Rate("output_throughput", 500.0)
+    )
 
-    runs = [night(day, duration, 10_000.0 + day) for day, duration in zip(range(1, 10), (9, 9, 10, 11, 12, 12, 12, 13, 14), strict=True)]
+    runs = [
+        night(day, duration, 10_000.0 + day)
+        for day, duration in zip(range(1, 10), (9, 9, 10, 11, 12, 12, 12, 13, 14), strict=True)
+    ]
     others = [
         night(20, 99.0, 1.0, hardware="cpu-other-cpu-8c"),  # another machine: counted, and the newest
         night(21, 99.0, 1.0, failed=3),  # invalid
@@ -227,13 +242,19 @@ def test_the_history_beats_the_suites_expected_figure_which_beats_a_floor(tmp_pa
         store.append([*runs, *others], source="test")
         history = history_of(store, suite, points)
     # the newest 7 (the suite's history_window) valid runs of the point's identity, on any hardware
-    assert history == {("base", "isl128-osl128"): Measured(7, (Rate("total_token_throughput", 10_006.0), Rate("output_throughput", 5_003.0)), 12.0)}
+    assert history == {
+        ("base", "isl128-osl128"): Measured(
+            7, (Rate("total_token_throughput", 10_006.0), Rate("output_throughput", 5_003.0)), 12.0
+        )
+    }
     timed = plan(suite, points, history).points[0]
     assert timed.source.label == "history: 7 runs" and timed.timing is not None
     assert timed.timing.load_run.measured_s == 12.0 and timed.timing.load_run.warmup_s == pytest.approx(32 * 256 / 10_006)
 
 
-def test_a_plan_creates_no_file_and_fails_over_its_limit(tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]) -> None:
+def test_a_plan_creates_no_file_and_fails_over_its_limit(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
     folder = tmp_path / "suite"
     folder.mkdir()
     suite_at(folder, SMALL)
@@ -244,7 +265,10 @@ def test_a_plan_creates_no_file_and_fails_over_its_limit(tmp_path: Path, monkeyp
     out = json.loads(capsys.readouterr().out)
     assert out["schema"] == PLAN_SCHEMA and out["history"] is None and out["totals"]["untimed"] == []
     assert [(p["config"], p["workload"], p["source"]) for p in out["points"]] == [
-        ("base", "w", "expected"), ("base", "open", "expected"), ("base", "search", "expected"), ("two", "w", "expected")
+        ("base", "w", "expected"),
+        ("base", "open", "expected"),
+        ("base", "search", "expected"),
+        ("two", "w", "expected"),
     ]
     worst_min = out["totals"]["worst_s"] / 60
     assert main([*chosen, "--fail-over", f"{worst_min * 1.01}"]) == 0
@@ -276,11 +300,39 @@ def test_the_b200_suite_plans_with_its_expected_figures(tmp_path: Path, monkeypa
     assert main(["plan", "--suite", str(ROOT / "perf_tests" / "suites" / "b200.toml"), "--json"]) == 0
     out = json.loads(capsys.readouterr().out)
     totals = out["totals"]
-    print(f"b200: planned {totals['planned_s'] / 60:.0f} min, at most {totals['worst_s'] / 60:.0f} min; {out['line']}")
     assert {p["source"] for p in out["points"]} == {"expected"} and totals["untimed"] == []
     assert out["boot"] == {"seconds": 240.0, "from": "suite", "configs": [c.id for c in load_suite(ROOT / "perf_tests" / "suites" / "b200.toml").configs], "total_s": 1200.0}
     assert 1200 < totals["planned_s"] <= totals["worst_s"] and math.isclose(totals["planned_gpu_hours"], 8 * totals["planned_s"] / 3600)
     assert totals["planned_s"] == pytest.approx(1200 + sum(p["planned_s"] for p in out["points"]))
+
+
+WORKFLOW = ROOT / ".github" / "workflows" / "nightly-gpu.yml"
+
+
+@pytest.mark.parametrize("hardware", ["b200", "h200"])
+@pytest.mark.parametrize("tier", ["nightly", "weekly"])
+def test_a_gpu_leg_fits_its_plan_and_its_job(
+    hardware: str, tier: str, tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """A nightly leg is planned at 45 min at most at the suite's expected figures, every windowed point's
+    supply lasts its window, every throughput point's MDE is at most 3 % for repeats that spread
+    1.5 %, and the workflow's fail-over limit (its timeout less 20 min) holds the leg's worst case."""
+    monkeypatch.chdir(tmp_path)
+    assert main(["plan", "--suite", str(ROOT / "perf_tests" / "suites" / f"{hardware}.toml"), "--tier", tier, "--json"]) == 0
+    out = json.loads(capsys.readouterr().out)
+    limits = re.search(r"FAIL_OVER: \$\{\{ needs.versions.outputs.tier == 'weekly' && (\d+) \|\| (\d+) \}\}", WORKFLOW.read_text())
+    timeouts = re.search(r"timeout-minutes: \$\{\{ needs.versions.outputs.tier == 'weekly' && (\d+) \|\| (\d+) \}\}", WORKFLOW.read_text())
+    assert limits and timeouts
+    weekly, nightly = int(limits[1]), int(limits[2])
+    assert (int(timeouts[1]), int(timeouts[2])) == (weekly + 20, nightly + 20)
+    if tier == "nightly":
+        assert out["totals"]["planned_s"] <= 45 * 60
+    assert out["totals"]["worst_s"] <= 60 * (weekly if tier == "weekly" else nightly)
+    assert not any(p["runs_out"] for p in out["points"])
+    mdes = [p["mde"]["throughput_mde"] for p in out["points"] if p["mde"] is not None]
+    assert mdes and max(mdes) <= 0.03
+    configs = {p["config"] for p in out["points"]}
+    assert (configs == {"dp8-ctx4k-fp8kv", "dp8-ctx4k-fp8kv-mtp1"}) == (tier == "nightly")
 
 
 def test_a_history_that_timed_its_repeats_times_the_point_by_them(tmp_path: Path) -> None:
@@ -353,19 +405,20 @@ window = "20s"
 
 def test_a_window_times_a_run_by_the_window_and_one_lifetime(tmp_path: Path) -> None:
     """At 1,000 tok/s a request of 150 tokens leaves at 6.67 a second, so 10 in flight live 1.5 s
-    each (Little's law): a 20 s window takes 21.5 s, 4 lifetimes 7.5 s. 100 requests last 15 s,
-    so a 20 s window runs out of them: its run takes their 15 s, and the plan says so."""
+    each (Little's law): with a lifetime for the batch to turn over before it and one after it, a
+    20 s window takes 23 s, 4 lifetimes 9 s. 100 requests last 15 s, so a 20 s window runs out of
+    them: its run takes their 15 s, and the plan says so."""
     suite = suite_at(tmp_path, WINDOWED)
     found = plan(suite, points_of(suite), {})
     cost = {p.workload: p for p in found.points}
     runs = {name: point.timing.load_run for name, point in cost.items() if point.timing is not None}
     assert runs["seconds"].lifetime_s == pytest.approx(1.5) and runs["seconds"].window_s == 20.0
-    assert runs["seconds"].measured_s == pytest.approx(21.5) and not runs["seconds"].runs_out
-    assert runs["lifetimes"].window_s == pytest.approx(6.0) and runs["lifetimes"].measured_s == pytest.approx(7.5)
+    assert runs["seconds"].measured_s == pytest.approx(23.0) and not runs["seconds"].runs_out
+    assert runs["lifetimes"].window_s == pytest.approx(6.0) and runs["lifetimes"].measured_s == pytest.approx(9.0)
     assert runs["short"].runs_out and runs["short"].measured_s == pytest.approx(15.0)
     assert "1 point(s) run out of requests before their window closes" in found.line()
     assert cost["seconds"].timing is not None
-    assert cost["seconds"].timing.repeat_s == pytest.approx(20 * 150 / 1000 + 21.5 + overhead(520 * 100))
+    assert cost["seconds"].timing.repeat_s == pytest.approx(20 * 150 / 1000 + 23.0 + overhead(520 * 100))
 
 
 def test_the_plan_gives_each_points_throughput_mde_at_its_repeats(tmp_path: Path) -> None:

@@ -212,6 +212,25 @@ def test_ladder(suite_workload, serving_config): pass
     assert [i for i in result.stdout.lines if "test_ladder" in i] == ["test_a.py::test_ladder[cpu-ngram-spec/isl128-osl128]"]
 
 
+def test_the_nightly_run_leaves_out_what_a_weekly_config_or_workload_measures(pytester: pytest.Pytester) -> None:
+    pytester.makepyfile(
+        test_a="""
+import pytest
+@pytest.mark.qwenperf_select("ladder")
+def test_ladder(suite_workload, serving_config): pass
+def test_point(suite_workload, serving_config): pass
+"""
+    )
+    every = pytester.runpytest_subprocess(f"--qwenperf-suite={SUITES / 'b200.toml'}", "-m", "b200", "--collect-only", "-q")
+    nightly = pytester.runpytest_subprocess(f"--qwenperf-suite={SUITES / 'b200.toml'}", "-m", "b200 and not weekly", "--collect-only", "-q")
+    tests = [[line for line in result.stdout.lines if "::" in line] for result in (every, nightly)]
+    assert len(tests[0]) > len(tests[1]) > 0
+    assert "test_a.py::test_ladder[b200-dp8-ctx4k-fp8kv-mtp1/isl1024-osl512]" in tests[1]
+    assert not any(rung in line for line in tests[1] for rung in ("b200-tp8/", "b200-dp8/", "b200-dp8-ctx4k/", "isl256-osl2048"))
+    assert "test_a.py::test_ladder[b200-dp8-ctx4k-fp8kv/isl1024-osl512]" in tests[0]
+    assert "test_a.py::test_ladder[b200-dp8-ctx4k-fp8kv/isl1024-osl512]" not in tests[1]  # it boots dp8-ctx4k
+
+
 def test_unknown_selector_is_a_usage_error(pytester: pytest.Pytester) -> None:
     pytester.makepyfile(test_x='import pytest\n@pytest.mark.qwenperf_select("fastest")\ndef test_x(suite_workload): pass')
     result = pytester.runpytest_subprocess(f"--qwenperf-suite={SUITES / 'cpu.toml'}")

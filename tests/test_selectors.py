@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from pytest_qwenperf.suite.selectors import SELECTORS, selected_pairs
+from pytest_qwenperf.suite.selectors import SELECTORS, selected_pairs, tier_of
 from tests.test_baseline import suite
 
 
@@ -64,3 +64,21 @@ def test_an_unknown_selector_names_the_known_ones() -> None:
     with pytest.raises(ValueError, match=r"^qwenperf_select\('fastest'\): expected one of \[") as caught:
         selected_pairs([suite("cpu")], "fastest")
     assert str(sorted(SELECTORS)) in str(caught.value)
+
+
+def test_a_test_is_weekly_where_its_config_its_workload_or_a_config_it_also_measures_is() -> None:
+    b200 = suite("b200")
+    tiers = {
+        (selector, p.config.id, p.workload.id): tier_of(selector, b200, p.config, p.workload)
+        for selector in ("all", "ladder", "capacity", "capacity-order")
+        for p in selected_pairs([b200], selector)
+    }
+    assert tiers["all", "dp8-ctx4k-fp8kv-mtp1", "isl1024-osl512"] == "nightly"
+    assert tiers["all", "dp8", "isl1024-osl512"] == "weekly"  # its config
+    assert tiers["all", "dp8-ctx4k-fp8kv", "isl256-osl2048"] == "weekly"  # its workload
+    assert tiers["ladder", "dp8-ctx4k-fp8kv-mtp1", "isl1024-osl512"] == "nightly"  # its parent is nightly too
+    assert tiers["ladder", "dp8-ctx4k-fp8kv", "isl1024-osl512"] == "weekly"  # it also boots dp8-ctx4k, a weekly rung
+    assert tiers["capacity", "dp8-ctx4k-fp8kv-mtp1", "capacity-chat-isl512-osl128"] == "nightly"
+    assert tiers["capacity-order", "dp8-ctx4k-fp8kv-mtp1", "capacity-chat-isl512-osl128"] == "weekly"  # the whole order
+    assert {tier for (_, config, _), tier in tiers.items() if config in ("tp8", "dp8", "dp8-ctx4k")} == {"weekly"}
+    assert {tier_of("all", suite("cpu"), p.config, p.workload) for p in selected_pairs([suite("cpu")], "all")} == {"nightly"}

@@ -32,7 +32,12 @@ def source() -> Iterator[StreamSource]:
 
 @pytest.mark.parametrize(
     ("text", "window"),
-    [("90s", Window(seconds=90)), ("0.5 s", Window(seconds=0.5)), ("4 lifetimes", Window(lifetimes=4)), ("1 lifetime", Window(lifetimes=1))],
+    [
+        ("90s", Window(seconds=90)),
+        ("0.5 s", Window(seconds=0.5)),
+        ("4 lifetimes", Window(lifetimes=4)),
+        ("1 lifetime", Window(lifetimes=1)),
+    ],
 )
 def test_a_window_parses_seconds_or_lifetimes(text: str, window: Window) -> None:
     assert Window.parse(text) == window
@@ -69,7 +74,8 @@ def test_workers_windows_overlap_and_any_running_out_counts() -> None:
 def test_a_closed_loop_measures_its_window_waits_for_what_was_sent_inside_and_cuts_the_rest(source: StreamSource) -> None:
     """4 lanes of requests of 60 ms and 1.2 s alternately, a 0.6 s window, a supply of 400.
 
-    The window opens at the send that fills the last lane and lasts what was asked. The load keeps
+    The window opens once the batch has turned over (as many requests ended as it has lanes) and
+    lasts what was asked. The load keeps
     the batch full until every request sent inside the window has ended (the long ones sent near
     its end are measured whole, their ends lying past it), then sends no more and cuts what is
     still in flight, all of it sent after the window: the run ends without their lifetimes.
@@ -79,7 +85,8 @@ def test_a_closed_loop_measures_its_window_waits_for_what_was_sent_inside_and_cu
     kept = load.window
     assert kept is not None and kept.length_s == pytest.approx(0.6) and kept.short() is None and kept.lifetime_s is None
     measured = [r for r in load.records if not r.warmup]
-    assert sorted(r.sent_at for r in measured)[3] == kept.opened  # the fourth send filled the batch
+    fourth_end = sorted(r.ended_at for r in measured)[3]
+    assert fourth_end <= kept.opened < fourth_end + 0.05  # the batch of 4 turned over: 4 requests ended
     inside = [r for r in measured if kept.opened <= r.sent_at < kept.closed]
     assert inside and all(r.ok for r in inside)
     last_end = max(r.ended_at for r in inside)
@@ -130,7 +137,9 @@ def test_an_open_loops_window_opens_a_lifetime_after_it_starts(source: StreamSou
 def test_the_token_cross_check_allows_a_cut_request_what_the_server_may_have_counted_more() -> None:
     whole = rec(0, 0.0, [(1.0, 4)], prompt=10, expected=4)
     read_some = dataclasses.replace(rec(1, 0.5, [(1.5, 1)], prompt=10, expected=4), cut=True, error="cut")
-    unread = dataclasses.replace(rec(2, 0.9, [], prompt=0, completion=0, expected=4), cut=True, error="cut", expected_prompt_tokens=10)
+    unread = dataclasses.replace(
+        rec(2, 0.9, [], prompt=0, completion=0, expected=4), cut=True, error="cut", expected_prompt_tokens=10
+    )
     records = [whole, read_some, unread]
     assert cross_check(records, 20, 5).matches  # what the client read
     assert cross_check(records, 30, 12).matches  # and all that the cut ones could have added: 10 prompt, 3 + 4 output
@@ -202,15 +211,23 @@ num_prompts = 100
 def test_a_suite_workload_states_its_window(tmp_path: Path) -> None:
     suite = suite_at(tmp_path, HEADER + WORKLOAD + 'warmup = 8\nload = { concurrency = 4 }\nwindow = "3 lifetimes"\n')
     assert suite.workloads[0].window == Window(lifetimes=3)
-    assert suite_at(tmp_path, HEADER + WORKLOAD + 'load = { concurrency = 4 }\nwindow = "20s"\n').workloads[0].window == Window(seconds=20)
+    assert suite_at(tmp_path, HEADER + WORKLOAD + 'load = { concurrency = 4 }\nwindow = "20s"\n').workloads[0].window == Window(
+        seconds=20
+    )
 
 
 @pytest.mark.parametrize(
     ("keys", "message"),
     [
         ('load = { concurrency = 4 }\nwindow = "20 minutes"', r"workload 'w'\.window: expected a positive number of seconds"),
-        ('load = { concurrency = 4 }\nwindow = "2 lifetimes"', r"workload 'w'\.window: expected a window of 2 lifetimes needs a warm-up"),
-        ('load = { rate = 5.0 }\nwindow = "20s"', r"workload 'w'\.window: expected an open loop's window needs a warm-up or a ramp"),
+        (
+            'load = { concurrency = 4 }\nwindow = "2 lifetimes"',
+            r"workload 'w'\.window: expected a window of 2 lifetimes needs a warm-up",
+        ),
+        (
+            'load = { rate = 5.0 }\nwindow = "20s"',
+            r"workload 'w'\.window: expected an open loop's window needs a warm-up or a ramp",
+        ),
         (
             'load = { concurrency = 4 }\nslo = "ttft:100"\nwindow = "20s"\nsearch = { by = "concurrency", lowest = 2, highest = 8 }',
             r"workload 'w'\.window: expected no window with a search",
@@ -227,3 +244,9 @@ def test_a_window_is_part_of_what_a_run_is_measured_on(tmp_path: Path) -> None:
     longer = suite_at(tmp_path, HEADER + WORKLOAD + 'load = { concurrency = 4 }\nwindow = "30s"\n').workloads[0]
     assert plain.fingerprint() == plain.workload.fingerprint() == timed.workload.fingerprint()
     assert len({plain.fingerprint(), timed.fingerprint(), longer.fingerprint()}) == 3
+
+
+def test_a_tier_other_than_nightly_or_weekly_is_refused_naming_the_field(tmp_path: Path) -> None:
+    refused(tmp_path, HEADER + WORKLOAD + 'load = { concurrency = 4 }\ntier = "monthly"\n', r"workload 'w'\.tier: expected \"nightly\" or \"weekly\", got 'monthly'")
+    refused(tmp_path, HEADER.replace('id = "base"', 'id = "base"\ntier = "hourly"') + WORKLOAD + "load = { concurrency = 4 }\n", r"tier: expected \"nightly\" or \"weekly\", got 'hourly'")
+    assert suite_at(tmp_path, HEADER + WORKLOAD + 'load = { concurrency = 4 }\ntier = "weekly"\n').workloads[0].tier == "weekly"

@@ -38,7 +38,14 @@ ERRORS: tuple[type[Exception], ...] = (PlanError, SuiteError, HistoryError, Trac
 DEFAULT_HISTORY = Path(".qwenperf") / "history.sqlite"
 """The store a session records into by default (the plugin's, under the rootdir: run from there)."""
 
-SESSION = {"config": "--config", "workload": "--workload", "history": "--history", "json": "--json", "fail_over": "--fail-over"}
+SESSION = {
+    "config": "--config",
+    "workload": "--workload",
+    "tier": "--tier",
+    "history": "--history",
+    "json": "--json",
+    "fail_over": "--fail-over",
+}
 TARGET = {
     "output_throughput": "--output-throughput",
     "request_rate": "--request-rate",
@@ -54,6 +61,11 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     session.add_argument("--suite", type=Path, metavar="SUITE", help="the suite file whose session to plan")
     session.add_argument("--config", action="append", metavar="ID", help="only this config (repeatable)")
     session.add_argument("--workload", action="append", metavar="ID", help="only this workload (repeatable)")
+    session.add_argument(
+        "--tier",
+        choices=("nightly", "weekly"),
+        help="the nightly run's points (-m \"<hardware> and not weekly\"), or the weekly run's: all (the default)",
+    )
     session.add_argument(
         "--history",
         metavar="PATH_OR_URL",
@@ -100,7 +112,7 @@ def _refuse(args: argparse.Namespace, options: dict[str, str], theirs: str, this
 
 def _session(args: argparse.Namespace) -> int:
     suite = load_suite(args.suite)
-    points = points_of(suite, args.config or (), args.workload or ())
+    points = points_of(suite, args.config or (), args.workload or (), nightly=args.tier == "nightly")
     where = args.history if args.history is not None else str(DEFAULT_HISTORY) if DEFAULT_HISTORY.is_file() else None
     found = planned(suite, points, where)
     if args.json:

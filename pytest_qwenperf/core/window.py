@@ -1,8 +1,10 @@
 """A time-bounded load's measured window: how long it is asked to be, and what a run kept.
 
 A workload that states a window (``window = "90s"`` or ``window = "4 lifetimes"``) is not bounded
-by its request count. Its load runs until the batch is full, measures for the window, and stops
-sending once every request sent inside the window has ended. How each figure counts:
+by its request count. Its load runs until the batch is full and has turned over once (the first
+wave, sent all at once into an empty batch, runs in step: every prefill together, then decoding
+alone), measures for the window, and stops sending once every request sent inside the window has
+ended. How each figure counts:
 
 * **Throughput** is the tokens streamed inside the window, over its length (output tokens at
   their chunk's arrival, prompt tokens at the request's first token), so neither the ramp-up nor
@@ -19,8 +21,8 @@ sending once every request sent inside the window has ended. How each figure cou
   token cross-check then allows what they could have added, and no more
   (:func:`~pytest_qwenperf.core.summary.cross_check`).
 
-A run thus takes its warm-up, the window, and one lifetime more for the requests sent last
-inside it to end.
+A run thus takes its warm-up, a lifetime for the batch to turn over, the window, and one
+lifetime more for the requests sent last inside it to end.
 
 A window in lifetimes is that many times a request's lifetime, the median end-to-end latency of
 the warm-up's requests: a window of a few lifetimes sees each of the batch's slots turn over a

@@ -262,8 +262,12 @@ class _Client:
 class _WindowKeeper:
     """Keeps a time-bounded run's window while it runs (:mod:`~pytest_qwenperf.core.window`).
 
-    The window opens when the batch is full: at the send that fills a closed loop's last lane
-    (``fills``), or at ``opens_at`` for an open loop. It closes ``length_s`` later. Every request
+    A closed loop's window opens once its batch has filled and turned over once: at the end of
+    as many measured requests as it has lanes (``turnover``). The measured phase starts from an
+    empty batch (the warm-up ended first), so its first wave is sent at once and runs in step,
+    all prefills together and then decoding alone; only after it has turned over do the slots
+    hold requests at every stage, as they do in a steady state. An open loop's opens at
+    ``opens_at``. It closes ``length_s`` later. Every request
     sent before it closes is counted until it ends, and the run sends on while any is in flight.
     Once none is (:meth:`done`), the requests still in flight, all sent after the window closed,
     are cut: their connections closed, which vLLM takes as an abort. Nothing of them lies inside
@@ -273,11 +277,13 @@ class _WindowKeeper:
     is full only at the last lane's write.
     """
 
-    def __init__(self, length_s: float, lifetime_s: float | None, supply: int, fills: int | None, opens_at: float | None) -> None:
+    def __init__(
+        self, length_s: float, lifetime_s: float | None, supply: int, turnover: int | None, opens_at: float | None
+    ) -> None:
         self.length_s, self.lifetime_s = length_s, lifetime_s  # the lifetime it was reckoned in; None: seconds
         self.supply = supply  # the measured requests: once all were sent, the requests ran out
-        self.fills, self.opened = fills, opens_at
-        self.sends = 0
+        self.turnover, self.opened = turnover, opens_at
+        self.sends = self.ends = 0
         self.waiting = 0  # requests sent before the window closed, not yet ended
         self.last_send = -math.inf
         self.live: set[Connection] = set()  # the connections of the requests in flight
@@ -294,8 +300,6 @@ class _WindowKeeper:
         self.live.add(conn)
         self.sends += 1
         self.last_send = at
-        if self.opened is None and self.sends == self.fills:
-            self.opened = at
         if at < self.closes:
             self.waiting += 1
             return True
@@ -304,6 +308,9 @@ class _WindowKeeper:
     def ended(self, conn: Connection, waited: bool) -> None:
         self.live.discard(conn)
         self.waiting -= waited
+        self.ends += 1
+        if self.opened is None and self.ends == self.turnover:
+            self.opened = perf_counter()
         if waited and not self.waiting:
             self.done()
 
@@ -525,8 +532,8 @@ class Assignment:
 
 def _keeper(assignment: Assignment, start: float, lifetime_s: float | None) -> _WindowKeeper | None:
     """The measured phase's window keeper, or None when the load is not time-bounded. A closed loop's
-    batch is full at the send that fills its last lane; an open loop's one lifetime after the
-    measured phase starts, or at once after a ramp (whose requests are in flight already)."""
+    window opens once its batch has turned over; an open loop's one lifetime after the measured
+    phase starts, or at once after a ramp (whose requests are in flight already)."""
     window = assignment.options.window
     if window is None:
         return None

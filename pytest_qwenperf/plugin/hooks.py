@@ -51,7 +51,7 @@ from pytest_qwenperf.serving.placement import missing_hardware
 from pytest_qwenperf.serving.pool import ServerPool
 from pytest_qwenperf.serving.server import DEFAULT_BOOT_TIMEOUT_S
 from pytest_qwenperf.suite.config import ServingConfig, SuiteError, load_suite
-from pytest_qwenperf.suite.selectors import selected_pairs
+from pytest_qwenperf.suite.selectors import selected_pairs, tier_of
 
 pytest_plugins = [
     "pytest_qwenperf.plugin.fixtures",
@@ -66,6 +66,8 @@ MARKERS = {
     "h100": "sized for one node of 8x NVIDIA H100",
     "hopper": "sized for one Hopper GPU (H100, H200 or GH200): the one-GPU ladder on the generated embedded:gpu model",
     "scaling": "multi-replica scaling-efficiency tests",
+    "weekly": "a point of a suite's weekly tier (its config, its workload or a config its test also measures says tier = "
+    '"weekly"): the nightly run is -m "<hardware> and not weekly"',
     "qwenperf_select(name)": "only (config, workload) pairs of this kind: ladder, slo, speculative, prefix-cache, utilization, "
     "scaling, canary, canary-floor, trace, capacity, capacity-order",
 }
@@ -277,6 +279,8 @@ def pytest_generate_tests(metafunc: pytest.Metafunc) -> None:
     params = []
     for pair in pairs:
         marks = [getattr(pytest.mark, pair.suite.hardware)] + ([pytest.mark.gpu] if pair.suite.gpus else [])
+        if tier_of(selector, pair.suite, pair.config, pair.workload) == "weekly":
+            marks.append(pytest.mark.weekly)
         missing = None if external else missing_hardware(pair.suite, pair.config, detect())
         skip = [pytest.mark.skip(reason=missing)] if missing else []
         params.append(

@@ -46,6 +46,11 @@ FlagValue = str | int | float | bool | dict[str, Any] | list[Any]
 
 Routing = Literal["round-robin", "least-outstanding", "nginx"]
 CapacityRelation = Literal["above", "not-below"]
+Tier = Literal["nightly", "weekly"]
+"""How often a suite measures a config or a workload: every night, or in the weekly run only (which
+measures every point). A point is weekly where its config, its workload or a config its test also
+measures is (``suite.selectors.tier_of``); pytest marks it ``weekly``, so the nightly run is
+``-m "b200 and not weekly"``."""
 """How each config of a ``capacity_order`` stands to the one before it: carries more (``above``), or
 at least as much within the search's resolution (``not-below``: a rung that need not add capacity
 at this workload, only never lose it)."""
@@ -94,6 +99,7 @@ class ServingConfig:
     routing: str = "round-robin"  # how requests reach the replicas: one of ROUTINGS
     canary: CanaryFloor | None = None  # the suite's floor for its canary answer against the rung it inherits
     expected: ExpectedThroughput | None = None  # the throughput the suite expects of it (``qwenperf plan``); None: not stated
+    tier: Tier = "nightly"  # "weekly": only the weekly run measures it (marker ``weekly``; see ``suite.selectors.tier_of``)
 
     @property
     def key(self) -> str:
@@ -143,6 +149,7 @@ class SuiteWorkload:
     ] = ()  # configs by rising capacity, each with the factor it must reach over the first
     capacity_relation: CapacityRelation = "above"  # how each config of capacity_order stands to the one before it
     window: Window | None = None  # measure for this long once the batch is full (core.window); None: the whole workload
+    tier: Tier = "nightly"  # "weekly": only the weekly run measures it
 
     @property
     def id(self) -> str:
@@ -361,6 +368,7 @@ def load_suite(path: Path | str) -> Suite:
                 routing=rung.routing,
                 canary=entry.canary,
                 expected=entry.expected,
+                tier=entry.tier,
             )
         )
     _one_file_each(path, [c.id for c in configs], "config")
@@ -451,8 +459,10 @@ class _ConfigTable(schema.Shape, frozen=True):
     routing: Annotated[Routing, Meta(description=f"one of {list(ROUTINGS)}")] | None = None
     canary: Annotated[CanaryFloor, Meta(description=_CANARY)] | None = None  # not inherited: it is about this rung's change
     expected: Annotated[ExpectedThroughput, Meta(description=_EXPECTED)] | None = None  # not inherited: each rung carries its own
+    tier: Annotated[Tier, Meta(description=_TIER)] = "nightly"  # not inherited: a rung runs as often as it says
 
 
+_TIER = '"nightly" or "weekly"'
 _SEARCH = 'a table such as { by = "concurrency", lowest = 1, highest = 64 }'
 
 
@@ -495,6 +505,7 @@ class _RunTable(schema.Shape, frozen=True):
     ] = msgspec.field(default_factory=dict)
     search: Annotated[_SearchTable, Meta(description=_SEARCH)] | None = None
     window: Annotated[str, Meta(description=WINDOW_EXPECTED)] | None = None
+    tier: Annotated[Tier, Meta(description=_TIER)] = "nightly"
     capacity_order: _Strings = ()
     capacity_relation: Annotated[CapacityRelation, Meta(description='"above" or "not-below"')] = "above"
     capacity_factors: Annotated[
@@ -643,7 +654,7 @@ def _suite_workload(path: Path, entry: Mapping[str, Any], where: str, config_ids
     order = _capacity_order(path, run, where, run.configs or sorted(config_ids), search)
     window = _window(path, run, where, arrival)
     return SuiteWorkload(
-        workload, arrival, run.warmup, run.configs, slo, floors, expected, search, order, run.capacity_relation, window
+        workload, arrival, run.warmup, run.configs, slo, floors, expected, search, order, run.capacity_relation, window, run.tier
     )
 
 

@@ -31,11 +31,11 @@ replicas together, as its runs record it):
   :meth:`~pytest_qwenperf.loadgen.arrivals.OpenLoop.ramp_offsets` says, a conversation's turns wait
   their think time;
 - plus :data:`LOAD_RUN_OVERHEAD_S` and :data:`PROMPT_BUILD_S_PER_TOKEN` per prompt token;
-- a workload with a ``window`` (:mod:`~pytest_qwenperf.core.window`) measures for the window and
-  one request lifetime more (the requests sent last inside it end; the rest are cut), as long as
-  its requests last: a closed loop's lifetime by Little's law, its concurrency over the request
-  rate the throughput makes; an open loop's taken as its warm-up's time (all of it at once), plus
-  one more before its window opens, without a ramp. Where the requests run out first the run
+- a workload with a ``window`` (:mod:`~pytest_qwenperf.core.window`) measures for a lifetime
+  before its window opens (the batch turns over; none after an open loop's ramp), the window, and
+  one lifetime more (the requests sent last inside it end; the rest are cut), as long as its
+  requests last: a closed loop's lifetime by Little's law, its concurrency over the request rate
+  the throughput makes; an open loop's taken as its warm-up's time (all of it at once). Where the requests run out first the run
   takes their time and the plan says so (:attr:`Timing.runs_out`).
 
 Each point's throughput MDE at its planned repeats is given where a spread of its repeats is known:
@@ -354,10 +354,13 @@ def minutes(seconds: float) -> str:
     return f"{seconds / 60:.0f} min"
 
 
-def points_of(suite: Suite, configs: Sequence[str] = (), workloads: Sequence[str] = ()) -> tuple[Point, ...]:
+def points_of(
+    suite: Suite, configs: Sequence[str] = (), workloads: Sequence[str] = (), *, nightly: bool = False
+) -> tuple[Point, ...]:
     """The suite's points, config by config (the order a session boots them), of the ``configs`` and
-    ``workloads`` named (none named: all); an id the suite lacks, or a selection without a point, is
-    a :class:`~pytest_qwenperf.suite.config.SuiteError`."""
+    ``workloads`` named (none named: all), only those of the nightly tier with ``nightly`` (neither
+    the config nor the workload weekly); an id the suite lacks, or a selection without a point, is a
+    :class:`~pytest_qwenperf.suite.config.SuiteError`."""
     chosen = [suite.config(config_id) for config_id in configs] if configs else list(suite.configs)
     known = [w.id for w in suite.workloads]
     unknown = [w for w in workloads if w not in known]
@@ -368,7 +371,9 @@ def points_of(suite: Suite, configs: Sequence[str] = (), workloads: Sequence[str
         for config in suite.configs
         if config in chosen
         for workload in suite.workloads
-        if (not workloads or workload.id in workloads) and workload.runs_on(config.id)
+        if (not workloads or workload.id in workloads)
+        and workload.runs_on(config.id)
+        and not (nightly and "weekly" in (config.tier, workload.tier))
     )
     if not found:
         raise SuiteError(
@@ -482,7 +487,7 @@ def load_run(workload: SuiteWorkload, replicas: int, rate: Rate, duration_s: flo
         lifetime_s = arrival.concurrency * replicas / (rate.tokens_per_s * measured.requests / tokens)
     else:
         lifetime_s = warmup_s
-    opens_s = lifetime_s if isinstance(arrival, OpenLoop) and arrival.ramp is None else 0.0
+    opens_s = 0.0 if isinstance(arrival, OpenLoop) and arrival.ramp is not None else lifetime_s
     window_s = window.length_s(lifetime_s)
     needed_s = opens_s + window_s + lifetime_s
     runs_out = measured_s < needed_s

@@ -9,7 +9,7 @@ from __future__ import annotations
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 
-from pytest_qwenperf.suite.config import ServingConfig, Suite, SuiteWorkload
+from pytest_qwenperf.suite.config import ServingConfig, Suite, SuiteWorkload, Tier
 from pytest_qwenperf.suite.workloads import SharedPrefixWorkload, TraceWorkload
 
 
@@ -48,6 +48,31 @@ its uncached parent on a shared-prefix workload, ``utilization`` pairs with a ut
 one it inherits (a speculative rung, or one with a ``canary`` table: see
 :attr:`~pytest_qwenperf.suite.config.ServingConfig.canary_floor`), on its first workload: the
 canary is per config, not per workload."""
+
+
+def _order(suite: Suite, cfg: ServingConfig, wl: SuiteWorkload) -> tuple[str, ...]:
+    return tuple(config_id for config_id, _ in wl.capacity_order)
+
+
+def _parent(suite: Suite, cfg: ServingConfig, wl: SuiteWorkload) -> tuple[str, ...]:
+    return (cfg.inherits,) if cfg.inherits is not None else ()
+
+
+ALSO_MEASURED: dict[str, Callable[[Suite, ServingConfig, SuiteWorkload], tuple[str, ...]]] = {
+    "ladder": _parent,
+    "prefix-cache": _parent,
+    "canary-floor": _parent,
+    "capacity-order": _order,
+}
+"""The configs besides its own that a test of a selector measures (booting them where a session has not)."""
+
+
+def tier_of(selector: str, suite: Suite, cfg: ServingConfig, wl: SuiteWorkload) -> Tier:
+    """A test's tier on a pair: weekly where the workload, the config or a config the test also
+    measures (:data:`ALSO_MEASURED`) is, else nightly: a nightly test never boots a weekly config."""
+    also = ALSO_MEASURED.get(selector, lambda *_: ())(suite, cfg, wl)
+    configs = [cfg, *(suite.config(config_id) for config_id in also)]
+    return "weekly" if wl.tier == "weekly" or any(c.tier == "weekly" for c in configs) else "nightly"
 
 
 @dataclass(frozen=True)
