@@ -55,7 +55,7 @@ def test_a_window_in_lifetimes_needs_a_lifetime() -> None:
     assert Window(seconds=7).length_s(None) == 7
     with pytest.raises(ValueError, match="needs a request lifetime"):
         Window(lifetimes=3).length_s(None)
-    with pytest.raises(ValueError):
+    with pytest.raises(ValueError, match="a window needs"):
         Window(seconds=1, lifetimes=1)
 
 
