@@ -41,7 +41,7 @@ from pytest_qwenperf.plugin.settings import SUITES_KEY, repeat_plan
 def test_plan(pytestconfig, qwenperf_settings):
     (suite,) = pytestconfig.stash[SUITES_KEY]
     plan = repeat_plan(qwenperf_settings, suite)
-    print(f"PLAN first={plan.first} most={plan.most}")
+    print(f"PLAN first={plan.first} most={plan.most} least={plan.least}")
 """
 
 
@@ -80,12 +80,32 @@ def test_the_most_repeats_resolve_option_ini_suite_then_the_repeats(
     result.stdout.fnmatch_lines([f"*PLAN first={first} most={most}*"])
 
 
+@pytest.mark.parametrize(("args", "least"), [((), "None"), (("--qwenperf-repeats=4",), "2")])
+def test_a_suites_earliest_look_comes_before_the_repeats_in_force_or_not_at_all(
+    pytester: pytest.Pytester, args: tuple[str, ...], least: str
+) -> None:
+    """The suite's min_repeats = 2 is no early look at its own 2 repeats; with 4 asked for, it is."""
+    write_suite(pytester.path, None)
+    (pytester.path / "suite.toml").write_text(
+        (pytester.path / "suite.toml").read_text().replace("repeats = 2", "repeats = 2\nmin_repeats = 2")
+    )
+    pytester.makepyfile(test_plan=PLAN)
+    result = pytester.runpytest_subprocess("-p", "no:cacheprovider", "-s", "--qwenperf-suite=suite.toml", *args)
+    result.stdout.fnmatch_lines([f"*PLAN first=* most=* least={least}*"])
+
+
 @pytest.mark.parametrize(
     ("args", "suite_max", "ini", "most_from", "first_from"),
     [
         (("--qwenperf-max-repeats=1",), None, "", "1 (--qwenperf-max-repeats)", "2 ({suite}: suite.repeats)"),
         ((), None, "qwenperf_max_repeats = 1", "1 ({ini}: ini key qwenperf_max_repeats)", "2 ({suite}: suite.repeats)"),
-        (("--qwenperf-max-repeats=3",), None, "qwenperf_repeats = 4", "3 (--qwenperf-max-repeats)", "4 ({ini}: ini key qwenperf_repeats)"),
+        (
+            ("--qwenperf-max-repeats=3",),
+            None,
+            "qwenperf_repeats = 4",
+            "3 (--qwenperf-max-repeats)",
+            "4 ({ini}: ini key qwenperf_repeats)",
+        ),
     ],
 )
 def test_a_most_below_the_repeats_in_force_is_a_usage_error_naming_both_and_where_from(
@@ -95,7 +115,9 @@ def test_a_most_below_the_repeats_in_force_is_a_usage_error_naming_both_and_wher
     assert result.ret == pytest.ExitCode.USAGE_ERROR, result.stdout.str() + result.stderr.str()
     where = {"suite": "suite.toml", "ini": pytester.path / "tox.ini"}  # the suite as given, the ini file found
     result.stderr.fnmatch_lines(
-        [f"*suite standin: max repeats {most_from.format(**where)} is below the repeats in force, {first_from.format(**where)}; expected*"]
+        [
+            f"*suite standin: max repeats {most_from.format(**where)} is below the repeats in force, {first_from.format(**where)}; expected*"
+        ]
     )
     assert "PLAN" not in result.stdout.str()
 
@@ -114,7 +136,9 @@ def test_a_bad_most_fails_at_parsing(pytester: pytest.Pytester, args: tuple[str,
 
 
 def test_a_suite_whose_most_is_below_its_repeats_names_the_file_and_both_keys(tmp_path: Path) -> None:
-    with pytest.raises(SuiteError, match=r"suite.max_repeats: expected a whole number of load runs >= suite.repeats \(2\), got 1$"):
+    with pytest.raises(
+        SuiteError, match=r"suite.max_repeats: expected a whole number of load runs >= suite.repeats \(2\), got 1$"
+    ):
         load_suite(write_suite(tmp_path, 1))
     assert load_suite(write_suite(tmp_path, 2)).max_repeats == 2
     assert load_suite(write_suite(tmp_path)).max_repeats is None
@@ -173,7 +197,10 @@ def test_an_undecided_point_no_repeat_can_settle_takes_none_and_the_gate_warns_w
     assert result.parseoutcomes()["passed"] == 2, output
     (run,) = json.loads((pytester.path / "results.json").read_text())["runs"]
     assert run["extra_repeats"] == 0 and len(run["samples"]["output_throughput"]) == 2 and run["needs_sessions"]
-    judged = {metric: (verdict, confidence) for metric, verdict, confidence in json.loads((pytester.path / "judgements.json").read_text())}
+    judged = {
+        metric: (verdict, confidence)
+        for metric, verdict, confidence in json.loads((pytester.path / "judgements.json").read_text())
+    }
     assert judged["output_throughput"] == ("underpowered", SequentialPlan(0.95, 2, 4).confidence_at(2))
     result.stdout.fnmatch_lines(
         [

@@ -77,6 +77,21 @@ def test_a_point_decided_at_the_first_look_takes_no_extra_repeat() -> None:
     assert len(samples(decided.run)) == 3
 
 
+def test_an_early_look_stops_a_point_whose_verdicts_are_all_decided_and_counts_what_it_saved() -> None:
+    """Looks from 3 of 5 planned repeats: three repeats a hair apart decide every verdict at the first
+    look (judged at its own, higher, confidence); three that cannot decide go on to the planned five."""
+    plan = SequentialPlan(0.95, 5, 5, least=3)
+    tight = baseline_from_run(combine([repeat_at(f) for f in (1.0, 1.001, 0.999)]), source="test")
+    steady = Script(1.0, 1.0005, 0.9995)
+    decided = decide(plan, steady, combine, always(tight))
+    assert steady.calls == 3 and verdicts(decided.judgements) == {"pass"}
+    assert decided.run.saved_repeats == 2 and decided.run.extra_repeats == 0
+    assert {j.confidence for j in decided.judgements} == {plan.confidence_at(3)} and plan.confidence_at(3) > 0.99
+    unsure = Script(1.0, 1.2, 0.85, 1.0, 1.0)
+    decided = decide(plan, unsure, combine, always(tight))
+    assert unsure.calls == 5 and decided.run.saved_repeats == 0
+
+
 @pytest.mark.parametrize(
     ("factors", "first_look", "last"),
     [
@@ -320,7 +335,14 @@ def test_a_pair_one_at_a_time_stops_the_reference_before_the_candidate_boots(mon
     pair = sequential.measure_pair(
         server("reference"), server("candidate"), cpu.config("base"), cpu.workloads[0], Method(plan=PLAN), side_by_side=False
     )
-    assert events == ["reference up", *["reference repeat"] * 3, "reference down", "candidate up", *["candidate repeat"] * 3, "candidate down"]
+    assert events == [
+        "reference up",
+        *["reference repeat"] * 3,
+        "reference down",
+        "candidate up",
+        *["candidate repeat"] * 3,
+        "candidate down",
+    ]
     verdicts = {j.metric: j.verdict for j in pair.judgements}
     assert verdicts["output_throughput"] == "regression" and pair.reference.metrics["output_throughput"] == 5_000.0
 

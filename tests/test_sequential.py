@@ -8,6 +8,7 @@ shown to have teeth: the same looks, each judged at the full confidence, exceed 
 
 from __future__ import annotations
 
+import dataclasses
 import math
 
 import numpy as np
@@ -15,8 +16,9 @@ import pytest
 from hypothesis import Phase, given, settings
 from hypothesis import strategies as st
 
+from benchmarks.early_stop import Case, simulate
 from pytest_qwenperf.core.metrics import Direction
-from pytest_qwenperf.core.sequential import SequentialPlan
+from pytest_qwenperf.core.sequential import EARLY_SHARE, SequentialPlan
 from pytest_qwenperf.core.verdict import UNDECIDED, judge
 
 
@@ -116,3 +118,29 @@ def test_a_plan_that_cannot_be_followed_is_refused(arguments: tuple[float, int, 
 def test_there_is_no_look_outside_the_plan() -> None:
     with pytest.raises(ValueError, match="no look after 7 repeats: the plan looks after 3 to 6"):
         SequentialPlan(0.95, 3, 6).confidence_at(7)
+
+
+@pytest.mark.parametrize(("least", "first", "most"), [(2, 3, 3), (3, 4, 6), (2, 5, 8)])
+def test_early_looks_spend_their_share_and_the_planned_look_keeps_the_rest(least: int, first: int, most: int) -> None:
+    early = SequentialPlan(0.95, first, most, least)
+    plain = SequentialPlan(0.95, first, most)
+    levels = [early.confidence_at(n) for n in range(least, most + 1)]
+    assert math.fsum(1 - level for level in levels) == pytest.approx(0.05)
+    assert math.fsum(1 - early.confidence_at(n) for n in range(least, first)) == pytest.approx(EARLY_SHARE * 0.05)
+    assert 1 - early.confidence_at(first) == pytest.approx((1 - EARLY_SHARE) * (1 - plain.confidence_at(first)))
+    assert [early.early(n) for n in range(least, most + 1)] == [n < first for n in range(least, most + 1)]
+    with pytest.raises(ValueError, match="the earliest look must come after 2 to first"):
+        SequentialPlan(0.95, first, most, first + 1)
+
+
+def test_early_looks_keep_false_alarms_at_their_rate_and_stop_clear_changes_early() -> None:
+    """The simulation of benchmarks/early_stop.py, seeded: with looks from 3 of 4 planned repeats
+    (at most 6), A/A draws end ``regression`` no more often than the nominal 2.5 %, and a 10 % loss
+    at a 1.5 % spread is caught, most often at the early look."""
+    case = Case(SequentialPlan(0.95, 4, 6, least=3), baseline=4, spread=0.015, tolerance=0.05)
+    null = simulate(case, 0.0, draws=1500, seed=3)
+    assert null.share("regression") <= _ceiling(0.025, 1500)
+    loss = simulate(case, -0.10, draws=300, seed=3)
+    assert loss.share("regression") > 0.95 and loss.early / loss.draws > 0.5 and loss.repeats / loss.draws < 4
+    plain = simulate(dataclasses.replace(case, plan=SequentialPlan(0.95, 4, 6)), -0.10, draws=300, seed=3)
+    assert plain.early == 0 and plain.repeats / plain.draws >= 4

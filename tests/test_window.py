@@ -247,6 +247,23 @@ def test_a_window_is_part_of_what_a_run_is_measured_on(tmp_path: Path) -> None:
 
 
 def test_a_tier_other_than_nightly_or_weekly_is_refused_naming_the_field(tmp_path: Path) -> None:
-    refused(tmp_path, HEADER + WORKLOAD + 'load = { concurrency = 4 }\ntier = "monthly"\n', r"workload 'w'\.tier: expected \"nightly\" or \"weekly\", got 'monthly'")
-    refused(tmp_path, HEADER.replace('id = "base"', 'id = "base"\ntier = "hourly"') + WORKLOAD + "load = { concurrency = 4 }\n", r"tier: expected \"nightly\" or \"weekly\", got 'hourly'")
+    refused(
+        tmp_path,
+        HEADER + WORKLOAD + 'load = { concurrency = 4 }\ntier = "monthly"\n',
+        r"workload 'w'\.tier: expected \"nightly\" or \"weekly\", got 'monthly'",
+    )
+    refused(
+        tmp_path,
+        HEADER.replace('id = "base"', 'id = "base"\ntier = "hourly"') + WORKLOAD + "load = { concurrency = 4 }\n",
+        r"tier: expected \"nightly\" or \"weekly\", got 'hourly'",
+    )
     assert suite_at(tmp_path, HEADER + WORKLOAD + 'load = { concurrency = 4 }\ntier = "weekly"\n').workloads[0].tier == "weekly"
+
+
+def test_an_earliest_look_after_the_planned_repeats_is_refused(tmp_path: Path) -> None:
+    header = HEADER.replace('model = "embedded:tiny"', 'model = "embedded:tiny"\nrepeats = 3\nmin_repeats = 4')
+    refused(
+        tmp_path,
+        header + WORKLOAD + "load = { concurrency = 4 }\n",
+        r"suite.min_repeats: expected a whole number of repeats from 2 to suite.repeats \(3\), got 4",
+    )

@@ -302,6 +302,7 @@ class Run(msgspec.Struct, frozen=True, kw_only=True):
     scaling: Scaling | None = None  # set when replica counts were compared
     samples: dict[str, tuple[float | None, ...]] | None = None  # metric -> one value per repeat
     extra_repeats: Count = 0  # repeats added after the first ones because the verdicts could not decide
+    saved_repeats: Count = 0  # planned repeats not taken: an early look found every verdict decided (core.sequential)
     needs_sessions: bool = (
         False  # stopped with a verdict undecided that no repeat of this session could settle: only more sessions can
     )

@@ -69,6 +69,11 @@ def settleable(judgements: Sequence[Judgement]) -> bool:
     return any(j.verdict in UNDECIDED and j.settles_with_repeats for j in judgements)
 
 
+def clearly_decided(judgements: Sequence[Judgement]) -> bool:
+    """Whether every verdict is decided (pass, regression or improvement): an early look may stop here."""
+    return bool(judgements) and all(j.verdict in ("pass", "regression", "improvement") for j in judgements)
+
+
 def decide(
     plan: SequentialPlan,
     repeat: Callable[[], R],
@@ -76,14 +81,15 @@ def decide(
     baseline_of: Callable[[Run], Baseline | None],
 ) -> Decided:
     """Measure ``plan.first`` repeats, then one more at a time while the verdicts are
-    :func:`undecided` and the plan allows it.
+    :func:`undecided` and the plan allows it. With early looks (``plan.least``) the point is judged
+    from ``plan.least`` repeats on, and stops before ``plan.first`` once :func:`clearly_decided`.
 
     ``repeat`` measures one repeat, ``combine`` makes the run of the repeats so far, and
     ``baseline_of`` finds the run's baseline (asked once: every repeat has the run's identity).
     A baseline that cannot be read (:class:`BaselineError`) is no baseline for the verdicts, and
     the result says why, for the test that needs it to fail with.
     """
-    repeats = [repeat() for _ in range(plan.first)]
+    repeats = [repeat() for _ in range(plan.earliest)]
     run = combine(repeats)
     unreadable = None
     try:
@@ -91,6 +97,10 @@ def decide(
     except BaselineError as exc:
         baseline, unreadable = None, str(exc)
     judgements = judge_run(baseline, run, confidence=plan.confidence_at(len(repeats)))
+    while plan.early(len(repeats)) and not clearly_decided(judgements):
+        repeats.append(repeat())
+        run = combine(repeats)
+        judgements = judge_run(baseline, run, confidence=plan.confidence_at(len(repeats)))
 
     while undecided(judgements) and settleable(judgements) and len(repeats) < plan.most:
         repeats.append(repeat())
@@ -98,7 +108,10 @@ def decide(
         judgements = judge_run(baseline, run, confidence=plan.confidence_at(len(repeats)))
     diagnosis = why(evidence(baseline), run, judgements) if baseline is not None else None
     run = msgspec.structs.replace(
-        run, extra_repeats=len(repeats) - plan.first, needs_sessions=_needs_sessions(plan, repeats, judgements)
+        run,
+        extra_repeats=max(0, len(repeats) - plan.first),
+        saved_repeats=max(0, plan.first - len(repeats)),
+        needs_sessions=_needs_sessions(plan, repeats, judgements),
     )
     return Decided(run, judgements, unreadable, diagnosis)
 

@@ -37,6 +37,12 @@ def session_table(report: SessionReport) -> list[str]:
         f"extra repeats, taken while a verdict was noisy or underpowered: {len(extended)} of {len(report.runs)} point(s), "
         f"{sum(extended)} repeat(s) in all"
     )
+    saved = [run.saved_repeats for run in report.runs if run.saved_repeats]
+    if saved:
+        lines.append(
+            f"stopped early, every verdict decided before the planned repeats were in: {len(saved)} point(s), "
+            f"{sum(saved)} repeat(s) saved"
+        )
     unsettled = sum(1 for run in report.runs if run.needs_sessions)
     if unsettled:
         lines.append(

@@ -268,7 +268,9 @@ def repeat_plan(settings: QwenperfSettings, suite: Suite) -> SequentialPlan:
             f"qwenperf: suite {suite.name}: max repeats {most} ({most_from}) is below the repeats in force, "
             f"{first} ({first_from}); expected a max of at least {first}"
         )
-    return SequentialPlan(DEFAULT_CONFIDENCE, first, most)
+    # A suite's earliest look comes before its first repeats in force, or not at all.
+    least = suite.min_repeats if suite.min_repeats is not None and suite.min_repeats < first else None
+    return SequentialPlan(DEFAULT_CONFIDENCE, first, most, least)
 
 
 def _origin(config: pytest.Config, name: str) -> str:

@@ -273,6 +273,7 @@ class Suite:
         None  # seconds one server takes to boot (``qwenperf plan``); None: ``suite.cost``'s default for CPU or GPU
     )
     repeat_spread: float | None = None  # how far a repeat's throughput is assumed to spread (CV), for the plan's MDE
+    min_repeats: int | None = None  # the earliest look, before the planned repeats are in (core.sequential); None: none
 
     def config(self, config_id: str) -> ServingConfig:
         for cfg in self.configs:
@@ -317,6 +318,10 @@ def load_suite(path: Path | str) -> Suite:
     if suite.max_repeats is not None and suite.max_repeats < suite.repeats:
         raise _fail(
             path, "suite.max_repeats", f"a whole number of load runs >= suite.repeats ({suite.repeats})", suite.max_repeats
+        )
+    if suite.min_repeats is not None and suite.min_repeats > suite.repeats:
+        raise _fail(
+            path, "suite.min_repeats", f"a whole number of repeats from 2 to suite.repeats ({suite.repeats})", suite.min_repeats
         )
     if suite.model.startswith("embedded:") and suite.model not in embedded.EMBEDDED:
         raise _fail(path, "suite.model", f"a Hugging Face id, a folder or one of {', '.join(embedded.EMBEDDED)}", suite.model)
@@ -395,6 +400,7 @@ def load_suite(path: Path | str) -> Suite:
         baseline_max_age_days=suite.baseline_max_age_days,
         boot_s=suite.boot_s,
         repeat_spread=suite.repeat_spread,
+        min_repeats=suite.min_repeats,
     )
 
 
@@ -443,6 +449,7 @@ class _SuiteTable(schema.Shape, frozen=True):
     repeat_spread: (
         Annotated[float, Meta(gt=0, lt=1, description="a fraction > 0 and < 1 (a repeat's coefficient of variation)")] | None
     ) = None
+    min_repeats: Annotated[int, Meta(ge=2, description="a whole number of repeats >= 2 (the earliest look)")] | None = None
 
 
 class _ConfigTable(schema.Shape, frozen=True):
