@@ -16,7 +16,7 @@ from pytest_qwenperf.gate.judge import judge_against_run, judge_run
 from pytest_qwenperf.measure.validity import conditions
 from pytest_qwenperf.telemetry import Telemetry, TelemetrySummary
 from pytest_qwenperf.telemetry.cores import OtherProcess
-from pytest_qwenperf.telemetry.cpu import CpuSummary, ServerCoresSummary
+from pytest_qwenperf.telemetry.cpu import CpuGroupSummary, CpuSummary, ServerCoresSummary
 from pytest_qwenperf.telemetry.sampling import SamplerHealth, Stats
 from tests import fake_pynvml
 from tests.fake_pynvml import FakeGpu
@@ -64,7 +64,10 @@ def test_the_suites_limits_decide() -> None:
 
 
 def contended(**changes: object) -> dict[str, object]:
-    loss = {"reason": "cpu-contention", "detail": "server core 0 was shared with other busy processes for 60% of the steady state"}
+    loss = {
+        "reason": "cpu-contention",
+        "detail": "server core 0 was shared with other busy processes for 60% of the steady state",
+    }
     return make_run(**changes, extra={"conditions": [loss]})  # type: ignore[arg-type]
 
 
@@ -114,7 +117,9 @@ def gpu_conditions(monkeypatch: pytest.MonkeyPatch, gpu: FakeGpu, limits: Validi
         wait_until(lambda: gpu.polls >= 24)
     finally:
         telemetry.stop()
-    gpus_alone = TelemetrySummary(window=None, gpu=telemetry.summary().gpu, cpu=None, server=None)  # this machine's cores are not under test
+    gpus_alone = TelemetrySummary(
+        window=None, gpu=telemetry.summary().gpu, cpu=None, server=None
+    )  # this machine's cores are not under test
     return conditions(gpus_alone, limits)
 
 
@@ -145,7 +150,9 @@ def test_clock_events_within_the_suites_share_are_tolerated(monkeypatch: pytest.
     gpu = FakeGpu(UUIDS[0], clock_events=[0, 0, 0, HW_THERMAL] * 10)  # a thermal slowdown in a quarter of the samples
     assert [loss.reason for loss in gpu_conditions(monkeypatch, gpu, ValidityLimits(clock_event_share=0.5))] == []
     gpu = FakeGpu(UUIDS[0], clock_events=[0, 0, 0, HW_THERMAL] * 10)
-    assert [loss.reason for loss in gpu_conditions(monkeypatch, gpu, ValidityLimits(clock_event_share=0.1))] == ["gpu-clock-events"]
+    assert [loss.reason for loss in gpu_conditions(monkeypatch, gpu, ValidityLimits(clock_event_share=0.1))] == [
+        "gpu-clock-events"
+    ]
 
 
 def test_a_gpu_at_its_own_power_limit_is_not_held_back(monkeypatch: pytest.MonkeyPatch) -> None:
@@ -166,3 +173,18 @@ def test_a_power_cap_on_a_gpu_whose_limits_cannot_be_read_counts(monkeypatch: py
     """Nothing passes silently: without the limits a power cap cannot be told from the GPU's own limit."""
     gpu = FakeGpu(UUIDS[0], clock_events=SW_POWER_CAP, not_supported=frozenset({"nvmlDeviceGetPowerManagementDefaultLimit"}))
     assert [loss.reason for loss in gpu_conditions(monkeypatch, gpu)] == ["gpu-clock-events"]
+
+
+@pytest.mark.parametrize(("busy", "reasons"), [(0.98, []), (1.09, []), (1.69, ["server-off-cores"])])
+def test_a_server_busier_than_its_cores_ran_threads_elsewhere(busy: float, reasons: list[str]) -> None:
+    """1.69 cores busy on one core: what a server moved onto its core after booting on the client's read."""
+    summary = cpu_telemetry(0.0)
+    assert summary.cpu is not None
+    groups = MappingProxyType({"server": CpuGroupSummary(cores_busy=Stats.of([busy, busy]), cpu_seconds=10.0, max_processes=3)})
+    moved = TelemetrySummary(
+        window=None, gpu=None, cpu=CpuSummary(groups, HEALTH, server_cores=summary.cpu.server_cores), server=None
+    )
+    found = conditions(moved, ValidityLimits())
+    assert [loss.reason for loss in found] == reasons
+    if found:
+        assert "1.69 cores busy on average, more than its 1 core(s) (0)" in found[0].detail

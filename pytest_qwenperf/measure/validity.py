@@ -11,7 +11,7 @@ from __future__ import annotations
 from pytest_qwenperf.core.run import Loss
 from pytest_qwenperf.core.validity import CONTENDED_CORES, ValidityLimits
 from pytest_qwenperf.telemetry import TelemetrySummary
-from pytest_qwenperf.telemetry.cpu import ServerCoresSummary
+from pytest_qwenperf.telemetry.cpu import CpuSummary, ServerCoresSummary
 from pytest_qwenperf.telemetry.gpu_records import GpuSummary
 
 
@@ -20,6 +20,7 @@ def conditions(telemetry: TelemetrySummary, limits: ValidityLimits) -> tuple[Los
     found: list[Loss] = []
     if telemetry.cpu is not None and telemetry.cpu.server_cores is not None:
         found += _cores(telemetry.cpu.server_cores, limits)
+        found += _off_cores(telemetry.cpu)
     if telemetry.gpu is not None:
         found += _gpus(telemetry.gpu, limits)
     return tuple(found)
@@ -45,6 +46,34 @@ def _cores(cores: ServerCoresSummary, limits: ValidityLimits) -> list[Loss]:
         detail = f"{where} {cores.steal_share:.0%} stolen by the hypervisor (steal time; limit {limits.steal_share:.0%})"
         found.append(Loss(reason="cpu-steal", detail=detail))
     return found
+
+
+OFF_CORES_SLACK = 0.1
+"""Cores a server's tree may read busy beyond its cores' count before it counts as running elsewhere:
+a sampled interval's CPU times and wall time are read a little apart."""
+
+
+def _off_cores(cpu: CpuSummary) -> list[Loss]:
+    """A server tree busier than its cores can make it ran threads elsewhere: on the load generator's
+    cores, where no other-process check looks (they are the server's own threads). Seen when a
+    server booted on the client's core and was moved onto its own: a thread it started later ran
+    on the first core again (1.69 cores busy on one, benchmarks/README.md, "The price of a verdict")."""
+    server, cores = cpu.groups.get("server"), cpu.server_cores
+    if server is None or server.cores_busy is None or cores is None:
+        return []
+    allowed = len(cores.cores) * (1 + OFF_CORES_SLACK)
+    if server.cores_busy.mean <= allowed:
+        return []
+    listed = ",".join(map(str, cores.cores))
+    return [
+        Loss(
+            reason="server-off-cores",
+            detail=(
+                f"the server's processes kept {server.cores_busy.mean:.2f} cores busy on average, more than its "
+                f"{len(cores.cores)} core(s) ({listed}) can give: some of its threads ran on other cores"
+            ),
+        )
+    ]
 
 
 def _gpus(gpu: GpuSummary, limits: ValidityLimits) -> list[Loss]:
