@@ -40,8 +40,9 @@ class PointProgress(Protocol):
         ("reference", "candidate") when two servers' repeats interleave, else ""."""
 
     def load_started(self, requests: int, label: str) -> None:
-        """A load run of the repeat starts: ``requests`` to send, warm-up included; ``label`` says
-        which one when a repeat has several (a route's replicas, a search's probe), else ""."""
+        """A load run of the repeat starts: ``requests`` to send, warm-up included (0: not known, as
+        for a load measured over a window); ``label`` says which one when a repeat has several (a
+        route's replicas, a search's probe), else ""."""
 
     def request_done(self, record: RequestRecord) -> None:
         """A request of the load run finished (or failed)."""

@@ -289,7 +289,7 @@ class Driver:
         )
         if self.progress is not None:
             label = load_label(n if config.replicas > 1 else None, workload.arrival if watch else None)
-            self.progress.load_started(len(load.requests), label)
+            self.progress.load_started(0 if workload.window else len(load.requests), label)  # a window's requests are a supply
         seen = observe(
             Target(
                 tuple(route.load_urls),
