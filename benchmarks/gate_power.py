@@ -78,6 +78,7 @@ from benchmarks.cpu_cgroup import CgroupError, CpuCgroup
 from pytest_qwenperf.core.files import write_atomically
 from pytest_qwenperf.core.metrics import Direction, metric
 from pytest_qwenperf.core.run import Run
+from pytest_qwenperf.core.sequential import SequentialPlan
 from pytest_qwenperf.core.stats import centre
 from pytest_qwenperf.core.verdict import DEFAULT_CONFIDENCE, Judgement, judge
 from pytest_qwenperf.gate.judge import losses
@@ -183,7 +184,9 @@ def quota_us(slowdown: float, busy_cores: float, period_us: int) -> int | None:
         raise ValueError(f"the server's cores busy must be positive, got {busy_cores}")
     quota = round((1 - slowdown) * busy_cores * period_us)
     if quota < MIN_QUOTA_US:
-        raise ValueError(f"quota {quota} µs for a {slowdown:.0%} slowdown is under the kernel's minimum {MIN_QUOTA_US} µs; use a longer --period-us")
+        raise ValueError(
+            f"quota {quota} µs for a {slowdown:.0%} slowdown is under the kernel's minimum {MIN_QUOTA_US} µs; use a longer --period-us"
+        )
     return quota
 
 
@@ -226,7 +229,9 @@ def one_repeat(bench: Bench, arm: Arm, quota: int | None) -> dict[str, Any]:
     bench.cgroup.set_quota(quota)
     started = datetime.datetime.now(datetime.UTC).isoformat(timespec="seconds")
     throttled, cpu_s, wall = bench.cgroup.throttling(), tree_cpu_seconds(before_tree), time.perf_counter()
-    run = measure(bench.server, bench.config, bench.workload, Method.of(bench.suite, repeats(1), ClientSetup(cpus=bench.client_cpus)))
+    run = measure(
+        bench.server, bench.config, bench.workload, Method.of(bench.suite, repeats(1), ClientSetup(cpus=bench.client_cpus))
+    )
     wall = time.perf_counter() - wall
     cpu_s = tree_cpu_seconds(bench.tree() | before_tree) - cpu_s
     throttled = bench.cgroup.throttling().since(throttled)
@@ -239,7 +244,11 @@ def one_repeat(bench: Bench, arm: Arm, quota: int | None) -> dict[str, Any]:
         "metrics": repeat_metrics(run, generated, cpu_s),
         "server_cpu_s": cpu_s,
         "generated_tokens": generated,
-        "throttling": {"periods": throttled.periods, "throttled_periods": throttled.throttled_periods, "throttled_s": throttled.throttled_s},
+        "throttling": {
+            "periods": throttled.periods,
+            "throttled_periods": throttled.throttled_periods,
+            "throttled_s": throttled.throttled_s,
+        },
         "processes": processes,
         "invalid": [loss.reason for loss in losses(run)],
         "loadavg": list(os.getloadavg()),
@@ -367,7 +376,10 @@ def _measure_arms(bench: Bench, arms: Sequence[Arm], args: argparse.Namespace, r
     print(f"server cores busy under load: {busy:.3f}; quotas per {args.period_us} µs: {quotas}", file=sys.stderr)
     seen = [r["metrics"]["server_cpu_busy"] or 0.0 for r in calibration["repeats"]]
     if min(seen) < CALIBRATION_AGREEMENT * busy:
-        print(f"WARNING: the calibration repeats' cores busy differ ({', '.join(f'{b:.2f}' for b in seen)}): is the machine quiet?", file=sys.stderr)
+        print(
+            f"WARNING: the calibration repeats' cores busy differ ({', '.join(f'{b:.2f}' for b in seen)}): is the machine quiet?",
+            file=sys.stderr,
+        )
     for b in range(args.blocks):
         block: dict[str, Any] = {"index": b, "rounds": []}
         results["blocks"].append(block)
@@ -454,7 +466,9 @@ def merged(files: Sequence[Mapping[str, Any]], names: Sequence[str]) -> Mapping[
     arms = [arm["name"] for arm in first["arms"]]
     for name, other in zip(names[1:], files[1:], strict=True):
         if [arm["name"] for arm in other["arms"]] != arms:
-            raise ValueError(f"{name}: expected the arms of {names[0]} ({', '.join(arms)}), got {', '.join(a['name'] for a in other['arms'])}")
+            raise ValueError(
+                f"{name}: expected the arms of {names[0]} ({', '.join(arms)}), got {', '.join(a['name'] for a in other['arms'])}"
+            )
         if other["rounds"] != first["rounds"]:
             raise ValueError(f"{name}: expected {first['rounds']} rounds a block as in {names[0]}, got {other['rounds']}")
     if len(files) == 1:
@@ -462,12 +476,33 @@ def merged(files: Sequence[Mapping[str, Any]], names: Sequence[str]) -> Mapping[
     return {**first, "command": [f.get("command") for f in files], "blocks": [block for f in files for block in f["blocks"]]}
 
 
-def analyse(results: Mapping[str, Any], *, tolerance: float = 0.05, repeats: int | None = None, pool: int = 1) -> dict[str, Any]:
+def _looked(
+    name: str, a_side: Sequence[float], b_side: Sequence[float], *, tolerance: float, least: int | None
+) -> tuple[Judgement, int]:
+    """A pair's verdict and the repeats of ``b_side`` it took: with ``least``, judged from that many on
+    at each early look's confidence and stopped once decided, as ``measure.sequential.decide`` does
+    with a suite's ``min_repeats`` (the planned look: all of ``b_side``)."""
+    direction, unit = metric_facts(name)
+    plan = SequentialPlan(DEFAULT_CONFIDENCE, len(b_side), len(b_side), least if least and least < len(b_side) else None)
+    for n in range(plan.earliest, len(b_side) + 1):
+        found = judge(
+            name, a_side, b_side[:n], direction=direction, tolerance=tolerance, unit=unit, confidence=plan.confidence_at(n)
+        )
+        if not plan.early(n) or found.verdict in ("pass", "regression", "improvement"):
+            return found, n
+    raise AssertionError("the planned look always returns")
+
+
+def analyse(
+    results: Mapping[str, Any], *, tolerance: float = 0.05, repeats: int | None = None, pool: int = 1, least: int | None = None
+) -> dict[str, Any]:
     """Per metric and arm: the pooled change against ``A``, the pairs' verdicts and MDEs; ``A``'s spreads.
 
     A pair's side is the first ``repeats`` rounds of ``pool`` consecutive blocks (``pool`` > 1
     shows what more repeats per side buy). Besides the arms, :data:`APART` pairs ``A`` of
-    each group with ``A2`` of the next, when the file has an ``A2``.
+    each group with ``A2`` of the next, when the file has an ``A2``. With ``least``, each pair
+    is judged with early looks from that many of the B side's repeats (in the order measured),
+    and the pairs stopped early and the repeats they saved are counted.
     """
     arms = [arm["name"] for arm in results["arms"]]
     rounds = repeats or results["rounds"]
@@ -483,6 +518,7 @@ def analyse(results: Mapping[str, Any], *, tolerance: float = 0.05, repeats: int
         "confidence": DEFAULT_CONFIDENCE,
         "repeats_per_side": rounds * pool,
         "pool": pool,
+        "least": least,
         "blocks": len(blocks),
         "blocks_in_file": len(results["blocks"]),
         "invalid_repeats_left_out": excluded,
@@ -497,18 +533,23 @@ def analyse(results: Mapping[str, Any], *, tolerance: float = 0.05, repeats: int
 
         a_sides = [side(group, "A") for group in groups]
         per_arm: dict[str, Any] = {}
-        pairings = [(arm, [(a, side(group, arm)) for a, group in zip(a_sides, groups, strict=True)]) for arm in arms if arm != "A"]
+        pairings = [
+            (arm, [(a, side(group, arm)) for a, group in zip(a_sides, groups, strict=True)]) for arm in arms if arm != "A"
+        ]
         if "A2" in arms:
             pairings.append((APART, [(a, side(group, "A2")) for a, group in zip(a_sides, groups[1:], strict=False)]))
         for arm, pairs in pairings:
             judgements: list[Judgement] = []
             pooled_a, pooled_b = [], []
+            saved = []
             for a_side, b_side in pairs:
                 if not a_side or not b_side:
                     continue
                 pooled_a += a_side
                 pooled_b += b_side
-                judgements.append(judge(name, a_side, b_side, direction=direction, tolerance=tolerance, unit=unit))
+                judgement, taken = _looked(name, a_side, b_side, tolerance=tolerance, least=least)
+                judgements.append(judgement)
+                saved.append(len(b_side) - taken)
             mdes = [mde for j in judgements if (mde := getattr(j, "mde", None)) is not None]
             verdicts = Counter(j.verdict for j in judgements)
             per_arm[arm] = {
@@ -517,6 +558,8 @@ def analyse(results: Mapping[str, Any], *, tolerance: float = 0.05, repeats: int
                 "regressions": verdicts["regression"],
                 "verdicts": dict(verdicts),
                 "mde": _spread(mdes),
+                "stopped_early": sum(1 for n in saved if n),
+                "repeats_saved": sum(saved),
             }
         within = [cv for a in a_sides if (cv := _cv(a)) is not None]
         means = [statistics.fmean(a) for a in a_sides if a]
@@ -550,17 +593,28 @@ def print_analysis(analysis: Mapping[str, Any], out: TextIO | None = None) -> No
         for arm, facts in throughput.items()
     ]
     print(f"achieved slowdown of output_throughput (pooled, against the interleaved A): {', '.join(achieved)}\n", file=out)
-    print("| metric | arm | target slowdown | pooled change vs A | judged regression | verdicts | MDE median (p10–p90) |", file=out)
-    print("| --- | --- | --- | --- | --- | --- | --- |", file=out)
+    early = analysis.get("least") is not None
+    print(
+        "| metric | arm | target slowdown | pooled change vs A | judged regression | verdicts | MDE median (p10–p90) |"
+        + (" stopped early (repeats saved) |" if early else ""),
+        file=out,
+    )
+    print("| --- | --- | --- | --- | --- | --- | --- |" + (" --- |" if early else ""), file=out)
     for name, facts in analysis["metrics"].items():
         label = f"{name} ({facts['unit']})"
         for arm, row in facts["arms"].items():
             change = _pct(row["pooled_ratio"] - 1, signed=True) if row["pooled_ratio"] else "—"
-            rate = f"{row['regressions']} of {row['pairs']}" + (f" ({row['regressions'] / row['pairs']:.0%})" if row["pairs"] else "")
+            rate = f"{row['regressions']} of {row['pairs']}" + (
+                f" ({row['regressions'] / row['pairs']:.0%})" if row["pairs"] else ""
+            )
             verdicts = ", ".join(f"{v} {c}" for v, c in sorted(row["verdicts"].items(), key=lambda item: -item[1]))
             mde = row["mde"]
             mde_text = f"{_pct(mde['median'])} ({_pct(mde['p10'])}–{_pct(mde['p90'])})" if mde else "—"
-            print(f"| {label} | {arm} | {analysis['targets'][arm]:.0%} | {change} | {rate} | {verdicts} | {mde_text} |", file=out)
+            stopped = f" {row['stopped_early']} ({row['repeats_saved']}) |" if early else ""
+            print(
+                f"| {label} | {arm} | {analysis['targets'][arm]:.0%} | {change} | {rate} | {verdicts} | {mde_text} |{stopped}",
+                file=out,
+            )
     print("\n| metric | A within-block CV, median (p10–p90) over blocks | A between-block CV of block means |", file=out)
     print("| --- | --- | --- |", file=out)
     for name, facts in analysis["metrics"].items():
@@ -589,17 +643,39 @@ def build_parser() -> argparse.ArgumentParser:
     parser.add_argument("--workload", default="isl128-osl128", help="workload of the suite (default %(default)s)")
     parser.add_argument("--arms", default=DEFAULT_ARMS, help="A, A<n> (unthrottled), B<percent> (default %(default)s)")
     parser.add_argument("--blocks", type=_at_least(1), default=20, help="blocks (default %(default)s)")
-    parser.add_argument("--rounds", type=_at_least(1), default=3, help="rounds per block, one repeat of each arm each (default %(default)s)")
-    parser.add_argument("--calibration", type=_at_least(1), default=2, help="unthrottled repeats that measure the server's cores busy (default %(default)s)")
-    parser.add_argument("--period-us", type=_at_least(MIN_QUOTA_US), default=10_000, help="CFS period in µs (default %(default)s)")
+    parser.add_argument(
+        "--rounds", type=_at_least(1), default=3, help="rounds per block, one repeat of each arm each (default %(default)s)"
+    )
+    parser.add_argument(
+        "--calibration",
+        type=_at_least(1),
+        default=2,
+        help="unthrottled repeats that measure the server's cores busy (default %(default)s)",
+    )
+    parser.add_argument(
+        "--period-us", type=_at_least(MIN_QUOTA_US), default=10_000, help="CFS period in µs (default %(default)s)"
+    )
     parser.add_argument("--out", type=Path, help="results file (default benchmarks/results/gate_power-<UTC date-time>.json)")
     parser.add_argument(
-        "--analyse", type=Path, nargs="+", metavar="FILE", help="analyse results files instead of measuring (their blocks in order)"
+        "--analyse",
+        type=Path,
+        nargs="+",
+        metavar="FILE",
+        help="analyse results files instead of measuring (their blocks in order)",
     )
-    parser.add_argument("--tolerance", type=float, default=0.05, help="--analyse: the gate's tolerance for every metric (default %(default)s)")
-    parser.add_argument("--repeats", type=_at_least(1), help="--analyse: repeats per side, the block's first rounds (default: all)")
-    parser.add_argument("--pool", type=_at_least(1), default=1, help="--analyse: consecutive blocks per side (default %(default)s)")
+    parser.add_argument(
+        "--tolerance", type=float, default=0.05, help="--analyse: the gate's tolerance for every metric (default %(default)s)"
+    )
+    parser.add_argument(
+        "--repeats", type=_at_least(1), help="--analyse: repeats per side, the block's first rounds (default: all)"
+    )
+    parser.add_argument(
+        "--pool", type=_at_least(1), default=1, help="--analyse: consecutive blocks per side (default %(default)s)"
+    )
     parser.add_argument("--json", action="store_true", help="--analyse: print the analysis as JSON")
+    parser.add_argument(
+        "--least", type=_at_least(2), help="--analyse: early looks from this many repeats of the B side (a suite's min_repeats)"
+    )
     return parser
 
 
@@ -610,7 +686,7 @@ def main(argv: Sequence[str] | None = None) -> int:
             results = merged([json.loads(path.read_text()) for path in args.analyse], [str(path) for path in args.analyse])
         except ValueError as exc:
             raise SystemExit(f"--analyse: {exc}") from None
-        analysis = analyse(results, tolerance=args.tolerance, repeats=args.repeats, pool=args.pool)
+        analysis = analyse(results, tolerance=args.tolerance, repeats=args.repeats, pool=args.pool, least=args.least)
         if args.json:
             print(json.dumps(analysis, indent=2))
         else:

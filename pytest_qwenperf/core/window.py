@@ -27,8 +27,8 @@ lifetime more for the requests sent last inside it to end.
 A window in lifetimes is that many times a request's lifetime, the median end-to-end latency of
 the warm-up's requests: a window of a few lifetimes sees each of the batch's slots turn over a
 few times, whatever the lengths or the hardware. Where the workload's requests run out before
-the window closes, the window kept is shorter than the one asked and the run says so (a loss:
-``window-short``).
+the window closes, the window kept is shorter than the one asked, and where they run out before
+the batch has turned over no window opens; either way the run says so (a loss: ``window-short``).
 """
 
 from __future__ import annotations
@@ -119,15 +119,13 @@ class KeptWindow:
 
 def common(windows: Sequence[KeptWindow | None]) -> KeptWindow | None:
     """The window every client worker kept (their overlap; the requests ran out if they did for any
-    worker), or None when none kept one. Every worker waited for its own requests sent before its
+    worker), or None when one of them kept none (its window never opened). Every worker waited for its own requests sent before its
     window closed, so the requests sent inside the overlap have all ended. The workers start their
     measured phases together, so the overlap falls short of each window by how much later the last
     one's batch was full."""
     kept = [window for window in windows if window is not None]
-    if not kept:
+    if not kept or len(kept) != len(windows):
         return None
-    if len(kept) != len(windows):
-        raise ValueError("some client workers kept a window and others did not")
     opened, closed = max(w.opened for w in kept), min(w.closed for w in kept)
     lifetimes = [w.lifetime_s for w in kept if w.lifetime_s is not None]
     return KeptWindow(

@@ -330,10 +330,13 @@ class _WindowKeeper:
         return conn in self.cut_off
 
     def kept(self) -> KeptWindow | None:
-        """The window measured; it closes at the last send where the requests ran out first."""
+        """The window measured; it closes at the last send where the requests ran out first. None where
+        it never opened, or nothing was sent once it had."""
         if self.opened is None:
             return None
         ran_out = self.sends >= self.supply and self.last_send < self.closes
+        if ran_out and self.last_send <= self.opened:  # nothing was sent once it opened: no window at all
+            return None
         closed = self.last_send if ran_out else self.closes
         return KeptWindow(self.opened, max(closed, self.opened), self.length_s, self.lifetime_s, ran_out)
 

@@ -100,6 +100,8 @@ class Observation:
         are :func:`~pytest_qwenperf.measure.validity.conditions`)."""
         off = prompt_lengths_off(self.load.records)
         short = self.load.window.short() if self.load.window is not None else None
+        if self.load.options.window is not None and self.load.window is None:
+            short = "the workload's requests ran out before its batch had turned over: no window opened; raise its num_prompts"
         return tuple(
             Loss(reason=reason, detail=detail) for reason, detail in ((PROMPT_LENGTHS, off), (WINDOW_SHORT, short)) if detail
         )
