@@ -184,9 +184,7 @@ def quota_us(slowdown: float, busy_cores: float, period_us: int) -> int | None:
         raise ValueError(f"the server's cores busy must be positive, got {busy_cores}")
     quota = round((1 - slowdown) * busy_cores * period_us)
     if quota < MIN_QUOTA_US:
-        raise ValueError(
-            f"quota {quota} µs for a {slowdown:.0%} slowdown is under the kernel's minimum {MIN_QUOTA_US} µs; use a longer --period-us"
-        )
+        raise ValueError(f"quota {quota} µs for a {slowdown:.0%} slowdown is under the kernel's minimum {MIN_QUOTA_US} µs; use a longer --period-us")
     return quota
 
 
@@ -229,9 +227,7 @@ def one_repeat(bench: Bench, arm: Arm, quota: int | None) -> dict[str, Any]:
     bench.cgroup.set_quota(quota)
     started = datetime.datetime.now(datetime.UTC).isoformat(timespec="seconds")
     throttled, cpu_s, wall = bench.cgroup.throttling(), tree_cpu_seconds(before_tree), time.perf_counter()
-    run = measure(
-        bench.server, bench.config, bench.workload, Method.of(bench.suite, repeats(1), ClientSetup(cpus=bench.client_cpus))
-    )
+    run = measure(bench.server, bench.config, bench.workload, Method.of(bench.suite, repeats(1), ClientSetup(cpus=bench.client_cpus)))
     wall = time.perf_counter() - wall
     cpu_s = tree_cpu_seconds(bench.tree() | before_tree) - cpu_s
     throttled = bench.cgroup.throttling().since(throttled)
@@ -244,11 +240,7 @@ def one_repeat(bench: Bench, arm: Arm, quota: int | None) -> dict[str, Any]:
         "metrics": repeat_metrics(run, generated, cpu_s),
         "server_cpu_s": cpu_s,
         "generated_tokens": generated,
-        "throttling": {
-            "periods": throttled.periods,
-            "throttled_periods": throttled.throttled_periods,
-            "throttled_s": throttled.throttled_s,
-        },
+        "throttling": {"periods": throttled.periods, "throttled_periods": throttled.throttled_periods, "throttled_s": throttled.throttled_s},
         "processes": processes,
         "invalid": [loss.reason for loss in losses(run)],
         "loadavg": list(os.getloadavg()),
@@ -376,10 +368,7 @@ def _measure_arms(bench: Bench, arms: Sequence[Arm], args: argparse.Namespace, r
     print(f"server cores busy under load: {busy:.3f}; quotas per {args.period_us} µs: {quotas}", file=sys.stderr)
     seen = [r["metrics"]["server_cpu_busy"] or 0.0 for r in calibration["repeats"]]
     if min(seen) < CALIBRATION_AGREEMENT * busy:
-        print(
-            f"WARNING: the calibration repeats' cores busy differ ({', '.join(f'{b:.2f}' for b in seen)}): is the machine quiet?",
-            file=sys.stderr,
-        )
+        print(f"WARNING: the calibration repeats' cores busy differ ({', '.join(f'{b:.2f}' for b in seen)}): is the machine quiet?", file=sys.stderr)
     for b in range(args.blocks):
         block: dict[str, Any] = {"index": b, "rounds": []}
         results["blocks"].append(block)
@@ -466,9 +455,7 @@ def merged(files: Sequence[Mapping[str, Any]], names: Sequence[str]) -> Mapping[
     arms = [arm["name"] for arm in first["arms"]]
     for name, other in zip(names[1:], files[1:], strict=True):
         if [arm["name"] for arm in other["arms"]] != arms:
-            raise ValueError(
-                f"{name}: expected the arms of {names[0]} ({', '.join(arms)}), got {', '.join(a['name'] for a in other['arms'])}"
-            )
+            raise ValueError(f"{name}: expected the arms of {names[0]} ({', '.join(arms)}), got {', '.join(a['name'] for a in other['arms'])}")
         if other["rounds"] != first["rounds"]:
             raise ValueError(f"{name}: expected {first['rounds']} rounds a block as in {names[0]}, got {other['rounds']}")
     if len(files) == 1:
@@ -533,9 +520,7 @@ def analyse(
 
         a_sides = [side(group, "A") for group in groups]
         per_arm: dict[str, Any] = {}
-        pairings = [
-            (arm, [(a, side(group, arm)) for a, group in zip(a_sides, groups, strict=True)]) for arm in arms if arm != "A"
-        ]
+        pairings = [(arm, [(a, side(group, arm)) for a, group in zip(a_sides, groups, strict=True)]) for arm in arms if arm != "A"]
         if "A2" in arms:
             pairings.append((APART, [(a, side(group, "A2")) for a, group in zip(a_sides, groups[1:], strict=False)]))
         for arm, pairs in pairings:
@@ -604,9 +589,7 @@ def print_analysis(analysis: Mapping[str, Any], out: TextIO | None = None) -> No
         label = f"{name} ({facts['unit']})"
         for arm, row in facts["arms"].items():
             change = _pct(row["pooled_ratio"] - 1, signed=True) if row["pooled_ratio"] else "—"
-            rate = f"{row['regressions']} of {row['pairs']}" + (
-                f" ({row['regressions'] / row['pairs']:.0%})" if row["pairs"] else ""
-            )
+            rate = f"{row['regressions']} of {row['pairs']}" + (f" ({row['regressions'] / row['pairs']:.0%})" if row["pairs"] else "")
             verdicts = ", ".join(f"{v} {c}" for v, c in sorted(row["verdicts"].items(), key=lambda item: -item[1]))
             mde = row["mde"]
             mde_text = f"{_pct(mde['median'])} ({_pct(mde['p10'])}–{_pct(mde['p90'])})" if mde else "—"
@@ -643,35 +626,16 @@ def build_parser() -> argparse.ArgumentParser:
     parser.add_argument("--workload", default="isl128-osl128", help="workload of the suite (default %(default)s)")
     parser.add_argument("--arms", default=DEFAULT_ARMS, help="A, A<n> (unthrottled), B<percent> (default %(default)s)")
     parser.add_argument("--blocks", type=_at_least(1), default=20, help="blocks (default %(default)s)")
-    parser.add_argument(
-        "--rounds", type=_at_least(1), default=3, help="rounds per block, one repeat of each arm each (default %(default)s)"
-    )
-    parser.add_argument(
-        "--calibration",
-        type=_at_least(1),
-        default=2,
-        help="unthrottled repeats that measure the server's cores busy (default %(default)s)",
-    )
-    parser.add_argument(
-        "--period-us", type=_at_least(MIN_QUOTA_US), default=10_000, help="CFS period in µs (default %(default)s)"
-    )
+    parser.add_argument("--rounds", type=_at_least(1), default=3, help="rounds per block, one repeat of each arm each (default %(default)s)")
+    parser.add_argument("--calibration", type=_at_least(1), default=2, help="unthrottled repeats that measure the server's cores busy (default %(default)s)")
+    parser.add_argument("--period-us", type=_at_least(MIN_QUOTA_US), default=10_000, help="CFS period in µs (default %(default)s)")
     parser.add_argument("--out", type=Path, help="results file (default benchmarks/results/gate_power-<UTC date-time>.json)")
     parser.add_argument(
-        "--analyse",
-        type=Path,
-        nargs="+",
-        metavar="FILE",
-        help="analyse results files instead of measuring (their blocks in order)",
+        "--analyse", type=Path, nargs="+", metavar="FILE", help="analyse results files instead of measuring (their blocks in order)"
     )
-    parser.add_argument(
-        "--tolerance", type=float, default=0.05, help="--analyse: the gate's tolerance for every metric (default %(default)s)"
-    )
-    parser.add_argument(
-        "--repeats", type=_at_least(1), help="--analyse: repeats per side, the block's first rounds (default: all)"
-    )
-    parser.add_argument(
-        "--pool", type=_at_least(1), default=1, help="--analyse: consecutive blocks per side (default %(default)s)"
-    )
+    parser.add_argument("--tolerance", type=float, default=0.05, help="--analyse: the gate's tolerance for every metric (default %(default)s)")
+    parser.add_argument("--repeats", type=_at_least(1), help="--analyse: repeats per side, the block's first rounds (default: all)")
+    parser.add_argument("--pool", type=_at_least(1), default=1, help="--analyse: consecutive blocks per side (default %(default)s)")
     parser.add_argument("--json", action="store_true", help="--analyse: print the analysis as JSON")
     parser.add_argument(
         "--least", type=_at_least(2), help="--analyse: early looks from this many repeats of the B side (a suite's min_repeats)"

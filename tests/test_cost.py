@@ -147,11 +147,7 @@ def test_a_small_suite_costs_what_the_model_says_by_hand(tmp_path: Path) -> None
 
 def test_points_are_chosen_by_config_and_workload(tmp_path: Path) -> None:
     suite = suite_at(tmp_path, SMALL)
-    assert [(c.id, w.id) for c, w in points_of(suite, ["two", "base"], ["w", "open"])] == [
-        ("base", "w"),
-        ("base", "open"),
-        ("two", "w"),
-    ]
+    assert [(c.id, w.id) for c, w in points_of(suite, ["two", "base"], ["w", "open"])] == [("base", "w"), ("base", "open"), ("two", "w")]
     with pytest.raises(SuiteError, match=r"no workload 'nope'; workloads are \['w', 'open', 'search', 'x'\]"):
         points_of(suite, workloads=["nope"])
     with pytest.raises(SuiteError, match=r"no point: none of the workloads \['open'\] runs on \['bare'\]"):
@@ -159,10 +155,7 @@ def test_points_are_chosen_by_config_and_workload(tmp_path: Path) -> None:
 
 
 def test_a_replay_lasts_its_span_and_conversations_wait_their_think_time(tmp_path: Path) -> None:
-    write_jsonl(
-        [TraceEntry(0, 100, 10), TraceEntry(1000, 200, 20), TraceEntry(3000, 300, 30), TraceEntry(7000, 400, 40)],
-        tmp_path / "t.jsonl",
-    )
+    write_jsonl([TraceEntry(0, 100, 10), TraceEntry(1000, 200, 20), TraceEntry(3000, 300, 30), TraceEntry(7000, 400, 40)], tmp_path / "t.jsonl")
     suite = suite_at(
         tmp_path,
         SMALL
@@ -223,16 +216,9 @@ def test_the_history_beats_the_suites_expected_figure_which_beats_a_floor(tmp_pa
     expected = plan(suite, points, {}).points[0]
     assert expected.source.label == "expected (suite)" and expected.timing is not None
     assert expected.timing.load_run.measured_s == pytest.approx(128 * 256 / 2048)
-    assert (
-        floored.source.label == "floor (bound)"
-        and floored.timing is not None
-        and floored.timing.rate == Rate("output_throughput", 500.0)
-    )
+    assert floored.source.label == "floor (bound)" and floored.timing is not None and floored.timing.rate == Rate("output_throughput", 500.0)
 
-    runs = [
-        night(day, duration, 10_000.0 + day)
-        for day, duration in zip(range(1, 10), (9, 9, 10, 11, 12, 12, 12, 13, 14), strict=True)
-    ]
+    runs = [night(day, duration, 10_000.0 + day) for day, duration in zip(range(1, 10), (9, 9, 10, 11, 12, 12, 12, 13, 14), strict=True)]
     others = [
         night(20, 99.0, 1.0, hardware="cpu-other-cpu-8c"),  # another machine: counted, and the newest
         night(21, 99.0, 1.0, failed=3),  # invalid
@@ -242,19 +228,13 @@ def test_the_history_beats_the_suites_expected_figure_which_beats_a_floor(tmp_pa
         store.append([*runs, *others], source="test")
         history = history_of(store, suite, points)
     # the newest 7 (the suite's history_window) valid runs of the point's identity, on any hardware
-    assert history == {
-        ("base", "isl128-osl128"): Measured(
-            7, (Rate("total_token_throughput", 10_006.0), Rate("output_throughput", 5_003.0)), 12.0
-        )
-    }
+    assert history == {("base", "isl128-osl128"): Measured(7, (Rate("total_token_throughput", 10_006.0), Rate("output_throughput", 5_003.0)), 12.0)}
     timed = plan(suite, points, history).points[0]
     assert timed.source.label == "history: 7 runs" and timed.timing is not None
     assert timed.timing.load_run.measured_s == 12.0 and timed.timing.load_run.warmup_s == pytest.approx(32 * 256 / 10_006)
 
 
-def test_a_plan_creates_no_file_and_fails_over_its_limit(
-    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
-) -> None:
+def test_a_plan_creates_no_file_and_fails_over_its_limit(tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]) -> None:
     folder = tmp_path / "suite"
     folder.mkdir()
     suite_at(folder, SMALL)
@@ -265,10 +245,7 @@ def test_a_plan_creates_no_file_and_fails_over_its_limit(
     out = json.loads(capsys.readouterr().out)
     assert out["schema"] == PLAN_SCHEMA and out["history"] is None and out["totals"]["untimed"] == []
     assert [(p["config"], p["workload"], p["source"]) for p in out["points"]] == [
-        ("base", "w", "expected"),
-        ("base", "open", "expected"),
-        ("base", "search", "expected"),
-        ("two", "w", "expected"),
+        ("base", "w", "expected"), ("base", "open", "expected"), ("base", "search", "expected"), ("two", "w", "expected")
     ]
     worst_min = out["totals"]["worst_s"] / 60
     assert main([*chosen, "--fail-over", f"{worst_min * 1.01}"]) == 0

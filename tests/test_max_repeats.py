@@ -99,13 +99,7 @@ def test_a_suites_earliest_look_comes_before_the_repeats_in_force_or_not_at_all(
     [
         (("--qwenperf-max-repeats=1",), None, "", "1 (--qwenperf-max-repeats)", "2 ({suite}: suite.repeats)"),
         ((), None, "qwenperf_max_repeats = 1", "1 ({ini}: ini key qwenperf_max_repeats)", "2 ({suite}: suite.repeats)"),
-        (
-            ("--qwenperf-max-repeats=3",),
-            None,
-            "qwenperf_repeats = 4",
-            "3 (--qwenperf-max-repeats)",
-            "4 ({ini}: ini key qwenperf_repeats)",
-        ),
+        (("--qwenperf-max-repeats=3",), None, "qwenperf_repeats = 4", "3 (--qwenperf-max-repeats)", "4 ({ini}: ini key qwenperf_repeats)"),
     ],
 )
 def test_a_most_below_the_repeats_in_force_is_a_usage_error_naming_both_and_where_from(
@@ -115,9 +109,7 @@ def test_a_most_below_the_repeats_in_force_is_a_usage_error_naming_both_and_wher
     assert result.ret == pytest.ExitCode.USAGE_ERROR, result.stdout.str() + result.stderr.str()
     where = {"suite": "suite.toml", "ini": pytester.path / "tox.ini"}  # the suite as given, the ini file found
     result.stderr.fnmatch_lines(
-        [
-            f"*suite standin: max repeats {most_from.format(**where)} is below the repeats in force, {first_from.format(**where)}; expected*"
-        ]
+        [f"*suite standin: max repeats {most_from.format(**where)} is below the repeats in force, {first_from.format(**where)}; expected*"]
     )
     assert "PLAN" not in result.stdout.str()
 
@@ -136,9 +128,7 @@ def test_a_bad_most_fails_at_parsing(pytester: pytest.Pytester, args: tuple[str,
 
 
 def test_a_suite_whose_most_is_below_its_repeats_names_the_file_and_both_keys(tmp_path: Path) -> None:
-    with pytest.raises(
-        SuiteError, match=r"suite.max_repeats: expected a whole number of load runs >= suite.repeats \(2\), got 1$"
-    ):
+    with pytest.raises(SuiteError, match=r"suite.max_repeats: expected a whole number of load runs >= suite.repeats \(2\), got 1$"):
         load_suite(write_suite(tmp_path, 1))
     assert load_suite(write_suite(tmp_path, 2)).max_repeats == 2
     assert load_suite(write_suite(tmp_path)).max_repeats is None

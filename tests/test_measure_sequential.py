@@ -335,14 +335,7 @@ def test_a_pair_one_at_a_time_stops_the_reference_before_the_candidate_boots(mon
     pair = sequential.measure_pair(
         server("reference"), server("candidate"), cpu.config("base"), cpu.workloads[0], Method(plan=PLAN), side_by_side=False
     )
-    assert events == [
-        "reference up",
-        *["reference repeat"] * 3,
-        "reference down",
-        "candidate up",
-        *["candidate repeat"] * 3,
-        "candidate down",
-    ]
+    assert events == ["reference up", *["reference repeat"] * 3, "reference down", "candidate up", *["candidate repeat"] * 3, "candidate down"]
     verdicts = {j.metric: j.verdict for j in pair.judgements}
     assert verdicts["output_throughput"] == "regression" and pair.reference.metrics["output_throughput"] == 5_000.0
 

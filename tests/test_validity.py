@@ -64,10 +64,7 @@ def test_the_suites_limits_decide() -> None:
 
 
 def contended(**changes: object) -> dict[str, object]:
-    loss = {
-        "reason": "cpu-contention",
-        "detail": "server core 0 was shared with other busy processes for 60% of the steady state",
-    }
+    loss = {"reason": "cpu-contention", "detail": "server core 0 was shared with other busy processes for 60% of the steady state"}
     return make_run(**changes, extra={"conditions": [loss]})  # type: ignore[arg-type]
 
 
@@ -117,9 +114,7 @@ def gpu_conditions(monkeypatch: pytest.MonkeyPatch, gpu: FakeGpu, limits: Validi
         wait_until(lambda: gpu.polls >= 24)
     finally:
         telemetry.stop()
-    gpus_alone = TelemetrySummary(
-        window=None, gpu=telemetry.summary().gpu, cpu=None, server=None
-    )  # this machine's cores are not under test
+    gpus_alone = TelemetrySummary(window=None, gpu=telemetry.summary().gpu, cpu=None, server=None)  # this machine's cores are not under test
     return conditions(gpus_alone, limits)
 
 
@@ -150,9 +145,7 @@ def test_clock_events_within_the_suites_share_are_tolerated(monkeypatch: pytest.
     gpu = FakeGpu(UUIDS[0], clock_events=[0, 0, 0, HW_THERMAL] * 10)  # a thermal slowdown in a quarter of the samples
     assert [loss.reason for loss in gpu_conditions(monkeypatch, gpu, ValidityLimits(clock_event_share=0.5))] == []
     gpu = FakeGpu(UUIDS[0], clock_events=[0, 0, 0, HW_THERMAL] * 10)
-    assert [loss.reason for loss in gpu_conditions(monkeypatch, gpu, ValidityLimits(clock_event_share=0.1))] == [
-        "gpu-clock-events"
-    ]
+    assert [loss.reason for loss in gpu_conditions(monkeypatch, gpu, ValidityLimits(clock_event_share=0.1))] == ["gpu-clock-events"]
 
 
 def test_a_gpu_at_its_own_power_limit_is_not_held_back(monkeypatch: pytest.MonkeyPatch) -> None:

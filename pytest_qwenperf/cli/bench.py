@@ -80,11 +80,7 @@ ERRORS: tuple[type[Exception], ...] = (BenchError, HistoryError)
 def add_arguments(parser: argparse.ArgumentParser) -> None:
     target = parser.add_argument_group("target")
     target.add_argument(
-        "--endpoint",
-        type=endpoint_url,
-        action="append",
-        required=True,
-        help="server base URL; repeatable (round-robin per request)",
+        "--endpoint", type=endpoint_url, action="append", required=True, help="server base URL; repeatable (round-robin per request)"
     )
     target.add_argument("--model", help="model name to request (default: the one the endpoints serve)")
     target.add_argument("--tokenizer", help="folder or hub name of the tokenizer (default: the folder the server loaded)")
@@ -98,9 +94,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     work = parser.add_argument_group("workload")
     work.add_argument("--dataset-name", default="random", choices=sorted(KINDS), help="default: %(default)s")
     work.add_argument("--dataset-path", help="JSON-lines file of prompts or conversations (--dataset-name jsonl)")
-    work.add_argument(
-        "--input-len", "--random-input-len", type=_AT_LEAST_1, default=1024, help="prompt tokens (default %(default)s)"
-    )
+    work.add_argument("--input-len", "--random-input-len", type=_AT_LEAST_1, default=1024, help="prompt tokens (default %(default)s)")
     work.add_argument(
         "--output-len",
         "--random-output-len",
@@ -117,9 +111,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     work.add_argument("--seed", type=int, default=0)
 
     load = parser.add_argument_group("load")
-    load.add_argument(
-        "--max-concurrency", type=_AT_LEAST_1, help="requests in flight at most (closed loop without --request-rate)"
-    )
+    load.add_argument("--max-concurrency", type=_AT_LEAST_1, help="requests in flight at most (closed loop without --request-rate)")
     load.add_argument("--request-rate", type=positive_rate, help="open loop: requests per second (default: closed loop)")
     load.add_argument("--burstiness", type=float, default=1.0, help="open loop: gamma shape; 1 is Poisson (default)")
     load.add_argument("--constant-rate", action="store_true", help="open loop: exactly 1/rate between requests")
@@ -162,12 +154,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         "started with vLLM's --profiler-config, in dev mode, on this host) and measure nothing of it: the traces go beside "
         "--json (<stem>.profiles/), the top operators by self time into the result",
     )
-    out.add_argument(
-        "--progress",
-        choices=("auto", "on", "off"),
-        default="auto",
-        help="progress bar (auto: when stderr is a terminal and not in CI)",
-    )
+    out.add_argument("--progress", choices=("auto", "on", "off"), default="auto", help="progress bar (auto: when stderr is a terminal and not in CI)")
     out.add_argument(
         "--max-failed-fraction",
         type=fraction,
@@ -256,7 +243,7 @@ def _check_profilers(plan: BenchPlan) -> None:
     if silent:
         raise BenchError(
             f"--profile: {', '.join(silent)} name no profiler folder in GET /server_info: start vLLM with VLLM_SERVER_DEV_MODE=1 and "
-            '--profiler-config \'{"profiler": "torch", "torch_profiler_dir": "/abs/dir"}\' (VLLM_TORCH_PROFILER_DIR before vLLM 0.32)'
+            "--profiler-config '{\"profiler\": \"torch\", \"torch_profiler_dir\": \"/abs/dir\"}' (VLLM_TORCH_PROFILER_DIR before vLLM 0.32)"
         )
 
 
@@ -270,9 +257,7 @@ def _profile(plan: BenchPlan, json_path: Path | None) -> OperatorProfile:
 
     folder = json_path.with_name(f"{json_path.stem}.profiles") if json_path is not None else None
     try:
-        return capture(
-            target.base_urls, drive, folder, relative_to=json_path.parent if json_path else None, api_key=plan.options.api_key
-        )
+        return capture(target.base_urls, drive, folder, relative_to=json_path.parent if json_path else None, api_key=plan.options.api_key)
     except ProfilingFailed as exc:
         raise BenchError(f"--profile: {exc}") from None
 
@@ -296,9 +281,7 @@ def _exit_status(seen: Observation, max_failed_fraction: float, err: TextIO) -> 
 
 def plan_from_args(args: argparse.Namespace) -> BenchPlan:
     if args.ray is not None and args.client_cpus:
-        raise BenchError(
-            "--client-cpus pins a client on this machine; with --ray the workers run on the cluster's nodes, one CPU each"
-        )
+        raise BenchError("--client-cpus pins a client on this machine; with --ray the workers run on the cluster's nodes, one CPU each")
     try:
         api_key = resolve_api_key(args.api_key, os.environ)
     except ApiKeyError as exc:
@@ -342,9 +325,7 @@ def _servers(endpoints: Sequence[str], model: str | None, api_key: ApiKey | None
         raise BenchError("; ".join(f"endpoint {url} is not ready: {reason}" for url, reason in unreachable))
     servers = tuple(describe(url, model, api_key=api_key) for url in endpoints)
     if len({s.model for s in servers}) > 1:
-        raise BenchError(
-            "the endpoints serve different models: " + ", ".join(f"{s.base_url}: {s.model}" for s in servers) + "; pass --model"
-        )
+        raise BenchError("the endpoints serve different models: " + ", ".join(f"{s.base_url}: {s.model}" for s in servers) + "; pass --model")
     return servers
 
 
@@ -436,3 +417,5 @@ def _check_first_request(plan: BenchPlan) -> None:
         status = f"HTTP {record.status}" if record.status is not None else "no response"
         detail = record.error or f"{record.completion_tokens} of {record.expected_output_tokens} output tokens"
         raise BenchError(f"the first request to {plan.servers[0].base_url} failed ({status}): {detail}")
+
+

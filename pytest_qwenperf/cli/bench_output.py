@@ -28,9 +28,7 @@ def print_summary(result: BenchResult, out: TextIO) -> None:
         ("Total token throughput (tok/s)", "total_token_throughput", "{:.2f}"),
     ]
     for family, title in (("ttft", "TTFT"), ("tpot", "TPOT"), ("itl", "ITL"), ("e2el", "E2E latency")):
-        rows += [
-            (f"{stat.capitalize()} {title} (ms)", f"{stat}_{family}_ms", "{:.2f}") for stat in ("mean", "median", "p90", "p99")
-        ]
+        rows += [(f"{stat.capitalize()} {title} (ms)", f"{stat}_{family}_ms", "{:.2f}") for stat in ("mean", "median", "p90", "p99")]
     for label, key, fmt in rows:
         if key in metrics and metrics[key] is not None:
             print(f"{label:<40}{fmt.format(metrics[key]):>14}", file=out)

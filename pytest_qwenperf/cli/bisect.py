@@ -251,9 +251,7 @@ class Stepper:
         folder = self.args.log_dir / _folder_name(index, version.label)
         launcher = self.envs.launcher(version, folder / "install.log")
         boots = BootMeter(_progress_line, PROGRESS_EVERY_S, side=version.label)
-        return ServerPool(
-            PoolSettings(log_dir=folder, launcher=launcher, boot_timeout_s=self.args.boot_timeout, boot_progress=boots)
-        )
+        return ServerPool(PoolSettings(log_dir=folder, launcher=launcher, boot_timeout_s=self.args.boot_timeout, boot_progress=boots))
 
     def __call__(self, label: str) -> Step:
         index, version = self.by_label[label]

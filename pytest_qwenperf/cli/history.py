@@ -31,19 +31,13 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--config", help="only this config (its id, or suite/id)")
     parser.add_argument("--workload", help="only this workload")
     parser.add_argument("--metric", action="append", metavar="NAME", help="only these metrics (repeatable)")
-    parser.add_argument(
-        "--fail-on",
-        choices=("change",),
-        help="exit 1 while a series' level is worse than its last good level (a confirmed step for the worse not recovered from)",
-    )
+    parser.add_argument("--fail-on", choices=("change",), help="exit 1 while a series' level is worse than its last good level (a confirmed step for the worse not recovered from)")
     parser.add_argument("--max-pvalue", type=float, help="keep changes whose t-test p-value is below this (default 0.001)")
     parser.add_argument("--min-change", type=float, help="keep changes of the level by at least this fraction (default 0.03)")
     output = parser.add_mutually_exclusive_group()
     output.add_argument("--markdown", action="store_true", help="GitHub-flavoured markdown (for $GITHUB_STEP_SUMMARY)")
     output.add_argument("--json", action="store_true", help="machine-readable output (schema qwenperf-history/1)")
-    parser.add_argument(
-        "--plot", type=Path, metavar="PNG", help="also draw the series with their change points (needs the plot extra)"
-    )
+    parser.add_argument("--plot", type=Path, metavar="PNG", help="also draw the series with their change points (needs the plot extra)")
 
 
 def run(args: argparse.Namespace) -> int:
@@ -89,10 +83,7 @@ def _show(args: argparse.Namespace) -> int:
     if not found:  # a filter's typo, or a store nothing was recorded in: nothing judged is no pass
         given = [("config", args.config), ("workload", args.workload), *(("metric", m) for m in args.metric or ())]
         filters = ", ".join(f"--{name} {value}" for name, value in given if value)
-        print(
-            f"qwenperf: history: no series in {store.where}" + (f" match {filters}" if filters else ": it holds no runs"),
-            file=sys.stderr,
-        )
+        print(f"qwenperf: history: no series in {store.where}" + (f" match {filters}" if filters else ": it holds no runs"), file=sys.stderr)
         return 2
     if args.plot:
         report.plot(found, args.plot)

@@ -39,9 +39,7 @@ def _module(command: str) -> ModuleType:
 
 def build_parser(argv: Sequence[str] = ()) -> argparse.ArgumentParser:
     """The parser, with the arguments of the subcommand ``argv`` names (of all, when it names none)."""
-    parser = argparse.ArgumentParser(
-        prog="qwenperf", description="Performance gates for vLLM upgrades and serving-config changes."
-    )
+    parser = argparse.ArgumentParser(prog="qwenperf", description="Performance gates for vLLM upgrades and serving-config changes.")
     commands = parser.add_subparsers(dest="command", required=True)
     named = next((arg for arg in argv if not arg.startswith("-")), None)
     for command in COMMANDS:

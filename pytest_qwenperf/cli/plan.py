@@ -75,14 +75,10 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     session.add_argument("--fail-over", type=positive_minutes, metavar="MINUTES", help="exit 1 when the worst case takes longer")
     target = parser.add_argument_group("client cores for a target load")
     rate = target.add_mutually_exclusive_group()
-    rate.add_argument(
-        "--output-throughput", type=positive_tokens_rate, metavar="TOK/S", help="the target: output tokens per second"
-    )
+    rate.add_argument("--output-throughput", type=positive_tokens_rate, metavar="TOK/S", help="the target: output tokens per second")
     rate.add_argument("--request-rate", type=positive_rate, metavar="REQ/S", help="the target: requests per second")
     target.add_argument("--output-len", type=whole_number(1), help="output tokens per request (a mean)")
-    target.add_argument(
-        "--tokens-per-chunk", type=tokens_per_chunk, help="tokens a streamed chunk carries (above 1 with MTP; default 1)"
-    )
+    target.add_argument("--tokens-per-chunk", type=tokens_per_chunk, help="tokens a streamed chunk carries (above 1 with MTP; default 1)")
     target.add_argument("--cores-per-node", type=whole_number(1), help="cores of one client machine: how many machines it takes")
 
 
@@ -92,9 +88,7 @@ def run(args: argparse.Namespace) -> int:
         return _session(args)
     _refuse(args, SESSION, "a suite's session (--suite)", "the client sizing")
     if args.output_throughput is None and args.request_rate is None:
-        raise PlanError(
-            "one of the arguments --output-throughput --request-rate is required (or --suite SUITE, to plan a suite's session)"
-        )
+        raise PlanError("one of the arguments --output-throughput --request-rate is required (or --suite SUITE, to plan a suite's session)")
     if args.output_len is None:
         raise PlanError("the argument --output-len is required with --output-throughput or --request-rate")
     rate = args.request_rate if args.request_rate is not None else args.output_throughput / args.output_len
@@ -128,9 +122,7 @@ def _held(found: SessionPlan, limit_min: float | None) -> int:
         return 0
     if found.untimed:
         names = ", ".join(f"{p.config}/{p.workload}" for p in found.untimed)
-        print(
-            f"qwenperf plan: cannot hold the session to --fail-over {limit_min:g} min: no figure times {names}", file=sys.stderr
-        )
+        print(f"qwenperf plan: cannot hold the session to --fail-over {limit_min:g} min: no figure times {names}", file=sys.stderr)
         return 1
     worst = f"{found.worst_s / 60:.1f} min"
     if found.worst_s > limit_min * 60:
@@ -157,10 +149,7 @@ def table(found: SessionPlan, history: str | None) -> list[str]:
     lines += [_row(point) for point in found.points]
     searches = [p for p in found.points if p.timing is not None and p.timing.probes is not None]
     if searches:
-        lines += [
-            "",
-            "searches (a repeat is one search; planned at the geometric middle of its loads, at worst its longest probe):",
-        ]
+        lines += ["", "searches (a repeat is one search; planned at the geometric middle of its loads, at worst its longest probe):"]
     for point in searches:
         assert point.timing is not None and point.timing.probes is not None
         probes = point.timing.probes

@@ -51,21 +51,11 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         "the manifest names the Secret and never holds the key (kubectl create secret generic NAME --from-literal=api-key=...)",
     )
     clients = parser.add_argument_group("clients on Ray (KubeRay)")
+    clients.add_argument("--clients", type=whole_number(1), metavar="N", help="client worker processes, one CPU each, on Ray worker pods")
+    clients.add_argument("--client-image", metavar="IMAGE", help="an image with Ray and pytest-qwenperf[ray] installed (needed with --clients)")
+    clients.add_argument("--client-pod-cpus", type=whole_number(1), default=8, help="CPUs of one client pod (default %(default)s)")
     clients.add_argument(
-        "--clients", type=whole_number(1), metavar="N", help="client worker processes, one CPU each, on Ray worker pods"
-    )
-    clients.add_argument(
-        "--client-image", metavar="IMAGE", help="an image with Ray and pytest-qwenperf[ray] installed (needed with --clients)"
-    )
-    clients.add_argument(
-        "--client-pod-cpus", type=whole_number(1), default=8, help="CPUs of one client pod (default %(default)s)"
-    )
-    clients.add_argument(
-        "--bench-args",
-        type=shlex.split,
-        default=[],
-        metavar="ARGS",
-        help="the load qwenperf bench sends, e.g. '--input-len 1024 --output-len 512'",
+        "--bench-args", type=shlex.split, default=[], metavar="ARGS", help="the load qwenperf bench sends, e.g. '--input-len 1024 --output-len 512'"
     )
 
 

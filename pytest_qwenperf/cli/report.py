@@ -24,17 +24,8 @@ ERRORS: tuple[type[Exception], ...] = (CompareError, ReportUnavailable, HistoryE
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
-    parser.add_argument(
-        "sessions", nargs="+", type=Path, metavar="SESSION", help="a results file, or a directory of them (repeats)"
-    )
-    parser.add_argument(
-        "-o",
-        "--output",
-        type=Path,
-        required=True,
-        metavar="HTML",
-        help="the report to write (an existing file is kept under a name of its own)",
-    )
+    parser.add_argument("sessions", nargs="+", type=Path, metavar="SESSION", help="a results file, or a directory of them (repeats)")
+    parser.add_argument("-o", "--output", type=Path, required=True, metavar="HTML", help="the report to write (an existing file is kept under a name of its own)")
     parser.add_argument("--title", default="", help="the report's title (default: the columns' labels)")
     parser.add_argument(
         "--history",

@@ -22,7 +22,9 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("path", type=Path, help="the new .jsonl file")
     for field in dataclasses.fields(SyntheticShape):
         default = field.default
-        parser.add_argument(f"--{field.name.replace('_', '-')}", type=type(default), default=default, help="default %(default)s")
+        parser.add_argument(
+            f"--{field.name.replace('_', '-')}", type=type(default), default=default, help="default %(default)s"
+        )
 
 
 def run(args: argparse.Namespace) -> int:

@@ -76,12 +76,8 @@ class CanaryFloor(schema.Shape, frozen=True):
     """The least agreement an answer must reach against its reference: a match rate of at least
     ``match_rate`` and, when ``logprob_drift`` is set, a mean log-prob drift of at most that."""
 
-    match_rate: Annotated[
-        float, msgspec.Meta(ge=0, le=1, description="a fraction between 0 and 1 (the least share of prompts)")
-    ] = 1.0
-    logprob_drift: (
-        Annotated[float, msgspec.Meta(ge=0, description="a number >= 0 (the most mean |difference| of log-probabilities)")] | None
-    ) = None
+    match_rate: Annotated[float, msgspec.Meta(ge=0, le=1, description="a fraction between 0 and 1 (the least share of prompts)")] = 1.0
+    logprob_drift: Annotated[float, msgspec.Meta(ge=0, description="a number >= 0 (the most mean |difference| of log-probabilities)")] | None = None
 
     def describe(self) -> str:
         """``match rate >= 0.5, drift <= 0.2``."""
@@ -125,9 +121,7 @@ class Canary(msgspec.Struct, frozen=True, kw_only=True):
 
 def definition_digest(prompts: Sequence[str], max_tokens: int) -> str:
     """What the canary asks (its prompts and length, greedy), as its identity's workload fingerprint."""
-    return hashlib.sha256(
-        json.dumps({"prompts": list(prompts), "max_tokens": max_tokens, "sampling": "greedy"}).encode()
-    ).hexdigest()
+    return hashlib.sha256(json.dumps({"prompts": list(prompts), "max_tokens": max_tokens, "sampling": "greedy"}).encode()).hexdigest()
 
 
 def fingerprint(outputs: Sequence[CanaryOutput]) -> str:
@@ -200,9 +194,7 @@ def _shown(text: str) -> str:
     return repr(text if len(text) <= 60 else text[:57] + "...")
 
 
-def judge_canary(
-    reference: Canary | None, answer: Canary, floor: CanaryFloor, *, absent: str = "no reference answer"
-) -> CanaryJudgement:
+def judge_canary(reference: Canary | None, answer: Canary, floor: CanaryFloor, *, absent: str = "no reference answer") -> CanaryJudgement:
     """``answer`` against ``reference``, an answer of the same config from another session.
 
     ``pass`` when the comparison is within ``floor``, else ``changed-output``, whose detail names

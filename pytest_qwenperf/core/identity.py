@@ -72,3 +72,5 @@ class Context(msgspec.Struct, frozen=True, kw_only=True):
     date: str | None = None  # ISO 8601
     git_commit: str | None = None  # this project's commit that measured it
     environment: Environment | None = None  # what ran the server (None: not recorded)
+
+

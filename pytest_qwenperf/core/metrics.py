@@ -117,12 +117,7 @@ _ENTRIES = (
     _server("spec_decode_acceptance_rate", "ratio", tolerance=0.10, floor=True, row="shown"),
     MetricInfo("tokens_per_joule", "tok/J", "higher", ("telemetry", "gpu", "tokens_per_joule"), tolerance=0.05, floor=True),
     MetricInfo(
-        "tokens_per_server_cpu_s",
-        "tok/CPU-s",
-        "higher",
-        ("telemetry", "cpu", "tokens_per_server_cpu_s"),
-        tolerance=0.05,
-        floor=True,
+        "tokens_per_server_cpu_s", "tok/CPU-s", "higher", ("telemetry", "cpu", "tokens_per_server_cpu_s"), tolerance=0.05, floor=True,
         row="shown",
     ),
     # A search workload's highest load meeting its SLO, the median of its searches' (one per repeat):

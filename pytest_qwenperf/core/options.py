@@ -18,9 +18,7 @@ def launcher_argv(value: str) -> tuple[str, ...]:
     try:
         argv = tuple(shlex.split(value))
     except ValueError as exc:  # an unclosed quote
-        raise argparse.ArgumentTypeError(
-            f"expected a command line that a POSIX shell could split, got {value!r}: {exc}"
-        ) from None
+        raise argparse.ArgumentTypeError(f"expected a command line that a POSIX shell could split, got {value!r}: {exc}") from None
     if not argv:
         raise argparse.ArgumentTypeError("expected a command such as 'vllm serve', got an empty string")
     return argv
@@ -148,6 +146,7 @@ def endpoint_url(value: str) -> str:
     if path.endswith("/v1"):
         raise argparse.ArgumentTypeError(f"give the server's base URL without /v1, got {shown}")
     return urllib.parse.urlunsplit((parsed.scheme, parsed.netloc, path, "", ""))
+
 
 
 def cpu_list(value: str) -> frozenset[int]:

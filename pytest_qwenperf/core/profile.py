@@ -140,9 +140,7 @@ def trace_events(path: Path) -> list[Mapping[str, Any]]:
         raise TraceError(f"{path}: cannot read the trace ({exc}); expected a Chrome trace JSON file (gzipped or not)") from None
     events = document.get("traceEvents") if isinstance(document, dict) else document
     if not isinstance(events, list):
-        raise TraceError(
-            f"{path}: no traceEvents list; expected a Chrome trace (an object with traceEvents, or a list of events)"
-        )
+        raise TraceError(f"{path}: no traceEvents list; expected a Chrome trace (an object with traceEvents, or a list of events)")
     return [e for e in events if isinstance(e, dict) and e.get("ph") == "X" and isinstance(e.get("dur"), int | float)]
 
 
@@ -200,7 +198,6 @@ def _table(found: Mapping[str, list[float]], top: int) -> OperatorTable:
     return OperatorTable(
         total_us=total,
         operators=tuple(
-            OperatorShare(name=name, self_us=us, share=us / total if total else 0.0, count=int(count))
-            for name, (us, count) in ranked
+            OperatorShare(name=name, self_us=us, share=us / total if total else 0.0, count=int(count)) for name, (us, count) in ranked
         ),
     )

@@ -233,9 +233,7 @@ class TraceReplay(msgspec.Struct, frozen=True, kw_only=True):
     (``p50/p99_scheduling_lag_ms``; a replay that fell behind is ``client-bound``) and prompt lengths
     other than the trace's are a condition (``prompt-lengths``)."""
 
-    cacheable_share: (
-        float  # of the trace's prompt tokens, in blocks an earlier request sent: against ``server.prefix_cache_hit_rate``
-    )
+    cacheable_share: float  # of the trace's prompt tokens, in blocks an earlier request sent: against ``server.prefix_cache_hit_rate``
     time_scale: float | None = None  # the replay's; None: sent by a loop, not at the traced times
 
     def describe(self, run: Run) -> str:
@@ -313,27 +311,15 @@ class Run(msgspec.Struct, frozen=True, kw_only=True):
     must_match: tuple[str, ...] = ()  # the suite's: environment fields a comparison needs equal (``core.environment``)
     baseline_max_age_days: int | None = None  # the suite's: a stored baseline older than this is named stale
     conditions: tuple[Loss, ...] = ()  # what was wrong with the device while it ran (``core.validity``)
-    reference: str | None = (
-        None  # what its verdicts were judged against ("stored baseline", "history: 5 runs, ..."); None: nothing
-    )
+    reference: str | None = None  # what its verdicts were judged against ("stored baseline", "history: 5 runs, ..."); None: nothing
     declines: tuple[Decline, ...] = ()  # gated metrics the history shows worse than their last good level (no boiling frog)
-    runner_noise: dict[str, SessionSpread] = msgspec.field(
-        default_factory=dict
-    )  # gated metric -> how far this runner's sessions differ, from its history
-    sessions: dict[str, tuple[int, ...]] | None = (
-        None  # gated metric -> how many of its samples each pooled session measured; None: one session
-    )
+    runner_noise: dict[str, SessionSpread] = msgspec.field(default_factory=dict)  # gated metric -> how far this runner's sessions differ, from its history
+    sessions: dict[str, tuple[int, ...]] | None = None  # gated metric -> how many of its samples each pooled session measured; None: one session
     trace: TraceReplay | None = None  # set when the workload is a trace
-    capacity: tuple[
-        CapacitySearch, ...
-    ] = ()  # a search workload's: one search per repeat; ``metrics`` are then its chosen probe's
+    capacity: tuple[CapacitySearch, ...] = ()  # a search workload's: one search per repeat; ``metrics`` are then its chosen probe's
     timeline: Timeline | None = None  # the run over time (``core.timeline``); None: not kept
-    distributions: dict[str, tuple[float, ...]] = msgspec.field(
-        default_factory=dict
-    )  # latency -> its percentiles 0..100 (``core.summary.latency_quantiles``)
-    profile: OperatorProfile | None = (
-        None  # operators by self time in one extra, unmeasured repeat (``core.profile``); None: not profiled
-    )
+    distributions: dict[str, tuple[float, ...]] = msgspec.field(default_factory=dict)  # latency -> its percentiles 0..100 (``core.summary.latency_quantiles``)
+    profile: OperatorProfile | None = None  # operators by self time in one extra, unmeasured repeat (``core.profile``); None: not profiled
 
     @property
     def config_key(self) -> str:
@@ -442,9 +428,7 @@ def pooled(parts: Sequence[Run], chosen: Run, unit: str) -> Run:
     names = {name for part, found in zip(parts, gated, strict=True) for name in (*found, *part.lost_values())}
     samples = {name: tuple(s for found in gated for s in found.get(name, (None,))) for name in names}
     sessions = {
-        name: tuple(
-            n for part, found in zip(parts, gated, strict=True) for n in part.sessions_of(name, len(found.get(name, (None,))))
-        )
+        name: tuple(n for part, found in zip(parts, gated, strict=True) for n in part.sessions_of(name, len(found.get(name, (None,)))))
         for name in names
     }
     return msgspec.structs.replace(combined(parts, chosen, samples, unit), sessions=sessions)
@@ -514,9 +498,7 @@ def _check(run: Run) -> str | None:
         return _fault("metrics.failed", "a finite, non-negative number", failed)
     for name, values in (run.samples or {}).items():
         info = find(name)
-        checked = name == "failed" or (
-            info is not None and info.gated and all(v is not None and math.isfinite(v) for v in values)
-        )
+        checked = name == "failed" or (info is not None and info.gated and all(v is not None and math.isfinite(v) for v in values))
         if not checked:
             continue
         if not values:

@@ -168,9 +168,7 @@ def _unwrap(hint: Any) -> tuple[Any, str | None]:
         arms = [a for a in args if a is not type(None)]
         if origin is Annotated:
             hint = args[0]
-            description = description or next(
-                (m.description for m in args[1:] if isinstance(m, msgspec.Meta) and m.description), None
-            )
+            description = description or next((m.description for m in args[1:] if isinstance(m, msgspec.Meta) and m.description), None)
         elif origin in (typing.Union, types.UnionType) and len(arms) == 1:
             hint = arms[0]
         else:

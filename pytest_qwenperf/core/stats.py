@@ -37,6 +37,8 @@ def centre_interval(samples: Sequence[float], confidence: float = 0.95) -> tuple
     return (math.exp(low), math.exp(high)) if positive else (low, high)
 
 
+
+
 def _incomplete_beta(a: float, b: float, x: float) -> float:
     """Regularized incomplete beta I_x(a, b), by its continued fraction (modified Lentz)."""
     if x <= 0:
@@ -88,3 +90,5 @@ def t_quantile(p: float, df: float) -> float:
         if hi - lo <= 1e-12 * hi:
             break
     return (lo + hi) / 2
+
+

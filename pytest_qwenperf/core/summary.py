@@ -459,7 +459,9 @@ def client_bound_reason(
     if requested_rate is not None and math.isfinite(requested_rate) and len(run) >= 2:
         achieved = _send_rate(run)
         if achieved < _MIN_SEND_RATIO * requested_rate:
-            reasons.append(f"sent {achieved:.3g} req/s, below {_MIN_SEND_RATIO:.0%} of the requested {requested_rate:.3g} req/s")
+            reasons.append(
+                f"sent {achieved:.3g} req/s, below {_MIN_SEND_RATIO:.0%} of the requested {requested_rate:.3g} req/s"
+            )
     if run:
         lag_p99 = float(np.percentile([r.scheduling_lag for r in run], 99))
         if lag_p99 > lag_p99_limit_s:

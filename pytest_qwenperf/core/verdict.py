@@ -136,9 +136,7 @@ class Judgement:
     reason: str = ""  # an invalid verdict's short why ("failed-requests", "client-bound (reference)")
     mde: float | None = None  # minimum detectable effect, a fraction of the baseline; None: no spread to know it
     confidence: float = DEFAULT_CONFIDENCE  # of the interval the verdict was decided on
-    environment: tuple[
-        str, ...
-    ] = ()  # how the run's environment differs from the baseline's where the suite allows it: shown, not judged
+    environment: tuple[str, ...] = ()  # how the run's environment differs from the baseline's where the suite allows it: shown, not judged
     reference: str = ""  # what it was judged against: "stored baseline", "history: 5 runs, ..." ("": nothing)
     between: float | None = None  # how far sessions differ (SD of their means, both sides' pooled or the runner's); None: unknown
     interval: tuple[float, float] | None = None  # the ratio's interval at ``confidence``; None: no spread to build one
@@ -198,9 +196,7 @@ class _Interval:
     half: float | None  # half-width on the log scale; None: no spread to build an interval from
     how: str  # how it was obtained, for the detail
     between: float | None = None  # how far sessions differ (SD of their means, a fraction); None: unknown
-    floor: float | None = (
-        None  # the half-width no repeat of the run narrows (the baseline's own spread, how far sessions differ); None: none known
-    )
+    floor: float | None = None  # the half-width no repeat of the run narrows (the baseline's own spread, how far sessions differ); None: none known
 
 
 class SessionSpread(msgspec.Struct, frozen=True, kw_only=True):
@@ -379,20 +375,8 @@ def judge(
 
     def verdict(result: Verdict, detail: str, ratio: float | None, mde: float | None = None) -> Judgement:
         return Judgement(
-            metric,
-            unit,
-            direction,
-            base,
-            now,
-            ratio,
-            tolerance,
-            result,
-            detail,
-            mde=mde,
-            confidence=confidence,
-            between=between,
-            interval=bounds,
-            settles_with_repeats=settles,
+            metric, unit, direction, base, now, ratio, tolerance, result, detail,
+            mde=mde, confidence=confidence, between=between, interval=bounds, settles_with_repeats=settles,
         )
 
     if base == 0:

@@ -165,9 +165,7 @@ def _checked(metrics: Mapping[str, StoredMetric], field: str) -> dict[str, Store
     for name, stored in metrics.items():
         expected = centre(stored.samples)
         if not math.isclose(stored.value, expected, rel_tol=1e-9, abs_tol=1e-12):
-            raise BaselineError(
-                f"{field}.{name}.value: expected the centre of its samples ({expected!r}), got {show(stored.value)}"
-            )
+            raise BaselineError(f"{field}.{name}.value: expected the centre of its samples ({expected!r}), got {show(stored.value)}")
         if not stored.tolerance < 1:
             raise BaselineError(f"{field}.{name}.tolerance: expected a fraction in [0, 1), got {show(stored.tolerance)}")
         if stored.sessions is not None and sum(stored.sessions) != len(stored.samples):
@@ -335,10 +333,7 @@ def replace_baseline(root: Path, new: Baseline, *, replace_published: bool = Fal
                 f"{path}: not updated: it holds published figures (provenance {previous.provenance.kind!r}), "
                 "which a measured run replaces only when asked to"
             )
-        history = (
-            *previous.history,
-            HistoryEntry(context=previous.context, metrics=previous.metrics, provenance=previous.provenance),
-        )
+        history = (*previous.history, HistoryEntry(context=previous.context, metrics=previous.metrics, provenance=previous.provenance))
         metrics = {
             name: msgspec.structs.replace(m, tolerance=previous.metrics[name].tolerance) if name in previous.metrics else m
             for name, m in new.metrics.items()

@@ -107,9 +107,7 @@ def write_canary(root: Path, answer: Canary, *, git_commit: str | None = None) -
         replaced = CanaryEntry(context=previous.answer.context, fingerprint=previous.answer.fingerprint)
         history = (*previous.history, replaced)
     stored = StoredCanary(
-        answer=msgspec.structs.replace(
-            answer, context=msgspec.structs.replace(answer.context, git_commit=git_commit or project_commit())
-        ),
+        answer=msgspec.structs.replace(answer, context=msgspec.structs.replace(answer.context, git_commit=git_commit or project_commit())),
         history=history,
     )
     path.parent.mkdir(parents=True, exist_ok=True)

@@ -107,9 +107,7 @@ class RunSet:
     results: tuple[Result, ...] = ()  # every run as read, unpooled, with its file (the Pareto view's points)
     verdicts: Mapping[RunKey, tuple[Judgement, ...]] = dataclasses.field(default_factory=dict)  # as its one session decided them
     diagnoses: Mapping[RunKey, Diagnosis] = dataclasses.field(default_factory=dict)  # why a run regressed, as its session decided
-    canary_verdicts: Mapping[str, CanaryJudgement] = dataclasses.field(
-        default_factory=dict
-    )  # by config key, as its one session judged
+    canary_verdicts: Mapping[str, CanaryJudgement] = dataclasses.field(default_factory=dict)  # by config key, as its one session judged
 
 
 # ------------------------------------------------------------------ reading
@@ -131,9 +129,7 @@ def _pooled(path: Path, key: RunKey, results: list[Result]) -> Run:
             files = f" in {origin.file.name} and {where.file.name}" if origin.file != where.file else ""
             subject = f"runs of {'/'.join(key[:2])} on {key[2]}{files}"
         if differences:
-            raise CompareError(
-                f"{path}: {subject}: expected repeats of one setup, but they differ (" + "; ".join(differences) + ")"
-            )
+            raise CompareError(f"{path}: {subject}: expected repeats of one setup, but they differ (" + "; ".join(differences) + ")")
     by_file: dict[Path, list[Run]] = {}
     for run, where in distinct:
         by_file.setdefault(where.file, []).append(run)
@@ -195,9 +191,7 @@ class Group:
     rows: tuple[Row, ...]
     throughput: tuple[float | None, ...]  # total tok/s per file, for the plot whatever the rows
     setups: tuple[Setup | None, ...] = ()  # per file, where bench results are in the group
-    diagnoses: tuple[
-        Diagnosis | None, ...
-    ] = ()  # per file after the first: why it changed; None: no regression or changed output
+    diagnoses: tuple[Diagnosis | None, ...] = ()  # per file after the first: why it changed; None: no regression or changed output
     profiles: tuple[OperatorProfile | None, ...] = ()  # per file: its run's operator profile (``--qwenperf-profile``); None: none
 
     @property
@@ -331,9 +325,7 @@ def compare(sets: Sequence[RunSet], metrics: Sequence[str] = ()) -> Comparison:
     return Comparison(_unique_labels(sets), tuple(groups), tuple(s.path for s in sets), canaries)
 
 
-def _diagnoses(
-    key: RunKey, runs: Sequence[Run | None], rows: Sequence[Row], canaries: Sequence[CanaryRow]
-) -> tuple[Diagnosis | None, ...]:
+def _diagnoses(key: RunKey, runs: Sequence[Run | None], rows: Sequence[Row], canaries: Sequence[CanaryRow]) -> tuple[Diagnosis | None, ...]:
     """Per file after the first, why its run of ``key`` changed (:func:`~pytest_qwenperf.gate.diagnosis.diagnose`)
     where the group's verdicts in it include a regression or its config's canary answer changed; None elsewhere."""
     config = f"{key[0]}/{key[1]}"
@@ -364,10 +356,7 @@ def _canary_judgement(reference: RunSet, run_set: RunSet, config: str) -> Canary
         if first is None:
             return None
         return CanaryJudgement(
-            config=config,
-            verdict="missing",
-            detail=f"{run_set.path.name} has no canary answer of {config}; the reference has one",
-            floor=first.floor,
+            config=config, verdict="missing", detail=f"{run_set.path.name} has no canary answer of {config}; the reference has one", floor=first.floor
         )
     floor = first.floor if first is not None else answers[0].floor
     absent = f"{reference.path.name} has no canary answer of {config}"

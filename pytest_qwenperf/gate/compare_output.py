@@ -29,7 +29,6 @@ SCHEMA = "qwenperf-compare/1"
 _ON_THE_NUMBERS: tuple[Verdict, ...] = ("pass", "regression", "improvement", "noisy", "underpowered")
 """Verdicts decided on the numbers: theirs is the MDE a cell shows (an invalid run's spread is no power)."""
 
-
 def _delta(row: Row, index: int) -> str:
     judgement = row.judgements[index - 1]
     if judgement is not None:
@@ -171,9 +170,7 @@ def as_json(comparison: Comparison, pareto: Sequence[ParetoPoint] | None = None)
     def judgement(label: str, j: Judgement | None) -> dict[str, object] | None:
         if j is None:
             return None
-        numbers = {key: getattr(j, key) for key in ("baseline", "now", "ratio", "tolerance", "direction", "between")} | {
-            "mde": _mde(j)
-        }
+        numbers = {key: getattr(j, key) for key in ("baseline", "now", "ratio", "tolerance", "direction", "between")} | {"mde": _mde(j)}
         numbers["interval"] = None if j.interval is None else list(j.interval)
         return {"file": label, "verdict": j.verdict, "reason": j.reason or None, "detail": j.detail} | numbers
 
@@ -198,10 +195,7 @@ def as_json(comparison: Comparison, pareto: Sequence[ParetoPoint] | None = None)
             for group in comparison.groups
         ],
         "canaries": [
-            {
-                "config": row.config,
-                "judgements": [_canary_json(label, j) for label, j in zip(labels[1:], row.judgements, strict=True)],
-            }
+            {"config": row.config, "judgements": [_canary_json(label, j) for label, j in zip(labels[1:], row.judgements, strict=True)]}
             for row in comparison.canaries
         ],
         "verdicts": dict(sorted(comparison.verdicts().items())),

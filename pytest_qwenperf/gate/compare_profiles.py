@@ -27,10 +27,7 @@ def render_profiles(profiles: Sequence[OperatorProfile | None], labels: Sequence
     if not shown:
         return []
     lines: list[str] = []
-    for side, what, of in (
-        ("cpu", "host operators by self time", "host self time"),
-        ("gpu", "device kernels by time", "device time"),
-    ):
+    for side, what, of in (("cpu", "host operators by self time", "host self time"), ("gpu", "device kernels by time", "device time")):
         tables = [(label, table) for label, profile in shown if (table := _side(profile, side)) is not None]
         if not tables:
             continue
@@ -56,15 +53,11 @@ def profiles_json(profiles: Sequence[OperatorProfile | None], labels: Sequence[s
     ``change``, counting an unlisted share as 0)."""
     reference = profiles[0].cpu if profiles and profiles[0] is not None else None
     changes = [
-        None
-        if reference is None or profile is None
-        else [dataclasses.asdict(c) | {"change": c.change} for c in share_changes(reference, profile.cpu, SHOWN)]
+        None if reference is None or profile is None else [dataclasses.asdict(c) | {"change": c.change} for c in share_changes(reference, profile.cpu, SHOWN)]
         for profile in profiles[1:]
     ]
     return {
-        "profiles": [
-            None if p is None else {"file": label} | msgspec.to_builtins(p) for label, p in zip(labels, profiles, strict=True)
-        ],
+        "profiles": [None if p is None else {"file": label} | msgspec.to_builtins(p) for label, p in zip(labels, profiles, strict=True)],
         "profile_changes": changes,
     }
 

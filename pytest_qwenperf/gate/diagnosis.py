@@ -386,11 +386,7 @@ def _judged(
     low, high = j.ratio * math.exp(-half), j.ratio * math.exp(half)
     sessions = "" if j.between is None else f", sessions differing by SD {j.between:.1%}"
     interval = f"{j.confidence:.0%} interval ×{low:.3f}–×{high:.3f} over {len(before)} vs {len(after)} repeats{sessions}"
-    noise = (
-        f"{size:.1f} times its noise"
-        if half > 0
-        else f"{size:.1f} times the least move of {REPEATS_MOVE:.0%} (repeats without spread)"
-    )
+    noise = f"{size:.1f} times its noise" if half > 0 else f"{size:.1f} times the least move of {REPEATS_MOVE:.0%} (repeats without spread)"
     shown = _outcome(quantity, beyond, big_enough, noise, f"within its noise or {REPEATS_MOVE:.0%}")
     figures = (*_sides(j.baseline, j.now, quantity.unit), Figure("ratio", j.ratio), Figure("mde", j.mde, "fraction"), *counts)
     return _Move(quantity, j.baseline, j.now, beyond and big_enough, size, f"{shown} ({interval})", figures)
@@ -444,8 +440,6 @@ def _latency_shape(reference: Evidence, run: Evidence) -> list[Cause]:
         return []
     text = f"{_PHASES[ttft.moved, tpot.moved]}: {ttft.text()}; {tpot.text()}"
     figures = tuple(
-        Figure(f"{move.quantity.name} {figure.name}", figure.value, figure.unit)
-        for move in (ttft, tpot)
-        for figure in move.figures
+        Figure(f"{move.quantity.name} {figure.name}", figure.value, figure.unit) for move in (ttft, tpot) for figure in move.figures
     )
     return [Cause(kind="latency-shape", subject="latency", text=text, figures=figures)]

@@ -178,11 +178,7 @@ class _Postgres:
             raise HistoryError(f"{_redacted(url)}: cannot open the history store: {exc}") from None
 
     def has_table(self, name: str) -> bool:
-        return bool(
-            self.execute(
-                "SELECT 1 FROM information_schema.tables WHERE table_schema = current_schema() AND table_name = ?", (name,)
-            )
-        )
+        return bool(self.execute("SELECT 1 FROM information_schema.tables WHERE table_schema = current_schema() AND table_name = ?", (name,)))
 
     def execute(self, sql: str, params: Sequence[Any] = ()) -> list[tuple[Any, ...]]:
         cursor = self._conn.execute(sql.replace("?", "%s"), params)

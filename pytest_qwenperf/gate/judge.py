@@ -184,9 +184,7 @@ def staleness(baseline: Baseline, run: Run) -> str | None:
     recorded, measured = day_of(baseline.context.date), day_of(run.context.started)
     limit = run.baseline_max_age_days
     if recorded and measured and limit is not None and (measured - recorded).days > limit:
-        found.append(
-            f"recorded {recorded.isoformat()}, {(measured - recorded).days} days before this run (the suite allows {limit})"
-        )
+        found.append(f"recorded {recorded.isoformat()}, {(measured - recorded).days} days before this run (the suite allows {limit})")
     then, now = _release(baseline.context.vllm_version), _release(run.context.vllm_version)
     if then and now and then != now:
         found.append(f"recorded with vLLM {then}, this run has {now}")
@@ -243,10 +241,7 @@ def judge_against_run(reference: Run, run: Run, *, confidence: float = DEFAULT_C
     for j in judgements:
         own = [Loss(reason=j.reason, detail=j.detail)] if j.verdict == "invalid" else []
         if j.verdict == "no-baseline" and j.metric in reference_lost and comparable:
-            lost = Loss(
-                reason=f"{NO_VALUE} (reference)",
-                detail=f"the reference has no value for it ({reference_lost[j.metric]}); the run has one",
-            )
+            lost = Loss(reason=f"{NO_VALUE} (reference)", detail=f"the reference has no value for it ({reference_lost[j.metric]}); the run has one")
             judged.append(_invalid(j, [*found, lost]))
         elif found and j.verdict != "no-baseline":
             judged.append(_invalid(j, [*own, *found]))
@@ -258,10 +253,7 @@ def judge_against_run(reference: Run, run: Run, *, confidence: float = DEFAULT_C
 def _wider(reference: Run, run: Run) -> dict[str, SessionSpread]:
     """Per metric, the wider of the two runs' :attr:`~pytest_qwenperf.core.run.Run.runner_noise`."""
     names = reference.runner_noise.keys() | run.runner_noise.keys()
-    return {
-        name: max((s for s in (reference.runner_noise.get(name), run.runner_noise.get(name)) if s), key=lambda s: s.log_sd)
-        for name in names
-    }
+    return {name: max((s for s in (reference.runner_noise.get(name), run.runner_noise.get(name)) if s), key=lambda s: s.log_sd) for name in names}
 
 
 def render_judgements(judgements: Sequence[Judgement], *, markdown: bool = False) -> str:
@@ -275,3 +267,4 @@ def render_judgements(judgements: Sequence[Judgement], *, markdown: bool = False
         lines.append("")
         lines += [f"- {note}" for note in notes] if markdown else notes
     return "\n".join(lines)
+

@@ -64,10 +64,7 @@ def points_of(sets: Sequence[RunSet], labels: Sequence[str]) -> tuple[ParetoPoin
     """Every measured point of every file of every column; ``labels`` one per column
     (:attr:`~pytest_qwenperf.gate.compare.Comparison.labels`)."""
     return tuple(
-        point
-        for run_set, label in zip(sets, labels, strict=True)
-        for result in run_set.results
-        for point in _measured(result, label)
+        point for run_set, label in zip(sets, labels, strict=True) for result in run_set.results for point in _measured(result, label)
     )
 
 
@@ -96,11 +93,7 @@ def _figures(run: Run, where: str) -> list[tuple[str, float, float]]:
     if tpots and outputs and len(tpots) == len(outputs):
         n = len(tpots)
         return [
-            (
-                f"repeat {i + 1} of {n}",
-                _positive(tpot, f"samples.{_TPOT}[{i}]", where),
-                _positive(out, f"samples.{_OUTPUT}[{i}]", where),
-            )
+            (f"repeat {i + 1} of {n}", _positive(tpot, f"samples.{_TPOT}[{i}]", where), _positive(out, f"samples.{_OUTPUT}[{i}]", where))
             for i, (tpot, out) in enumerate(zip(tpots, outputs, strict=True))
         ]
     tpot, output = (run.metrics.get(name, MISSING) for name in (_TPOT, _OUTPUT))

@@ -181,9 +181,7 @@ def differences(reference: Setup | None, run: Setup | None) -> tuple[str, ...]:
     if reference is None and run is None:
         return ()
     kinds = [SUITE_RUN if s is None else s.client for s in (reference, run)]
-    found = [
-        f"source: {kinds[0]!r} vs {kinds[1]!r} (a suite run is identified by its config's vLLM argv, a bench result by its options)"
-    ]
+    found = [f"source: {kinds[0]!r} vs {kinds[1]!r} (a suite run is identified by its config's vLLM argv, a bench result by its options)"]
     sampling = [GREEDY if s is None else s.sampling for s in (reference, run)]
     if sampling[0] != sampling[1] or None in sampling:
         found.append(f"sampling: {_shown('sampling', sampling[0])} vs {_shown('sampling', sampling[1])}")
@@ -257,9 +255,7 @@ def bench_run(data: object, where: str = "qwenperf bench") -> Run:
 def _files(path: Path, recursive: bool = False) -> list[Path]:
     if not path.is_dir():
         return [path]
-    files = sorted(
-        p for p in path.glob("**/*.json" if recursive else "*.json") if p.is_file() and not p.name.endswith(".pytorch.json")
-    )
+    files = sorted(p for p in path.glob("**/*.json" if recursive else "*.json") if p.is_file() and not p.name.endswith(".pytorch.json"))
     if not files:
         raise SourceError(f"{path}: a directory without a *.json file; expected a results file or a directory of them")
     return files

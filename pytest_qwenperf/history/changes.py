@@ -83,12 +83,7 @@ def levels(points: Sequence[SeriesPoint]) -> list[float]:
 
 
 def change_points(
-    points: Sequence[SeriesPoint],
-    name: str,
-    *,
-    max_pvalue: float = MAX_PVALUE,
-    min_change: float = MIN_CHANGE,
-    window: int = WINDOW,
+    points: Sequence[SeriesPoint], name: str, *, max_pvalue: float = MAX_PVALUE, min_change: float = MIN_CHANGE, window: int = WINDOW
 ) -> tuple[Change, ...]:
     """The changes Otava finds in the series of metric ``name``'s ``points`` (runs without a value are skipped).
 

@@ -126,13 +126,7 @@ def as_json(found: Sequence[Series]) -> dict[str, object]:
             {
                 "key": {name: getattr(s.key, name) for name in ("hardware", "model", "suite", "config", "workload", "metric")},
                 "points": [
-                    {
-                        "run_key": p.run_key,
-                        "started": p.started,
-                        "vllm_version": p.vllm_version,
-                        "values": list(p.values),
-                        "level": level,
-                    }
+                    {"run_key": p.run_key, "started": p.started, "vllm_version": p.vllm_version, "values": list(p.values), "level": level}
                     for p, level in zip(s.points, levels(s.points), strict=True)
                 ],
                 "changes": [

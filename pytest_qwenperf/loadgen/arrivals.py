@@ -183,9 +183,7 @@ class Replay:
     def offsets_of(self, times: Sequence[float | None]) -> list[float]:
         """Send times, in seconds from the start, of requests traced at ``times``."""
         if any(at is None for at in times):
-            raise ArrivalError(
-                "replay", "a workload whose requests carry their traced send times (kind 'trace')", "requests without them"
-            )
+            raise ArrivalError("replay", "a workload whose requests carry their traced send times (kind 'trace')", "requests without them")
         stamps = [at for at in times if at is not None]
         start = stamps[0] if stamps else 0.0
         return [(at - start) * self.time_scale for at in stamps]

@@ -62,10 +62,7 @@ Stop = Callable[[], bool]
 flight finish and count), as a capacity search stops a probe that is clearly over-saturated."""
 Job = tuple[int, RequestSpec]  # (position in the workload, request)
 Unit = tuple[Job, ...]  # what is sent as one: a request on its own, or a conversation's turns in order
-Send = Callable[
-    [int, RequestSpec, float | None], Awaitable[RequestRecord | None]
-]  # (routing position, request, due): None if not sent
-
+Send = Callable[[int, RequestSpec, float | None], Awaitable[RequestRecord | None]]  # (routing position, request, due): None if not sent
 
 @dataclass(frozen=True)
 class LoadOptions:

@@ -159,13 +159,7 @@ def run_load_on_ray(address: str, n_workers: int, whole: Assignment, *, progress
             progress(record)
     clocks = tuple(
         WorkerClock(
-            worker=k,
-            node=node,
-            address=ip,
-            pid=pid,
-            offset_s=line.before.offset,
-            drift_s=line.drift,
-            round_trip_s=line.before.round_trip,
+            worker=k, node=node, address=ip, pid=pid, offset_s=line.before.offset, drift_s=line.drift, round_trip_s=line.before.round_trip
         )
         for k, ((node, ip, pid), line) in enumerate(zip(places, lines, strict=True))
     )

@@ -227,9 +227,7 @@ def run_load_in_workers(
             except queue.Empty:
                 crashed = [proc for proc in procs if proc.exitcode not in (None, 0)]
                 if crashed:
-                    raise RuntimeError(
-                        f"load generator worker {crashed[0].name} died with exit code {crashed[0].exitcode}"
-                    ) from None
+                    raise RuntimeError(f"load generator worker {crashed[0].name} died with exit code {crashed[0].exitcode}") from None
                 continue
             if isinstance(message, RequestRecord):
                 records.append(message)

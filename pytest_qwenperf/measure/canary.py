@@ -94,9 +94,7 @@ def ask(
     """Send every prompt at once and return the answers in prompt order."""
 
     def send(prompt: str) -> CanaryOutput:
-        status, raw = http_post_json(
-            f"{base_url}/v1/completions", _body(model, prompt, max_tokens), timeout=timeout_s, api_key=api_key
-        )
+        status, raw = http_post_json(f"{base_url}/v1/completions", _body(model, prompt, max_tokens), timeout=timeout_s, api_key=api_key)
         return _output(prompt, status, raw)
 
     with ThreadPoolExecutor(max_workers=len(prompts)) as pool:

@@ -39,18 +39,14 @@ class Method:
 
     suite: str = ""  # the suite's name, which the run's identity carries
     plan: SequentialPlan = ONE_REPEAT
-    client: ClientSetup = field(
-        default_factory=ClientSetup
-    )  # where the load generator runs: its cores, its processes, a Ray cluster
+    client: ClientSetup = field(default_factory=ClientSetup)  # where the load generator runs: its cores, its processes, a Ray cluster
     api_key: ApiKey | None = None  # the key the servers require, sent with every request
     routes: tuple[Route, ...] | None = None  # replica counts and how to reach them; None: the server's own
     tolerances: Mapping[str, float] = field(default_factory=lambda: MappingProxyType({}))
     validity: ValidityLimits = ValidityLimits()
     must_match: tuple[str, ...] = ()
     baseline_max_age_days: int | None = None  # the suite's: a stored baseline older than this is named stale
-    profile: ProfileSetting | None = (
-        None  # where a point's operator profile goes (one extra, unmeasured repeat); None: not profiled
-    )
+    profile: ProfileSetting | None = None  # where a point's operator profile goes (one extra, unmeasured repeat); None: not profiled
 
     @classmethod
     def of(

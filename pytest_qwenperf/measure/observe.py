@@ -146,23 +146,11 @@ def observe(target: Target, load: Load, client: ClientSetup = ClientSetup(), wat
             result = run_load_on_ray(client.ray, client.workers, whole, progress=watching.progress)
         elif client.workers > 1:
             result = run_load_in_workers(
-                client.workers,
-                target.base_urls,
-                target.model,
-                load.requests,
-                load.arrival,
-                load.options,
-                progress=watching.progress,
+                client.workers, target.base_urls, target.model, load.requests, load.arrival, load.options, progress=watching.progress
             )
         else:
             result = run_load_sync(
-                target.base_urls,
-                target.model,
-                load.requests,
-                load.arrival,
-                load.options,
-                progress=watching.progress,
-                stop=watching.stop,
+                target.base_urls, target.model, load.requests, load.arrival, load.options, progress=watching.progress, stop=watching.stop
             )
         used = result.cpu_s if result.cpu_s is not None else _client_cpu_s() - cpu_start
         busy = used / max(time.perf_counter() - wall_start, 1e-9) / client.workers

@@ -55,12 +55,7 @@ class ProfileSetting:
 
 
 def capture(
-    base_urls: Sequence[str],
-    drive: Callable[[], object],
-    folder: Path | None,
-    *,
-    relative_to: Path | None = None,
-    api_key: ApiKey | None = None,
+    base_urls: Sequence[str], drive: Callable[[], object], folder: Path | None, *, relative_to: Path | None = None, api_key: ApiKey | None = None
 ) -> OperatorProfile:
     """The operator profile of ``drive()`` on the servers at ``base_urls`` (see the module's docstring).
     Their traces move into ``folder`` (None: they stay where the servers wrote them)."""
@@ -81,11 +76,7 @@ def capture(
         if failures:
             raise ProfilerLeftOn("; ".join(failures))
     found = [(i, path) for i, (url, where) in enumerate(writes.items()) for path in sorted(_files(where) - before[url])]
-    kept = (
-        [_move(path, folder, i if len(writes) > 1 else None) for i, path in found]
-        if folder is not None
-        else [p for _, p in found]
-    )
+    kept = [_move(path, folder, i if len(writes) > 1 else None) for i, path in found] if folder is not None else [p for _, p in found]
     traces = [path for path in kept if is_trace(path)]
     if not traces:
         raise ProfilingFailed(f"no trace appeared in {', '.join(str(w) for w in writes.values())} once /stop_profile returned")
@@ -101,7 +92,7 @@ def _trace_folder(url: str, api_key: ApiKey | None) -> Path:
     if where is None:
         raise ProfilingFailed(
             f"{url} does not say where its profiler writes (GET /server_info, served with VLLM_SERVER_DEV_MODE=1): start it with "
-            '--profiler-config \'{"profiler": "torch", "torch_profiler_dir": "/abs/dir"}\' (VLLM_TORCH_PROFILER_DIR before vLLM 0.32)'
+            "--profiler-config '{\"profiler\": \"torch\", \"torch_profiler_dir\": \"/abs/dir\"}' (VLLM_TORCH_PROFILER_DIR before vLLM 0.32)"
         )
     return Path(where)
 

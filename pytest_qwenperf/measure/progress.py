@@ -143,9 +143,7 @@ class Meter:
         took = now - self._repeat_at
         rate = f", {self._repeat_tokens / took:,.0f} out tok/s" if took > 0 else ""
         self._shown_at = now
-        self._show(
-            f"qwenperf {self._point}: {self._repeat} done, {self._repeat_requests:,} requests{rate}, {format_duration(took)}"
-        )
+        self._show(f"qwenperf {self._point}: {self._repeat} done, {self._repeat_requests:,} requests{rate}, {format_duration(took)}")
 
     def _maybe_show(self, now: float) -> None:
         if self._every_s is None or (self._shown_at is not None and now - self._shown_at < self._every_s):

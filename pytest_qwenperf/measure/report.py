@@ -77,12 +77,7 @@ class SessionReport:
         return self._runs.get((config_key, workload_id))
 
     def add(
-        self,
-        run: Run,
-        judgements: tuple[Judgement, ...] = (),
-        *,
-        unreadable: str | None = None,
-        diagnosis: Diagnosis | None = None,
+        self, run: Run, judgements: tuple[Judgement, ...] = (), *, unreadable: str | None = None, diagnosis: Diagnosis | None = None
     ) -> Run:
         """Keep ``run`` with its verdicts, naming the reference they were judged against; returns the
         run as kept. ``unreadable``: why its baseline file could not be read; ``diagnosis``: why it regressed."""
@@ -108,9 +103,7 @@ class SessionReport:
         """Why the baseline of ``run`` could not be read (None: it could, or there is none)."""
         return self._unreadable.get((run.config_key, run.identity.workload))
 
-    def as_json(
-        self, boots: Mapping[str, int] = MappingProxyType({}), boot_seconds: Mapping[str, float] = MappingProxyType({})
-    ) -> dict[str, object]:
+    def as_json(self, boots: Mapping[str, int] = MappingProxyType({}), boot_seconds: Mapping[str, float] = MappingProxyType({})) -> dict[str, object]:
         """The session's JSON; ``boots``: how often each config's server booted, ``boot_seconds``: how
         long its boots took (the pool keeps both). Each plan's points carry what they took
         (``elapsed_s``, None where not measured), beside what they were planned to take."""
@@ -137,19 +130,11 @@ class SessionReport:
         }
 
     def _plan_json(self, found: SessionPlan) -> dict[str, object]:
-        taken = {
-            (run.identity.config, run.identity.workload): run.elapsed_s for run in self.runs if run.identity.suite == found.suite
-        }
-        return {
-            **found.as_json(),
-            "points": [{**point.as_json(), "elapsed_s": taken.get((point.config, point.workload))} for point in found.points],
-        }
+        taken = {(run.identity.config, run.identity.workload): run.elapsed_s for run in self.runs if run.identity.suite == found.suite}
+        return {**found.as_json(), "points": [{**point.as_json(), "elapsed_s": taken.get((point.config, point.workload))} for point in found.points]}
 
     def write_json(
-        self,
-        path: Path,
-        boots: Mapping[str, int] = MappingProxyType({}),
-        boot_seconds: Mapping[str, float] = MappingProxyType({}),
+        self, path: Path, boots: Mapping[str, int] = MappingProxyType({}), boot_seconds: Mapping[str, float] = MappingProxyType({})
     ) -> Path | None:
         """Write atomically; an existing file is kept under a name of its own (see
         :func:`~pytest_qwenperf.core.files.keep_aside`), which is returned.

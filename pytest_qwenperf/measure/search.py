@@ -89,9 +89,7 @@ class Watch:
         by_send = sorted(done, key=lambda r: r.sent_at)
         ttft = [(r.sent_at - start, r.first_token_at - r.sent_at) for r in by_send if r.first_token_at is not None]
         asked, achieved = self._rates(by_send[-1], start)
-        return ProbeWindow(
-            sent=[t for t, _ in ttft], ttft=[v for _, v in ttft], in_flight=queue, requested_rate=asked, achieved_rate=achieved
-        )
+        return ProbeWindow(sent=[t for t, _ in ttft], ttft=[v for _, v in ttft], in_flight=queue, requested_rate=asked, achieved_rate=achieved)
 
     def _rates(self, latest: RequestRecord, start: float) -> tuple[float | None, float | None]:
         """The rate the schedule asked for and the rate sent, up to the latest send among the finished
@@ -139,9 +137,7 @@ def search_once(measure: Callable[[SuiteWorkload, Watch], Run], workload: SuiteW
     # A probe's workload sends as many requests as its load needs: the search's is what was measured.
     identity = msgspec.structs.replace(chosen.identity, workload_fingerprint=workload.fingerprint())
     # The chosen probe's failures and client alone: a probe past the capacity failing is what the search looks for.
-    return msgspec.structs.replace(
-        whole, identity=identity, metrics=metrics, samples={}, client=chosen.client, capacity=(record,)
-    )
+    return msgspec.structs.replace(whole, identity=identity, metrics=metrics, samples={}, client=chosen.client, capacity=(record,))
 
 
 def _record(probe: Probe, run: Run) -> CapacityProbe:

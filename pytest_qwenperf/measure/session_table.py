@@ -57,7 +57,8 @@ def session_table(report: SessionReport) -> list[str]:
         lines.append("capacity at the SLO (the highest load meeting it; one search per repeat):")
         lines += searched
     replays = [
-        f"  {run.config_key} / {run.identity.workload}: " + run.trace.describe(run)
+        f"  {run.config_key} / {run.identity.workload}: "
+        + run.trace.describe(run)
         for run in report.runs
         if run.trace is not None
     ]
@@ -113,9 +114,7 @@ def _capacity(run: Run) -> str:
         interval = f" [{search.interval[0]:.3g}, {search.interval[1]:.3g}]" if search.interval else ""
         edge = {"above-highest": ", at the highest load probed", "below-lowest": ""}.get(search.bound, "")
         cliff = ", a cliff" if search.cliff else ""
-        searches.append(
-            f"{search.load:.3g}{interval} ({search.binding or 'no term'} binds{cliff}{edge}, {len(search.probes)} probes)"
-        )
+        searches.append(f"{search.load:.3g}{interval} ({search.binding or 'no term'} binds{cliff}{edge}, {len(search.probes)} probes)")
     return f"{run.capacity[0].unit}: " + "; ".join(searches)
 
 

@@ -100,9 +100,7 @@ def qwenperf_candidate_pool(
         yield None
         return
     boots = boot_progress(pytestconfig, qwenperf_settings.progress, "candidate")
-    pool = _pool(
-        qwenperf_settings, _log_dir(qwenperf_settings, tmp_path_factory, "candidate"), qwenperf_settings.candidate, boots
-    )
+    pool = _pool(qwenperf_settings, _log_dir(qwenperf_settings, tmp_path_factory, "candidate"), qwenperf_settings.candidate, boots)
     pytestconfig.stash[POOLS_KEY]["candidate"] = pool
     try:
         yield pool
@@ -290,9 +288,7 @@ def qwenperf_canary_judgement(
     return judged
 
 
-def _canary_judgement(
-    pytestconfig: pytest.Config, serving_config: ServingConfig, answer: Canary, settings: QwenperfSettings
-) -> CanaryJudgement:
+def _canary_judgement(pytestconfig: pytest.Config, serving_config: ServingConfig, answer: Canary, settings: QwenperfSettings) -> CanaryJudgement:
     report = pytestconfig.stash[REPORT_KEY]
     floor = _suite_of(pytestconfig, serving_config).canary_floor
     if report.reference is not None:
@@ -324,10 +320,7 @@ def qwenperf_run(
     run = qwenperf_measure(serving_config, suite_workload)
     found = losses(run)
     if found and qwenperf_settings.allow_invalid:
-        pytest.skip(
-            "invalid, not a verdict on vLLM (--qwenperf-allow-invalid): "
-            + "; ".join(f"{loss.reason}: {loss.detail}" for loss in found)
-        )
+        pytest.skip("invalid, not a verdict on vLLM (--qwenperf-allow-invalid): " + "; ".join(f"{loss.reason}: {loss.detail}" for loss in found))
     return run
 
 

@@ -90,9 +90,7 @@ def pytest_addoption(parser: pytest.Parser) -> None:
         "against the launcher's instead of the stored baseline. CPU suites only.",
     )
     group.addoption(
-        "--qwenperf-boot-timeout",
-        type=positive_seconds,
-        help=f"seconds a server may take to become ready (default {DEFAULT_BOOT_TIMEOUT_S:.0f})",
+        "--qwenperf-boot-timeout", type=positive_seconds, help=f"seconds a server may take to become ready (default {DEFAULT_BOOT_TIMEOUT_S:.0f})"
     )
     group.addoption("--qwenperf-log-dir", type=Path, help="folder for server logs (default: under pytest's basetemp)")
     group.addoption(
@@ -123,11 +121,7 @@ def pytest_addoption(parser: pytest.Parser) -> None:
         "The key itself is never an option: command lines are visible in ps and shell histories.",
     )
     group.addoption(
-        "--qwenperf-suite",
-        type=Path,
-        action="append",
-        default=[],
-        help="suite file to run (repeatable; default: ini qwenperf_suites)",
+        "--qwenperf-suite", type=Path, action="append", default=[], help="suite file to run (repeatable; default: ini qwenperf_suites)"
     )
     group.addoption("--qwenperf-json", type=Path, help="write the session's results (every run, boots per config) to this file")
     group.addoption(
@@ -137,15 +131,9 @@ def pytest_addoption(parser: pytest.Parser) -> None:
         help="write the session's report as one HTML file that opens offline: verdicts, throughput per rung, telemetry over "
         "time, latency distributions, environment differences (default: ini qwenperf_html; see qwenperf report)",
     )
-    group.addoption(
-        "--qwenperf-server-cpus", type=cpu_list, help="CPUs for the servers, e.g. 0-6 (CPU suites default: all but the last)"
-    )
-    group.addoption(
-        "--qwenperf-client-cpus", type=cpu_list, help="CPUs for the load generator (CPU suites default: the last one)"
-    )
-    group.addoption(
-        "--qwenperf-repeats", type=whole_number(1), help="load runs per (config, workload) (default: the suite's repeats)"
-    )
+    group.addoption("--qwenperf-server-cpus", type=cpu_list, help="CPUs for the servers, e.g. 0-6 (CPU suites default: all but the last)")
+    group.addoption("--qwenperf-client-cpus", type=cpu_list, help="CPUs for the load generator (CPU suites default: the last one)")
+    group.addoption("--qwenperf-repeats", type=whole_number(1), help="load runs per (config, workload) (default: the suite's repeats)")
     group.addoption(
         "--qwenperf-max-repeats",
         type=whole_number(1),
@@ -284,9 +272,7 @@ def pytest_generate_tests(metafunc: pytest.Metafunc) -> None:
         missing = None if external else missing_hardware(pair.suite, pair.config, detect())
         skip = [pytest.mark.skip(reason=missing)] if missing else []
         params.append(
-            pytest.param(
-                pair.config, pair.workload, id=f"{pair.suite.name}-{pair.config.id}/{pair.workload.id}", marks=marks + skip
-            )
+            pytest.param(pair.config, pair.workload, id=f"{pair.suite.name}-{pair.config.id}/{pair.workload.id}", marks=marks + skip)
         )
     metafunc.parametrize(("serving_config", "suite_workload"), params)
 
@@ -398,9 +384,7 @@ def pytest_terminal_summary(terminalreporter: pytest.TerminalReporter, config: p
     for line in session_table(report):
         terminalreporter.write_line(line)
     if report.reference is not None and report.reference.runs:
-        terminalreporter.section(
-            "qwenperf results: the reference (--qwenperf-launcher), repeats interleaved with the candidate's"
-        )
+        terminalreporter.section("qwenperf results: the reference (--qwenperf-launcher), repeats interleaved with the candidate's")
         for line in session_table(report.reference):
             terminalreporter.write_line(line)
     for line in end_lines(config, list(config.stash.get(POOLS_KEY, {}).values())):

@@ -62,9 +62,7 @@ def _history(settings: QwenperfSettings) -> str | None:
 
 def start_lines(plans: Sequence[SessionPlan]) -> list[str]:
     """What the session says before its first boot, a line per suite."""
-    return [
-        f"qwenperf {found.suite}: {found.line()} ({len(found.points)} point(s), {len(found.boots)} boot(s))" for found in plans
-    ]
+    return [f"qwenperf {found.suite}: {found.line()} ({len(found.points)} point(s), {len(found.boots)} boot(s))" for found in plans]
 
 
 def end_lines(config: pytest.Config, pools: Sequence[ServerPool]) -> list[str]:

@@ -48,9 +48,7 @@ def progress_setting(text: str) -> ProgressSetting:
     except ValueError:
         seconds = math.nan
     if not math.isfinite(seconds) or seconds < 0:
-        raise argparse.ArgumentTypeError(
-            f"expected off, on or the seconds between two progress lines in a log (>= 0), got {text!r}"
-        )
+        raise argparse.ArgumentTypeError(f"expected off, on or the seconds between two progress lines in a log (>= 0), got {text!r}")
     return ProgressSetting(every_s=seconds)
 
 

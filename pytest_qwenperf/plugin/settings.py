@@ -198,9 +198,7 @@ def _check_outputs(settings: QwenperfSettings) -> None:
         except HistoryError as exc:
             raise pytest.UsageError(f"--qwenperf-history (or ini qwenperf_history): {exc}") from None
     if settings.html_path is not None and (why := unwritable(settings.html_path)):
-        raise pytest.UsageError(
-            f"--qwenperf-html {settings.html_path} (or ini qwenperf_html): cannot write the report there: {why}"
-        )
+        raise pytest.UsageError(f"--qwenperf-html {settings.html_path} (or ini qwenperf_html): cannot write the report there: {why}")
     if settings.json_path is not None and (why := unwritable(settings.json_path)):
         raise pytest.UsageError(f"--qwenperf-json {settings.json_path}: cannot write the results there: {why}")
     profiles = profiles_path(settings)
@@ -208,9 +206,7 @@ def _check_outputs(settings: QwenperfSettings) -> None:
         raise pytest.UsageError(f"--qwenperf-profile: cannot keep the traces beside --qwenperf-json, in {profiles}: {why}")
     reference = reference_path(settings)
     if reference is not None and (why := unwritable(reference)):
-        raise pytest.UsageError(
-            f"--qwenperf-json {settings.json_path}: cannot write the reference's runs beside it, to {reference}: {why}"
-        )
+        raise pytest.UsageError(f"--qwenperf-json {settings.json_path}: cannot write the reference's runs beside it, to {reference}: {why}")
     if settings.update_baselines and (why := unwritable_folder(settings.baselines)):
         raise pytest.UsageError(
             f"--qwenperf-update-baselines: cannot write baselines into the folder {settings.baselines} "
@@ -253,9 +249,7 @@ def repeat_plan(settings: QwenperfSettings, suite: Suite) -> SequentialPlan:
     """How many repeats a point of ``suite`` takes first and at most; a :class:`pytest.UsageError`
     names both numbers and where they came from when a most given as an option or ini key is below
     the first (a suite's own ``max_repeats`` rises to the repeats in force)."""
-    first, first_from = (
-        (settings.repeats, settings.repeats_from) if settings.repeats else (suite.repeats, f"{suite.path}: suite.repeats")
-    )
+    first, first_from = (settings.repeats, settings.repeats_from) if settings.repeats else (suite.repeats, f"{suite.path}: suite.repeats")
     if settings.max_repeats:
         most, most_from = settings.max_repeats, settings.max_repeats_from
     elif suite.max_repeats is not None:

@@ -21,12 +21,7 @@ Spec = dict[str, object]
 
 PANEL_WIDTH = 320
 PANEL_HEIGHT = 90
-LATENCIES: Mapping[str, str] = {
-    "ttft_ms": "TTFT (ms)",
-    "tpot_ms": "TPOT (ms)",
-    "itl_ms": "ITL (ms)",
-    "e2el_ms": "E2E latency (ms)",
-}
+LATENCIES: Mapping[str, str] = {"ttft_ms": "TTFT (ms)", "tpot_ms": "TPOT (ms)", "itl_ms": "ITL (ms)", "e2el_ms": "E2E latency (ms)"}
 
 
 @dataclass(frozen=True)
@@ -64,10 +59,7 @@ def ladder(bars: Sequence[Bar], metric: str) -> Spec:
                         "tooltip": [{"field": f} for f in ("rung", "label", "value", "low", "high")],
                     },
                 },
-                {
-                    "mark": {"type": "rule", "color": "#888"},
-                    "encoding": {"y": {"field": "low", "type": "quantitative"}, "y2": {"field": "high"}},
-                },
+                {"mark": {"type": "rule", "color": "#888"}, "encoding": {"y": {"field": "low", "type": "quantitative"}, "y2": {"field": "high"}}},
             ],
         },
         "resolve": {"scale": {"y": "independent"}},
@@ -106,12 +98,7 @@ def pareto(points: Sequence[ParetoPoint]) -> Spec:
             "layer": [
                 {
                     "mark": {"type": "point", "filled": True},
-                    "encoding": {
-                        "x": x,
-                        "y": y,
-                        "color": color,
-                        "tooltip": [{"field": f} for f in ("label", "workload", "source")],
-                    },
+                    "encoding": {"x": x, "y": y, "color": color, "tooltip": [{"field": f} for f in ("label", "workload", "source")]},
                 },
                 {
                     "transform": [{"filter": "datum.frontier"}],
@@ -179,10 +166,7 @@ def distributions(sides: Mapping[str, Mapping[str, Sequence[float]]]) -> Spec:
     ]
     return {
         "data": {"values": rows},
-        "transform": [
-            {"flatten": ["ms", "p"]},
-            {"filter": "datum.ms > 0"},
-        ],  # a log axis has no 0 (an ITL of 0: tokens that came in one chunk)
+        "transform": [{"flatten": ["ms", "p"]}, {"filter": "datum.ms > 0"}],  # a log axis has no 0 (an ITL of 0: tokens that came in one chunk)
         "facet": {"field": "latency", "type": "nominal", "title": None, "sort": list(LATENCIES.values())},
         "columns": 2,
         "spec": {
@@ -207,24 +191,11 @@ def history(series: Sequence[Series]) -> Spec:
     for found in series:
         name = found.key.metric
         rows += [
-            {
-                "kind": "run",
-                "metric": name,
-                "run": i + 1,
-                "value": centre(p.values),
-                "vllm": p.vllm_version or "",
-                "started": p.started or "",
-            }
+            {"kind": "run", "metric": name, "run": i + 1, "value": centre(p.values), "vllm": p.vllm_version or "", "started": p.started or ""}
             for i, p in enumerate(found.points)
         ]
         rows += [
-            {
-                "kind": "step",
-                "metric": name,
-                "run": change.index + 0.5,
-                "direction": change.direction,
-                "change": f"{change.change:+.1%}",
-            }
+            {"kind": "step", "metric": name, "run": change.index + 0.5, "direction": change.direction, "change": f"{change.change:+.1%}"}
             for change in found.changes
         ]
     steps = {"domain": ["worse", "better"], "range": ["#d62728", "#2ca02c"]}

@@ -72,9 +72,4 @@ def _inline_script(text: str) -> str:
 
 def _script_json(value: object) -> str:
     """``value`` as JSON that is safe inside a ``<script type="application/json">`` element."""
-    return (
-        json.dumps(value, separators=(",", ":"), allow_nan=False)
-        .replace("<", "\\u003c")
-        .replace(">", "\\u003e")
-        .replace("&", "\\u0026")
-    )
+    return json.dumps(value, separators=(",", ":"), allow_nan=False).replace("<", "\\u003c").replace(">", "\\u003e").replace("&", "\\u0026")

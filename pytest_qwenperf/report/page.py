@@ -77,9 +77,7 @@ class Point:
     notes: tuple[str, ...]  # the run's conditions, client-bound reason, capacity searches
     causes: tuple[tuple[str, tuple[str, ...]], ...]  # (column, its likely causes) where it regressed or its output changed
     history: str | None  # chart id of its series in the history store, where one was given
-    operators: tuple[
-        tuple[str, tuple[tuple[str, str], ...]], ...
-    ]  # (column, its top host operators: name, share) from its profile
+    operators: tuple[tuple[str, tuple[tuple[str, str], ...]], ...]  # (column, its top host operators: name, share) from its profile
     operator_changes: tuple[tuple[str, tuple[str, ...]], ...]  # (later column, the host operators whose share moved most)
 
 
@@ -204,9 +202,7 @@ def _row(key: RunKey, column: str, judgement: Judgement) -> VerdictRow:
     )
 
 
-def _point(
-    group: Group, sets: Sequence[RunSet], columns: Sequence[str], specs: dict[str, charts.Spec], history: Sequence[Series]
-) -> Point:
+def _point(group: Group, sets: Sequence[RunSet], columns: Sequence[str], specs: dict[str, charts.Spec], history: Sequence[Series]) -> Point:
     key = group.key
     anchor = anchor_of(key)
     runs = tuple((column, run_set.runs.get(key)) for column, run_set in zip(columns, sets, strict=True))
@@ -232,9 +228,7 @@ def _point(
         notes=tuple(note for run in present for note in _notes(run)),
         causes=_point_causes(key, sets, group, columns),
         history=f"{anchor}-history" if mine else None,
-        operators=tuple(
-            (column, _top(profile)) for column, profile in zip(columns, group.profiles, strict=False) if profile is not None
-        ),
+        operators=tuple((column, _top(profile)) for column, profile in zip(columns, group.profiles, strict=False) if profile is not None),
         operator_changes=_share_changes(group.profiles, columns),
     )
 
@@ -252,9 +246,7 @@ def _share_changes(profiles: Sequence[OperatorProfile | None], columns: Sequence
     for column, profile in zip(columns[1:], profiles[1:], strict=False):
         if profile is not None:
             moved = share_changes(reference, profile.cpu, SHOWN)
-            found.append(
-                (column, tuple(f"{c.name}: {_share(c.reference)} → {_share(c.now)} ({100 * c.change:+.1f} pt)" for c in moved))
-            )
+            found.append((column, tuple(f"{c.name}: {_share(c.reference)} → {_share(c.now)} ({100 * c.change:+.1f} pt)" for c in moved)))
     return tuple(found)
 
 
@@ -275,17 +267,13 @@ def _series_of(run: Run, history: Sequence[Series]) -> list[Series]:
     return [found[name] for name in HISTORY_METRICS if name in found]
 
 
-def _point_causes(
-    key: RunKey, sets: Sequence[RunSet], group: Group, columns: Sequence[str]
-) -> tuple[tuple[str, tuple[str, ...]], ...]:
+def _point_causes(key: RunKey, sets: Sequence[RunSet], group: Group, columns: Sequence[str]) -> tuple[tuple[str, tuple[str, ...]], ...]:
     """One column: why its run regressed against the reference its session judged it by, as the
     session decided. Several: each later column's against the first (``qwenperf compare``'s)."""
     if len(sets) == 1:
         found = sets[0].diagnoses.get(key)
         return ((columns[0], _causes(found)),) if found is not None else ()
-    return tuple(
-        (column, _causes(found)) for column, found in zip(columns[1:], group.diagnoses, strict=False) if found is not None
-    )
+    return tuple((column, _causes(found)) for column, found in zip(columns[1:], group.diagnoses, strict=False) if found is not None)
 
 
 def _causes(found: Diagnosis) -> tuple[str, ...]:

@@ -75,8 +75,5 @@ def last_line(path: Path | None, tail_bytes: int = TAIL_BYTES) -> str | None:
     except OSError:
         return None
     # vLLM's progress bars redraw with \r; the latest state is what follows the last one
-    lines = [
-        next((part.strip() for part in reversed(line.split("\r")) if part.strip()), "")
-        for line in tail.decode(errors="replace").split("\n")
-    ]
+    lines = [next((part.strip() for part in reversed(line.split("\r")) if part.strip()), "") for line in tail.decode(errors="replace").split("\n")]
     return next((line for line in reversed(lines) if line), None)

@@ -80,9 +80,7 @@ def load_endpoint_sets(path: Path | str) -> EndpointSets:
         data = tomllib.loads(text)
     except tomllib.TOMLDecodeError as exc:
         raise EndpointsFileError(f"{path}: expected a TOML file of [[set]] tables: {exc}") from None
-    file = schema.convert(
-        data, _File, lambda m: EndpointsFileError(f"{path}: {m.text(redact_credentials(m.field), masked_repr)}")
-    )
+    file = schema.convert(data, _File, lambda m: EndpointsFileError(f"{path}: {m.text(redact_credentials(m.field), masked_repr)}"))
     sets: dict[int, tuple[int, EndpointSet]] = {}  # replica count -> (where in the file, set)
     for n, entry in enumerate(file.sets):
         where = f"set[{n}]"

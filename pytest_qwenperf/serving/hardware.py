@@ -133,6 +133,7 @@ def _nvml_gpus() -> tuple[list[str], str, str] | None:
         pynvml.nvmlShutdown()
 
 
+
 def _cpu_info() -> tuple[str, frozenset[str]]:
     """Model name and feature flags of the first CPU in /proc/cpuinfo."""
     model, flags = platform.processor(), frozenset[str]()

@@ -96,11 +96,7 @@ def render_manifests(
             "template": {
                 "metadata": {
                     "labels": labels,
-                    "annotations": {
-                        "prometheus.io/scrape": "true",
-                        "prometheus.io/port": str(PORT),
-                        "prometheus.io/path": "/metrics",
-                    },
+                    "annotations": {"prometheus.io/scrape": "true", "prometheus.io/port": str(PORT), "prometheus.io/path": "/metrics"},
                 },
                 "spec": _pod_spec(suite, cfg, image, labels, api_key_secret),
             },
@@ -161,9 +157,7 @@ _RFC1123_LABEL = re.compile(r"[a-z0-9](?:[-a-z0-9]*[a-z0-9])?")
 _LABEL_VALUE = re.compile(r"[A-Za-z0-9](?:[-A-Za-z0-9_.]*[A-Za-z0-9])?")
 
 
-_NAMESPACE_RULE = (
-    f"a Kubernetes namespace (at most {MAX_NAME} lowercase letters, digits and '-', beginning and ending with a letter or digit)"
-)
+_NAMESPACE_RULE = f"a Kubernetes namespace (at most {MAX_NAME} lowercase letters, digits and '-', beginning and ending with a letter or digit)"
 
 
 def is_namespace(value: str) -> bool:

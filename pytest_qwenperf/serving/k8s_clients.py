@@ -42,9 +42,7 @@ def render_client_manifests(server: dict[str, Any], clients: ClientPods) -> list
     """The ``RayCluster`` and the ``RayJob`` for the servers whose Service is ``server`` (as
     :func:`~pytest_qwenperf.serving.k8s.render_manifests` renders it), in its namespace."""
     if clients.workers < 1 or clients.cpus_per_pod < 1:
-        raise ValueError(
-            f"clients: expected at least one worker and one CPU a pod, got {clients.workers} and {clients.cpus_per_pod}"
-        )
+        raise ValueError(f"clients: expected at least one worker and one CPU a pod, got {clients.workers} and {clients.cpus_per_pod}")
     name = server["metadata"]["name"]
     cluster = f"{name}-clients"
     labels = {"app.kubernetes.io/name": "qwenperf-clients", "app.kubernetes.io/instance": name}

@@ -55,7 +55,6 @@ def server_spec(
         profiler=profiler,
     )
 
-
 @dataclass(frozen=True)
 class PoolSettings:
     """How servers are obtained: booted with ``launcher``, or taken from ``endpoints``."""

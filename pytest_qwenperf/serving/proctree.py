@@ -53,6 +53,8 @@ def new_tag() -> str:
     return f"{owner_prefix()}{uuid.uuid4().hex[:12]}"
 
 
+
+
 _LIFELINES: dict[int, int] = {}
 """Owner pid → read end of the pipe every guard watches; the write end never leaves the owner."""
 _LIFELINE_LOCK = threading.Lock()

@@ -108,9 +108,7 @@ def between(good: Candidate, bad: Candidate, package: str) -> tuple[Candidate, .
         return tuple(Candidate(labels.get(v, str(v)), "release") for v in sorted(set(found) | set(labels)))
     if good.kind == bad.kind == "wheel" and good.wheel is not None and bad.wheel is not None:
         if good.wheel.parent != bad.wheel.parent:
-            raise ReleaseError(
-                f"wheels {good.label} and {bad.label} are in different folders; give the ones between with --between"
-            )
+            raise ReleaseError(f"wheels {good.label} and {bad.label} are in different folders; give the ones between with --between")
         name, low = _wheel_version(good.wheel)
         _, high = _wheel_version(bad.wheel)
         if not low < high:
@@ -133,11 +131,7 @@ def between(good: Candidate, bad: Candidate, package: str) -> tuple[Candidate, .
 def index_versions(package: str) -> tuple[Version, ...]:
     """The versions of ``package`` the package index has, as pip sees it."""
     done = subprocess.run(
-        [sys.executable, "-m", "pip", "index", "versions", "--pre", package],
-        capture_output=True,
-        text=True,
-        check=False,
-        timeout=300,
+        [sys.executable, "-m", "pip", "index", "versions", "--pre", package], capture_output=True, text=True, check=False, timeout=300
     )
     found = re.search(r"^Available versions: (.*)$", done.stdout, re.MULTILINE)
     if done.returncode != 0 or found is None:

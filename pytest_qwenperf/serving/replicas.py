@@ -70,13 +70,7 @@ class ReplicaSet(StartStop):
     """
 
     def __init__(
-        self,
-        name: str,
-        specs: Sequence[ServerSpec],
-        log_dir: Path,
-        *,
-        routing: str = "round-robin",
-        watch: BootWatch | None = None,
+        self, name: str, specs: Sequence[ServerSpec], log_dir: Path, *, routing: str = "round-robin", watch: BootWatch | None = None
     ) -> None:
         if not specs:
             raise ValueError("a replica set needs at least one server spec")
@@ -122,9 +116,7 @@ class ReplicaSet(StartStop):
             if failed:
                 names = ", ".join(r.spec.name for r, _ in failed)
                 first = failed[0][1]
-                raise ReplicaError(
-                    f"replica(s) {names} of {len(self.replicas)} failed to boot; the first error:\n{first}"
-                ) from first
+                raise ReplicaError(f"replica(s) {names} of {len(self.replicas)} failed to boot; the first error:\n{first}") from first
             if self.routing == "nginx":
                 self._router = NginxRouter(self.base_urls, self.log_dir, name=f"{self.name}-router")
                 self._router.start()

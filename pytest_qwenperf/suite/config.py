@@ -81,6 +81,7 @@ a pytest id and a Kubernetes label value, so one path component of plain charact
 _SAFE_ID_EXPECTED = "letters, digits, '.', '_' and '-', beginning and ending with a letter or digit (it names baseline files)"
 
 
+
 @dataclass(frozen=True)
 class ServingConfig:
     """One serving configuration (a rung), identified by ``id`` across runs and baselines."""
@@ -105,6 +106,7 @@ class ServingConfig:
     def key(self) -> str:
         """Unique across suites: ``b200/dp8``."""
         return f"{self.suite}/{self.id}" if self.suite else self.id
+
 
     @property
     def speculative(self) -> bool:
@@ -140,13 +142,9 @@ class SuiteWorkload:
     configs: tuple[str, ...] = ()  # empty: every config of the suite
     slo: GoodputSLO | None = None
     floors: tuple[tuple[str, tuple[tuple[str, float], ...]], ...] = ()
-    expected: tuple[
-        tuple[str, tuple[tuple[str, float], ...]], ...
-    ] = ()  # throughput -> per config, as floors: what ``qwenperf plan`` times it by
+    expected: tuple[tuple[str, tuple[tuple[str, float], ...]], ...] = ()  # throughput -> per config, as floors: what ``qwenperf plan`` times it by
     search: SearchPlan | None = None  # find the highest load meeting ``slo`` instead of measuring ``arrival``'s
-    capacity_order: tuple[
-        tuple[str, float], ...
-    ] = ()  # configs by rising capacity, each with the factor it must reach over the first
+    capacity_order: tuple[tuple[str, float], ...] = ()  # configs by rising capacity, each with the factor it must reach over the first
     capacity_relation: CapacityRelation = "above"  # how each config of capacity_order stands to the one before it
     window: Window | None = None  # measure for this long once the batch is full (core.window); None: the whole workload
     tier: Tier = "nightly"  # "weekly": only the weekly run measures it
@@ -261,9 +259,7 @@ class Suite:
     ladder_tolerance: float = 0.10  # an improving rung may be this much slower before the ladder test fails
     repeats: int = 3  # load runs per (config, workload): the spread a verdict weighs changes against
     max_repeats: int | None = None  # load runs a point may take while its verdicts cannot decide; None: the repeats in force
-    tolerances: Mapping[str, float] = field(
-        default_factory=lambda: MappingProxyType({})
-    )  # per gated metric, for baselines recorded from this suite
+    tolerances: Mapping[str, float] = field(default_factory=lambda: MappingProxyType({}))  # per gated metric, for baselines recorded from this suite
     validity: ValidityLimits = ValidityLimits()  # when the device's conditions make a run invalid
     must_match: tuple[str, ...] = ()  # environment fields a comparison needs equal (``core.environment``)
     canary_floor: CanaryFloor = EXACT  # a config's canary answer against another session's (the [canary] table)
@@ -342,12 +338,7 @@ def load_suite(path: Path | str) -> Suite:
         if entry.improves and parent is None:
             raise _fail(path, f"{where}.improves", "improves only on a rung that inherits from another", entry.improves)
         if entry.canary is not None and parent is None:
-            raise _fail(
-                path,
-                f"{where}.canary",
-                "a canary floor only on a rung that inherits from another",
-                msgspec.to_builtins(entry.canary),
-            )
+            raise _fail(path, f"{where}.canary", "a canary floor only on a rung that inherits from another", msgspec.to_builtins(entry.canary))
         if entry.expected is not None:
             _expected(path, entry.expected, f"{where}.expected")
         inherited = rungs[parent] if parent else base
@@ -622,9 +613,7 @@ def _suite_workload(path: Path, entry: Mapping[str, Any], where: str, config_ids
     if isinstance(name, str):
         where = f"workload {_safe_id(path, name, f'{where}.name')!r}"
         if name.casefold() == CANARY:
-            raise _fail(
-                path, f"{where}.name", f"a name other than {CANARY!r}, which names the file of a config's canary answer", name
-            )
+            raise _fail(path, f"{where}.name", f"a name other than {CANARY!r}, which names the file of a config's canary answer", name)
     source = f"{path}: {where}"
     run = schema.convert(
         {k: v for k, v in entry.items() if k in _RunTable.__struct_fields__},
@@ -639,9 +628,7 @@ def _suite_workload(path: Path, entry: Mapping[str, Any], where: str, config_ids
         workload = dataclasses.replace(workload, path=str(path.parent / workload.path))  # beside the suite file
     arrival = _arrival(path, run.load, f"{where}.load")
     if isinstance(arrival, Replay) and not isinstance(workload, TraceWorkload):
-        raise _fail(
-            path, f"{where}.load.replay", "a workload of kind 'trace' (only a trace has send times to replay)", workload.kind
-        )
+        raise _fail(path, f"{where}.load.replay", "a workload of kind 'trace' (only a trace has send times to replay)", workload.kind)
     # A JSONL workload without num_prompts sends every line: the count is known once the file is read.
     if workload.num_prompts is not None and run.warmup >= workload.num_prompts:
         raise _fail(path, f"{where}.warmup", f"a whole number of requests below num_prompts ({workload.num_prompts})", run.warmup)
@@ -717,10 +704,7 @@ def _search(path: Path, run: _RunTable, where: str, arrival: Arrival, workload: 
     measured = None if workload.num_prompts is None else workload.num_prompts - run.warmup
     if table.by == "concurrency" and measured is not None and table.highest > measured / PROBE_ROUNDS:
         raise _fail(
-            path,
-            f"{key}.highest",
-            f"at most 1/{PROBE_ROUNDS} of the measured requests ({measured // PROBE_ROUNDS}), so that every probe keeps its concurrency",
-            table.highest,
+            path, f"{key}.highest", f"at most 1/{PROBE_ROUNDS} of the measured requests ({measured // PROBE_ROUNDS}), so that every probe keeps its concurrency", table.highest
         )
     return plan
 
@@ -735,23 +719,13 @@ def _capacity_order(
             raise _fail(path, f"{where}.capacity_factors", "a capacity_order the factors apply to", dict(run.capacity_factors))
         return ()
     if search is None:
-        raise _fail(
-            path,
-            f"{where}.capacity_order",
-            "a search table (an order of capacities needs them measured)",
-            list(run.capacity_order),
-        )
+        raise _fail(path, f"{where}.capacity_order", "a search table (an order of capacities needs them measured)", list(run.capacity_order))
     for config_id in run.capacity_order:
         if config_id not in config_ids:
             raise _fail(path, f"{where}.capacity_order", f"configs this workload runs on {list(config_ids)}", config_id)
     for config_id in run.capacity_factors:
         if config_id not in run.capacity_order[1:]:
-            raise _fail(
-                path,
-                f"{where}.capacity_factors.{config_id}",
-                f"a config after the first of capacity_order {list(run.capacity_order)}",
-                config_id,
-            )
+            raise _fail(path, f"{where}.capacity_factors.{config_id}", f"a config after the first of capacity_order {list(run.capacity_order)}", config_id)
     return tuple((config_id, run.capacity_factors.get(config_id, 1.0)) for config_id in run.capacity_order)
 
 

@@ -376,9 +376,7 @@ def points_of(
         and not (nightly and "weekly" in (config.tier, workload.tier))
     )
     if not found:
-        raise SuiteError(
-            f"{suite.path}: no point: none of the workloads {list(workloads) or known} runs on {[c.id for c in chosen]}"
-        )
+        raise SuiteError(f"{suite.path}: no point: none of the workloads {list(workloads) or known} runs on {[c.id for c in chosen]}")
     return found
 
 
@@ -461,9 +459,7 @@ def _timing(config: ServingConfig, workload: SuiteWorkload, rate: Rate, duration
         return None
     worst = max(run.seconds for run in ends if run is not None)
     probes = Probes(search.max_probes, middle, planned.seconds, worst)
-    return Timing(
-        rate, planned, routes * probes.count, routes * probes.count * planned.seconds, routes * probes.count * worst, probes
-    )
+    return Timing(rate, planned, routes * probes.count, routes * probes.count * planned.seconds, routes * probes.count * worst, probes)
 
 
 def load_run(workload: SuiteWorkload, replicas: int, rate: Rate, duration_s: float | None = None) -> LoadRun | None:

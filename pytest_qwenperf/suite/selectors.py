@@ -25,9 +25,7 @@ SELECTORS: dict[str, Callable[[Suite, ServingConfig, SuiteWorkload], bool]] = {
     "speculative": lambda suite, cfg, wl: cfg.speculative,
     "canary": _first_workload,
     "canary-floor": lambda suite, cfg, wl: cfg.canary_floor is not None and _first_workload(suite, cfg, wl),
-    "utilization": lambda suite, cfg, wl: any(
-        wl.floor(name, cfg.id) is not None for name in ("gpu_utilization", "server_cpu_busy")
-    ),
+    "utilization": lambda suite, cfg, wl: any(wl.floor(name, cfg.id) is not None for name in ("gpu_utilization", "server_cpu_busy")),
     "scaling": lambda suite, cfg, wl: cfg.replicas > 1,
     "prefix-cache": lambda suite, cfg, wl: (
         isinstance(wl.workload, SharedPrefixWorkload)

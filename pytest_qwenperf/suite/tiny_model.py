@@ -143,47 +143,17 @@ def _corpus(seed: int) -> list[str]:
     calls is reproducible across platforms and Python 3 versions.
     """
     rng = random.Random(seed)
-    onsets = [
-        "",
-        "b",
-        "c",
-        "d",
-        "f",
-        "g",
-        "h",
-        "j",
-        "k",
-        "l",
-        "m",
-        "n",
-        "p",
-        "r",
-        "s",
-        "t",
-        "v",
-        "w",
-        "y",
-        "z",
-        "br",
-        "ch",
-        "cl",
-        "dr",
-        "fl",
-        "gr",
-        "pl",
-        "qu",
-        "sh",
-        "st",
-        "str",
-        "th",
-        "tr",
-        "wh",
-    ]
+    onsets = ["", "b", "c", "d", "f", "g", "h", "j", "k", "l", "m", "n", "p", "r", "s", "t",
+              "v", "w", "y", "z", "br", "ch", "cl", "dr", "fl", "gr", "pl", "qu", "sh", "st",
+              "str", "th", "tr", "wh"]
     vowels = ["a", "e", "i", "o", "u", "ai", "ea", "ee", "ie", "oo", "ou", "y"]
     codas = ["", "", "", "n", "r", "s", "t", "l", "m", "nd", "ng", "ck", "st", "th", "rt"]
 
     def make_word() -> str:
-        return "".join(rng.choice(onsets) + rng.choice(vowels) + rng.choice(codas) for _ in range(1 + rng.randrange(3)))
+        return "".join(
+            rng.choice(onsets) + rng.choice(vowels) + rng.choice(codas)
+            for _ in range(1 + rng.randrange(3))
+        )
 
     lexicon = list(_COMMON_WORDS) + [make_word() for _ in range(1500)]
     # Zipf-like weights so that frequent words become whole tokens.
@@ -242,7 +212,8 @@ def _build_tokenizer(spec: TinyModelSpec) -> Tokenizer:
     got = tokenizer.get_vocab_size(with_added_tokens=True)
     if got != spec.vocab_size:
         raise RuntimeError(
-            f"BPE training produced {got} tokens, wanted {spec.vocab_size}; the synthetic corpus is too small for this vocab_size"
+            f"BPE training produced {got} tokens, wanted {spec.vocab_size}; "
+            "the synthetic corpus is too small for this vocab_size"
         )
     for expected_id, token in enumerate(SPECIAL_TOKENS):
         if tokenizer.token_to_id(token) != expected_id:
@@ -302,7 +273,9 @@ def _safetensors_bytes(spec: TinyModelSpec) -> bytes:
         values = np.ones(shape, dtype=np.float32) if len(shape) == 1 else rng.normal(0.0, 0.02, size=shape).astype(np.float32)
         arrays[name] = _float32_to_bf16_bits(values)
     tensor_specs = {
-        name: safetensors.TensorSpec(dtype="bfloat16", shape=arr.shape, data_ptr=arr.ctypes.data, data_len=arr.nbytes)
+        name: safetensors.TensorSpec(
+            dtype="bfloat16", shape=arr.shape, data_ptr=arr.ctypes.data, data_len=arr.nbytes
+        )
         for name, arr in arrays.items()
     }
     # ``arrays`` keeps the buffers alive for the duration of serialize().
@@ -383,7 +356,9 @@ def _model_files(spec: TinyModelSpec) -> dict[str, bytes]:
     tokenizer = _build_tokenizer(spec)
     return {
         "config.json": _json_bytes(_config(spec)),
-        "generation_config.json": _json_bytes({"bos_token_id": _EOS_ID, "eos_token_id": _EOS_ID}),
+        "generation_config.json": _json_bytes(
+            {"bos_token_id": _EOS_ID, "eos_token_id": _EOS_ID}
+        ),
         "tokenizer.json": (tokenizer.to_str(pretty=True) + "\n").encode(),
         "tokenizer_config.json": _json_bytes(_tokenizer_config(spec)),
         "special_tokens_map.json": _json_bytes(_special_tokens_map()),

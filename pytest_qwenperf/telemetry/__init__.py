@@ -76,7 +76,9 @@ class Telemetry:
         ``client_pid``: the load generator (with its worker processes, but not the servers it
         started). ``metrics_urls``: server base URLs.
         """
-        groups = {name: pids for name, pids in (("server", tuple(server_pids)), ("client", _pids(client_pid))) if pids}
+        groups = {
+            name: pids for name, pids in (("server", tuple(server_pids)), ("client", _pids(client_pid))) if pids
+        }
 
         def own() -> set[int]:  # the GPU's users that are the run's: the servers' processes now
             return {process.pid for process in process_trees(server_pids)}
@@ -137,7 +139,9 @@ class Telemetry:
     def __enter__(self) -> Self:
         return self
 
-    def __exit__(self, exc_type: type[BaseException] | None, exc: BaseException | None, tb: TracebackType | None) -> None:
+    def __exit__(
+        self, exc_type: type[BaseException] | None, exc: BaseException | None, tb: TracebackType | None
+    ) -> None:
         self.stop()
 
 

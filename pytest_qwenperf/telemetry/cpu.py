@@ -246,7 +246,9 @@ class CpuSampler(PeriodicSampler):
         return ServerCoresSummary(
             cores=tuple(sorted(self.cores)),
             other_processes_busy=Stats.of(s.other_processes for s in watched),
-            contended_share=sum(s.seconds for s in watched if contended(s, len(self.cores))) / seconds if seconds else None,
+            contended_share=sum(s.seconds for s in watched if contended(s, len(self.cores))) / seconds
+            if seconds
+            else None,
             steal_share=(
                 sum((s.steal or 0.0) * s.seconds for s in stolen) / (seconds * len(self.cores)) if stolen and seconds else None
             ),
@@ -285,13 +287,7 @@ def _merged(
     processes = tuple(max(a, b) for a, b in zip(last.processes, counts, strict=True))
     others, steal, cores_busy = cores
     return CpuSample(
-        now,
-        seconds,
-        busy,
-        processes,
-        rate(last.other_processes, others),
-        rate(last.steal, steal),
-        rate(last.cores_busy, cores_busy),
+        now, seconds, busy, processes, rate(last.other_processes, others), rate(last.steal, steal), rate(last.cores_busy, cores_busy)
     )
 
 

@@ -243,9 +243,7 @@ class GpuSummary:
 
 def event_shares(masks: Sequence[int]) -> Mapping[str, float]:
     """Share of the samples in which each clock-event reason was active (reasons never seen left out)."""
-    shares = (
-        {reason: sum(1 for m in masks if m & bit) / len(masks) for bit, reason in CLOCK_EVENT_REASONS.items()} if masks else {}
-    )
+    shares = {reason: sum(1 for m in masks if m & bit) / len(masks) for bit, reason in CLOCK_EVENT_REASONS.items()} if masks else {}
     return MappingProxyType({reason: share for reason, share in shares.items() if share})
 
 

@@ -5,7 +5,9 @@ from __future__ import annotations
 from collections.abc import Sequence
 
 
-def select_devices(visible: Sequence[str | None], uuids: Sequence[str | None]) -> tuple[tuple[int, ...], tuple[str, ...]]:
+def select_devices(
+    visible: Sequence[str | None], uuids: Sequence[str | None]
+) -> tuple[tuple[int, ...], tuple[str, ...]]:
     """NVML indices of the GPUs some replica sees, and the entries that name no GPU here.
 
     ``visible`` holds each replica's ``CUDA_VISIBLE_DEVICES`` (None: unset, every GPU);

@@ -145,7 +145,9 @@ class PeriodicSampler:
     def __enter__(self) -> Self:
         return self.start()
 
-    def __exit__(self, exc_type: type[BaseException] | None, exc: BaseException | None, tb: TracebackType | None) -> None:
+    def __exit__(
+        self, exc_type: type[BaseException] | None, exc: BaseException | None, tb: TracebackType | None
+    ) -> None:
         self.stop()
 
     def _run(self) -> None:
@@ -202,7 +204,9 @@ def inside(at: float, window: Window | None) -> bool:
     return window is None or window[0] <= at <= window[1]
 
 
-def counter_increase(points: Sequence[tuple[float, float]], window: Window | None, slack: float = 0.0) -> float | None:
+def counter_increase(
+    points: Sequence[tuple[float, float]], window: Window | None, slack: float = 0.0
+) -> float | None:
     """How much a cumulative counter grew over ``window``, interpolating linearly between samples.
 
     ``points`` are (time, value) in time order. None when the samples miss more than
