@@ -25,7 +25,7 @@ from dataclasses import dataclass
 import numpy as np
 
 from pytest_qwenperf.core.sequential import SequentialPlan
-from pytest_qwenperf.core.verdict import DEFAULT_CONFIDENCE, UNDECIDED, Verdict, judge
+from pytest_qwenperf.core.verdict import DECIDED, DEFAULT_CONFIDENCE, UNDECIDED, Verdict, judge
 
 
 @dataclass(frozen=True)
@@ -65,7 +65,7 @@ def _follow(case: Case, baseline: list[float], current: list[float]) -> tuple[Ve
             confidence=plan.confidence_at(n),
         )
         if plan.early(n):
-            if judgement.verdict in ("pass", "regression", "improvement"):
+            if judgement.verdict in DECIDED:
                 return judgement.verdict, n
         elif judgement.verdict not in UNDECIDED or n == plan.most:
             return judgement.verdict, n

@@ -80,7 +80,7 @@ from pytest_qwenperf.core.metrics import Direction, metric
 from pytest_qwenperf.core.run import Run
 from pytest_qwenperf.core.sequential import SequentialPlan
 from pytest_qwenperf.core.stats import centre
-from pytest_qwenperf.core.verdict import DEFAULT_CONFIDENCE, Judgement, judge
+from pytest_qwenperf.core.verdict import DECIDED, DEFAULT_CONFIDENCE, Judgement, judge
 from pytest_qwenperf.gate.judge import losses
 from pytest_qwenperf.measure.method import Method, repeats
 from pytest_qwenperf.measure.observe import ClientSetup
@@ -475,7 +475,7 @@ def _looked(
         found = judge(
             name, a_side, b_side[:n], direction=direction, tolerance=tolerance, unit=unit, confidence=plan.confidence_at(n)
         )
-        if not plan.early(n) or found.verdict in ("pass", "regression", "improvement"):
+        if not plan.early(n) or found.verdict in DECIDED:
             return found, n
     raise AssertionError("the planned look always returns")
 

@@ -67,6 +67,7 @@ def test_workers_windows_overlap_and_any_running_out_counts() -> None:
     assert both is not None and both.span == (1.2, 3.0) and both.ran_out
     assert common([None, None]) is None
     assert common([a, None]) is None  # a worker whose window never opened: no window, which the run reports
+    assert common([KeptWindow(1.0, 2.0, 1.0), KeptWindow(2.5, 3.5, 1.0)]) is None  # no overlap: no window either
 
 
 # --- the client keeps it ------------------------------------------------------------------

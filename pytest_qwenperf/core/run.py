@@ -301,12 +301,8 @@ class Run(msgspec.Struct, frozen=True, kw_only=True):
     samples: dict[str, tuple[float | None, ...]] | None = None  # metric -> one value per repeat
     extra_repeats: Count = 0  # repeats added after the first ones because the verdicts could not decide
     saved_repeats: Count = 0  # planned repeats not taken: an early look found every verdict decided (core.sequential)
-    needs_sessions: bool = (
-        False  # stopped with a verdict undecided that no repeat of this session could settle: only more sessions can
-    )
-    elapsed_s: float | None = (
-        None  # wall seconds measuring the point took (every repeat, warm-up and probe; not the boot); None: not timed
-    )
+    needs_sessions: bool = False  # stopped with a verdict undecided that no repeat of this session could settle: only more sessions can
+    elapsed_s: float | None = None  # wall seconds measuring the point took (every repeat, warm-up and probe; not the boot); None: not timed
     tolerances: dict[str, float] | None = None  # the suite's, per gated metric
     must_match: tuple[str, ...] = ()  # the suite's: environment fields a comparison needs equal (``core.environment``)
     baseline_max_age_days: int | None = None  # the suite's: a stored baseline older than this is named stale

@@ -110,7 +110,9 @@ Verdict = Literal[
 ]
 UNDECIDED: tuple[Verdict, ...] = ("noisy", "underpowered")
 """Verdicts more repeats can settle: the data point at a regression, or could not have seen one."""
-COMPARED: tuple[Verdict, ...] = ("pass", "regression", "improvement", *UNDECIDED)
+DECIDED: tuple[Verdict, ...] = ("pass", "regression", "improvement")
+"""Verdicts that compared the numbers and settled (an early look may stop on them, ``core.sequential``)."""
+COMPARED: tuple[Verdict, ...] = (*DECIDED, *UNDECIDED)
 """Verdicts that compared the numbers (not a run, a reference or an identity missing or unfit)."""
 
 DEFAULT_CONFIDENCE = 0.95

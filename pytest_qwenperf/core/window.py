@@ -119,18 +119,20 @@ class KeptWindow:
 
 def common(windows: Sequence[KeptWindow | None]) -> KeptWindow | None:
     """The window every client worker kept (their overlap; the requests ran out if they did for any
-    worker), or None when one of them kept none (its window never opened). Every worker waited for its own requests sent before its
-    window closed, so the requests sent inside the overlap have all ended. The workers start their
-    measured phases together, so the overlap falls short of each window by how much later the last
-    one's batch was full."""
+    worker), or None when one of them kept none (its window never opened) or they do not overlap.
+    Every worker waited for its own requests sent before its window closed, so the requests sent
+    inside the overlap have all ended. The workers start their measured phases together, so the
+    overlap falls short of each window by how much later the last one's batch had turned over."""
     kept = [window for window in windows if window is not None]
     if not kept or len(kept) != len(windows):
         return None
     opened, closed = max(w.opened for w in kept), min(w.closed for w in kept)
+    if closed <= opened:
+        return None
     lifetimes = [w.lifetime_s for w in kept if w.lifetime_s is not None]
     return KeptWindow(
         opened,
-        max(closed, opened),
+        closed,
         max(w.asked_s for w in kept),
         max(lifetimes) if lifetimes else None,
         any(w.ran_out for w in kept),

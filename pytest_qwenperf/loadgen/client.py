@@ -270,8 +270,8 @@ class _WindowKeeper:
     are cut: their connections closed, which vLLM takes as an abort. Nothing of them lies inside
     the window, so waiting for their ends would only cost time (a whole request's lifetime).
     Sends are counted at their write (the records' ``sent_at``), not when a lane asks to send: a
-    closed loop's lanes all ask at once and write one per loop turn (``_SendTurns``), so the batch
-    is full only at the last lane's write.
+    closed loop's lanes all ask at once and write one per loop turn (``_SendTurns``), so a request
+    counts as inside the window by the same time its record has.
     """
 
     def __init__(
@@ -335,7 +335,7 @@ class _WindowKeeper:
         if ran_out and self.last_send <= self.opened:  # nothing was sent once it opened: no window at all
             return None
         closed = self.last_send if ran_out else self.closes
-        return KeptWindow(self.opened, max(closed, self.opened), self.length_s, self.lifetime_s, ran_out)
+        return KeptWindow(self.opened, closed, self.length_s, self.lifetime_s, ran_out)
 
 
 async def _until(at: float) -> None:

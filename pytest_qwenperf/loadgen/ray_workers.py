@@ -148,11 +148,7 @@ def run_load_on_ray(address: str, n_workers: int, whole: Assignment, *, progress
     for (found, started_at, ended_at, _, _, window), line in zip(outcomes, lines, strict=True):
         records += [line.shifted(record) for record in found]
         spans.append((line(started_at), line(ended_at)))
-        windows.append(
-            None
-            if window is None
-            else KeptWindow(line(window.opened), line(window.closed), window.asked_s, window.lifetime_s, window.ran_out)
-        )
+        windows.append(None if window is None else dataclasses.replace(window, opened=line(window.opened), closed=line(window.closed)))
     records.sort(key=lambda record: record.sent_at)
     if progress is not None:
         for record in records:

@@ -110,8 +110,13 @@ class StreamParser:
     def seen(self) -> tuple[int, int]:
         """``(prompt_tokens, completion_tokens)`` of the chunks read so far, of a stream cut before its
         end: the prompt from the last usage read (0: none yet), the completion tokens counted."""
-        prompt = json.loads(self._usage[self._usage.find(b"{") :])["usage"].get("prompt_tokens") or 0 if self._usage else 0
+        prompt = self._last_usage().get("prompt_tokens") or 0 if self._usage else 0
         return prompt, self._seen if self._continuous else sum(self.tokens)
+
+    def _last_usage(self) -> dict[str, Any]:
+        """The ``usage`` of the last event that carried one (there must be one)."""
+        usage: dict[str, Any] = json.loads(self._usage[self._usage.find(b"{") :])["usage"]
+        return usage
 
     def finish(self) -> tuple[int, int]:
         """``(prompt_tokens, completion_tokens)`` from the last usage; sets ``error`` if there was none."""
@@ -120,7 +125,7 @@ class StreamParser:
         if not self._usage:
             self.error = self.error or "stream ended without usage"
             return 0, 0
-        usage = json.loads(self._usage[self._usage.find(b"{") :])["usage"]
+        usage = self._last_usage()
         return usage.get("prompt_tokens") or 0, usage.get("completion_tokens") or 0
 
 

@@ -110,9 +110,7 @@ def _worker(k: int, parent: int, barrier: Barrier, results: multiprocessing.Queu
         async def sync() -> None:
             await asyncio.to_thread(barrier.wait, BARRIER_TIMEOUT_S)
 
-        async def measured_phase() -> tuple[
-            float, float, KeptWindow | None
-        ]:  # the records went out one by one through ``results``
+        async def measured_phase() -> tuple[float, float, KeptWindow | None]:  # the records went out one by one through ``results``
             _, started_at, ended_at, window = await run_jobs(assignment, progress=results.put, sync=sync)
             return started_at, ended_at, window
 

@@ -101,7 +101,10 @@ class Observation:
         off = prompt_lengths_off(self.load.records)
         short = self.load.window.short() if self.load.window is not None else None
         if self.load.options.window is not None and self.load.window is None:
-            short = "the workload's requests ran out before its batch had turned over: no window opened; raise its num_prompts"
+            short = (
+                "no window was kept: the workload's requests ran out before its batch had turned over (or its client "
+                "workers' windows did not overlap); raise its num_prompts"
+            )
         return tuple(
             Loss(reason=reason, detail=detail) for reason, detail in ((PROMPT_LENGTHS, off), (WINDOW_SHORT, short)) if detail
         )

@@ -284,9 +284,7 @@ class Driver:
         options = LoadOptions(
             warmup=workload.warmup * n, window=workload.window, routing=_client_routing(config.routing), api_key=method.api_key
         )
-        load = Load(
-            copies_of(workload.workload, n, _tokenizer(config.model)), times_arrival(workload.arrival, n), options, workload.slo
-        )
+        load = Load(copies_of(workload.workload, n, _tokenizer(config.model)), times_arrival(workload.arrival, n), options, workload.slo)
         if self.progress is not None:
             label = load_label(n if config.replicas > 1 else None, workload.arrival if watch else None)
             self.progress.load_started(0 if workload.window else len(load.requests), label)  # a window's requests are a supply

@@ -32,7 +32,7 @@ import msgspec
 
 from pytest_qwenperf.core.run import Run
 from pytest_qwenperf.core.sequential import SequentialPlan
-from pytest_qwenperf.core.verdict import UNDECIDED, Judgement
+from pytest_qwenperf.core.verdict import DECIDED, UNDECIDED, Judgement
 from pytest_qwenperf.gate.baseline import Baseline, BaselineError, evidence
 from pytest_qwenperf.gate.diagnosis import Diagnosis, Evidence, diagnose
 from pytest_qwenperf.gate.judge import judge_against_run, judge_run
@@ -71,7 +71,7 @@ def settleable(judgements: Sequence[Judgement]) -> bool:
 
 def clearly_decided(judgements: Sequence[Judgement]) -> bool:
     """Whether every verdict is decided (pass, regression or improvement): an early look may stop here."""
-    return bool(judgements) and all(j.verdict in ("pass", "regression", "improvement") for j in judgements)
+    return bool(judgements) and all(j.verdict in DECIDED for j in judgements)
 
 
 def decide(

@@ -265,9 +265,7 @@ class Suite:
     canary_floor: CanaryFloor = EXACT  # a config's canary answer against another session's (the [canary] table)
     history_window: int = HISTORY_WINDOW  # valid runs of the history a run without a stored baseline is judged against
     baseline_max_age_days: int = BASELINE_MAX_AGE_DAYS  # a stored baseline older than this is named stale
-    boot_s: float | None = (
-        None  # seconds one server takes to boot (``qwenperf plan``); None: ``suite.cost``'s default for CPU or GPU
-    )
+    boot_s: float | None = None  # seconds one server takes to boot (``qwenperf plan``); None: ``suite.cost``'s default for CPU or GPU
     repeat_spread: float | None = None  # how far a repeat's throughput is assumed to spread (CV), for the plan's MDE
     min_repeats: int | None = None  # the earliest look, before the planned repeats are in (core.sequential); None: none
 
@@ -312,9 +310,7 @@ def load_suite(path: Path | str) -> Suite:
     if wrong:
         raise SuiteError(f"{path}: suite.must_match: {wrong}")
     if suite.max_repeats is not None and suite.max_repeats < suite.repeats:
-        raise _fail(
-            path, "suite.max_repeats", f"a whole number of load runs >= suite.repeats ({suite.repeats})", suite.max_repeats
-        )
+        raise _fail(path, "suite.max_repeats", f"a whole number of load runs >= suite.repeats ({suite.repeats})", suite.max_repeats)
     if suite.min_repeats is not None and suite.min_repeats > suite.repeats:
         raise _fail(
             path, "suite.min_repeats", f"a whole number of repeats from 2 to suite.repeats ({suite.repeats})", suite.min_repeats
@@ -434,9 +430,7 @@ class _SuiteTable(schema.Shape, frozen=True):
     must_match: _Strings = ()
     history_window: Annotated[int, Meta(ge=1, description="a whole number of runs >= 1")] = HISTORY_WINDOW
     baseline_max_age_days: Annotated[int, Meta(ge=1, description="a whole number of days >= 1")] = BASELINE_MAX_AGE_DAYS
-    boot_s: (
-        Annotated[float, Meta(gt=0, le=86_400, description="a number of seconds > 0, at most a day (one server's boot)")] | None
-    ) = None
+    boot_s: Annotated[float, Meta(gt=0, le=86_400, description="a number of seconds > 0, at most a day (one server's boot)")] | None = None
     repeat_spread: (
         Annotated[float, Meta(gt=0, lt=1, description="a fraction > 0 and < 1 (a repeat's coefficient of variation)")] | None
     ) = None

@@ -35,8 +35,8 @@ replicas together, as its runs record it):
   before its window opens (the batch turns over; none after an open loop's ramp), the window, and
   one lifetime more (the requests sent last inside it end; the rest are cut), as long as its
   requests last: a closed loop's lifetime by Little's law, its concurrency over the request rate
-  the throughput makes; an open loop's taken as its warm-up's time (all of it at once). Where the requests run out first the run
-  takes their time and the plan says so (:attr:`Timing.runs_out`).
+  the throughput makes; an open loop's taken as its warm-up's time (all of it at once). Where the
+  requests run out first the run takes their time and the plan says so (:attr:`LoadRun.runs_out`).
 
 Each point's throughput MDE at its planned repeats is given where a spread of its repeats is known:
 the history's (the median over its runs of their repeats' coefficient of variation), else the
