@@ -20,12 +20,13 @@ from __future__ import annotations
 
 import argparse
 from collections import Counter
+from collections.abc import Callable
 from dataclasses import dataclass
 
 import numpy as np
 
 from pytest_qwenperf.core.sequential import SequentialPlan
-from pytest_qwenperf.core.verdict import DECIDED, DEFAULT_CONFIDENCE, UNDECIDED, Verdict, judge
+from pytest_qwenperf.core.verdict import DECIDED, DEFAULT_CONFIDENCE, UNDECIDED, Judgement, Verdict, judge
 
 
 @dataclass(frozen=True)
@@ -51,25 +52,29 @@ class Outcome:
         return self.verdicts[verdict] / self.draws
 
 
-def _follow(case: Case, baseline: list[float], current: list[float]) -> tuple[Verdict, int]:
-    """The final verdict of one draw and the repeats it took, looks as ``decide`` takes them."""
-    plan = case.plan
+def follow(plan: SequentialPlan, judged: Callable[[int, float], Judgement]) -> tuple[Judgement, int]:
+    """The last verdict and the repeats it took, looks taken as ``measure.sequential.decide`` takes
+    them: ``judged(n, confidence)`` judges the first ``n`` repeats at that look's confidence; an early
+    look stops once decided, the planned and extra looks once not undecided, or at the most."""
     n = plan.earliest
     while True:
-        judgement = judge(
-            "output_throughput",
-            baseline,
-            current[:n],
-            direction="higher",
-            tolerance=case.tolerance,
-            confidence=plan.confidence_at(n),
-        )
+        judgement = judged(n, plan.confidence_at(n))
         if plan.early(n):
             if judgement.verdict in DECIDED:
-                return judgement.verdict, n
+                return judgement, n
         elif judgement.verdict not in UNDECIDED or n == plan.most:
-            return judgement.verdict, n
+            return judgement, n
         n += 1
+
+
+def _follow(case: Case, baseline: list[float], current: list[float]) -> tuple[Verdict, int]:
+    """The final verdict of one draw and the repeats it took."""
+
+    def judged(n: int, confidence: float) -> Judgement:
+        return judge("output_throughput", baseline, current[:n], direction="higher", tolerance=case.tolerance, confidence=confidence)
+
+    judgement, taken = follow(case.plan, judged)
+    return judgement.verdict, taken
 
 
 def simulate(case: Case, change: float, draws: int, seed: int) -> Outcome:

@@ -75,12 +75,13 @@ import numpy as np
 import psutil
 
 from benchmarks.cpu_cgroup import CgroupError, CpuCgroup
+from benchmarks.early_stop import follow
 from pytest_qwenperf.core.files import write_atomically
 from pytest_qwenperf.core.metrics import Direction, metric
 from pytest_qwenperf.core.run import Run
 from pytest_qwenperf.core.sequential import SequentialPlan
 from pytest_qwenperf.core.stats import centre
-from pytest_qwenperf.core.verdict import DECIDED, DEFAULT_CONFIDENCE, Judgement, judge
+from pytest_qwenperf.core.verdict import DEFAULT_CONFIDENCE, Judgement, judge
 from pytest_qwenperf.gate.judge import losses
 from pytest_qwenperf.measure.method import Method, repeats
 from pytest_qwenperf.measure.observe import ClientSetup
@@ -471,13 +472,11 @@ def _looked(
     with a suite's ``min_repeats`` (the planned look: all of ``b_side``)."""
     direction, unit = metric_facts(name)
     plan = SequentialPlan(DEFAULT_CONFIDENCE, len(b_side), len(b_side), least if least and least < len(b_side) else None)
-    for n in range(plan.earliest, len(b_side) + 1):
-        found = judge(
-            name, a_side, b_side[:n], direction=direction, tolerance=tolerance, unit=unit, confidence=plan.confidence_at(n)
-        )
-        if not plan.early(n) or found.verdict in DECIDED:
-            return found, n
-    raise AssertionError("the planned look always returns")
+
+    def judged(n: int, confidence: float) -> Judgement:
+        return judge(name, a_side, b_side[:n], direction=direction, tolerance=tolerance, unit=unit, confidence=confidence)
+
+    return follow(plan, judged)
 
 
 def analyse(
