@@ -18,6 +18,11 @@ give. Each request says what it wants in an extra body key, ``x_schedule`` (a di
   at once (the n-th starts them all): a client that cannot open n at once never gets a token.
 - ``error``: ``{"status": 4xx, "body": <any JSON>}`` answers with that instead of a stream.
 
+Started in sleep mode (``serve(sleep_mode=True)``: vLLM's ``--enable-sleep-mode`` in dev mode),
+it serves ``POST /sleep?level=N``, ``POST /wake_up`` and ``GET /is_sleeping`` as vLLM does, and
+answers a request sent while asleep with 503, so a request to a sleeping server cannot pass
+unseen; without it those routes are vLLM's 404.
+
 Requests without ``x_schedule`` (from clients that cannot add body keys) get the one
 given with ``--schedule`` (default: none, so one token per ``max_tokens``, at once).
 
@@ -127,8 +132,12 @@ def _prompt_tokens(body: dict[str, Any]) -> int:
 class _Source:
     """What all connections share: the served model, counters and the send log."""
 
-    def __init__(self, model: str, default_schedule: dict[str, Any], answers: dict[str, bytes] | None = None) -> None:
+    def __init__(
+        self, model: str, default_schedule: dict[str, Any], answers: dict[str, bytes] | None = None, sleep_mode: bool = False
+    ) -> None:
         self.model = model
+        self.sleep_mode = sleep_mode
+        self.asleep = False
         self.default_schedule = default_schedule  # for requests without ``x_schedule`` (other clients)
         self.answers = answers or {}  # GET path -> the body of a 200 answer (e.g. garbage for /version, /metrics)
         self.by_port: Counter[int] = Counter()
@@ -249,8 +258,17 @@ class _Connection(asyncio.Protocol):
 
     def _handle(self, method: str, path: str, body: bytes) -> None:
         source = self.source
+        route = path.split("?", 1)[0]
         if method == "POST" and path in ("/v1/completions", "/v1/chat/completions"):
-            self._start_stream(path, json.loads(body))
+            if source.asleep:
+                self.transport.write(_response(503, {"error": {"message": "the engine is asleep", "code": 503}}))
+            else:
+                self._start_stream(path, json.loads(body))
+        elif source.sleep_mode and method == "POST" and route in ("/sleep", "/wake_up"):
+            source.asleep = route == "/sleep"
+            self.transport.write(_response(200, {"status": "sleeping" if source.asleep else "awake"}))
+        elif source.sleep_mode and route == "/is_sleeping":
+            self.transport.write(_response(200, {"is_sleeping": source.asleep}))
         elif method == "GET" and path in source.answers:
             data = source.answers[path]
             self.transport.write(b"HTTP/1.1 200 OK\r\nContent-Type: text/plain\r\nContent-Length: %d\r\n\r\n%s" % (len(data), data))
@@ -358,11 +376,16 @@ class _Connection(asyncio.Protocol):
 
 
 async def serve(
-    n_ports: int, model: str, default_schedule: dict[str, Any], answers: dict[str, bytes] | None = None, port: int = 0
+    n_ports: int,
+    model: str,
+    default_schedule: dict[str, Any],
+    answers: dict[str, bytes] | None = None,
+    port: int = 0,
+    sleep_mode: bool = False,
 ) -> None:
     """Serve on ``n_ports`` free loopback ports (one: ``port`` if given), print them as one JSON line, run until SIGTERM."""
     loop = asyncio.get_running_loop()
-    source = _Source(model, default_schedule, answers)
+    source = _Source(model, default_schedule, answers, sleep_mode)
     servers = [await loop.create_server(lambda: _Connection(source), "127.0.0.1", port, backlog=1024) for _ in range(n_ports)]
     stop = asyncio.Event()
     loop.add_signal_handler(signal.SIGTERM, stop.set)

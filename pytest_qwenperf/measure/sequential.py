@@ -40,6 +40,7 @@ from pytest_qwenperf.measure.method import Method
 from pytest_qwenperf.measure.progress import PointProgress, told
 from pytest_qwenperf.measure.run import Repeat, combine_repeats, measure_repeat, profiled
 from pytest_qwenperf.serving.server import Server
+from pytest_qwenperf.serving.sleep import Turns
 from pytest_qwenperf.suite.config import ServingConfig, SuiteWorkload
 
 R = TypeVar("R")
@@ -207,12 +208,20 @@ def measure_interleaved(
     workload: SuiteWorkload,
     method: Method,
     progress: PointProgress | None = None,
+    turns: Turns | None = None,
 ) -> DecidedPair:
     """The point on both servers, as many repeats each as :func:`decide_interleaved` takes on the method's plan;
-    then, where the method asks, each side's operator profile (the reference's first), in folders of their own."""
+    then, where the method asks, each side's operator profile (the reference's first), in folders of their own.
+    ``turns``: the servers take turns on the GPUs (:mod:`~pytest_qwenperf.serving.sleep`), the one measured
+    awake, the other asleep; None: both stay awake."""
+
+    def awake(server: Server) -> Server:
+        if turns is not None:
+            turns.take(server)
+        return server
 
     def repeat_on(server: Server, side: str) -> Callable[[], Repeat]:
-        return told(lambda: measure_repeat(server, config, workload, method, progress), method.plan, progress, side)
+        return told(lambda: measure_repeat(awake(server), config, workload, method, progress), method.plan, progress, side)
 
     def combine(repeats: Sequence[Repeat]) -> Run:
         return combine_repeats(repeats, config.replicas, method)
@@ -225,8 +234,10 @@ def measure_interleaved(
         run=msgspec.structs.replace(pair.run, elapsed_s=elapsed),
         reference=msgspec.structs.replace(pair.reference, elapsed_s=elapsed),
     )
-    base = profiled(pair.reference, reference, config, workload, _side(method, "reference"))
-    return replace(pair, reference=base, run=profiled(pair.run, candidate, config, workload, _side(method, "candidate")))
+    if method.profile is None:
+        return pair
+    base = profiled(pair.reference, awake(reference), config, workload, _side(method, "reference"))
+    return replace(pair, reference=base, run=profiled(pair.run, awake(candidate), config, workload, _side(method, "candidate")))
 
 
 def _side(method: Method, side: str) -> Method:
@@ -247,19 +258,20 @@ def measure_pair(
     *,
     side_by_side: bool,
     progress: PointProgress | None = None,
+    turns: Turns | None = None,
 ) -> DecidedPair:
     """The point on a reference's server and a candidate's, the candidate judged against the
     reference's run: the one way the plugin (``--qwenperf-candidate``) and ``qwenperf bisect``
     pit two vLLMs against each other.
 
-    Side by side (both servers up at once: the CPU build), repeats interleaved as
-    :func:`measure_interleaved` does. Otherwise (a GPU node holds one server at a time) each is
+    Side by side (both servers up at once), repeats interleaved as :func:`measure_interleaved` does: both
+    awake on the CPU build, taking ``turns`` through sleep mode on one GPU node. Otherwise (a GPU node holds one server at a time) each is
     measured alone with the plan's first repeats, the reference first, inside its own block so
     that its server can stop before the candidate's boots; the verdicts are at the confidence of
     the plan's first look. ``progress`` is told of the repeats of both, as :func:`measure_point` tells it."""
     if side_by_side:
         with reference() as ref, candidate() as cand:
-            return measure_interleaved(ref, cand, config, workload, method, progress)
+            return measure_interleaved(ref, cand, config, workload, method, progress, turns)
     with reference() as server:
         base = measure_point(server, config, workload, _side(method, "reference"), lambda run: None, progress).run
     with candidate() as server:

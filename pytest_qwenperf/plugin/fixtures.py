@@ -36,6 +36,7 @@ from pytest_qwenperf.plugin.settings import (
     REPORT_KEY,
     SETTINGS_KEY,
     SUITES_KEY,
+    TURNS_KEY,
     USES_KEY,
     QwenperfSettings,
     profiles_path,
@@ -54,8 +55,9 @@ def qwenperf_settings(pytestconfig: pytest.Config) -> QwenperfSettings:
     return pytestconfig.stash[SETTINGS_KEY]
 
 
-def _pool(settings: QwenperfSettings, log_dir: Path, launcher: tuple[str, ...], boots: BootMeter | None) -> ServerPool:
+def _pool(config: pytest.Config, log_dir: Path, launcher: tuple[str, ...], boots: BootMeter | None) -> ServerPool:
     """``boots``: the terminal's lines of each server's boot (None: no progress shown)."""
+    settings = config.stash[SETTINGS_KEY]
     return ServerPool(
         PoolSettings(
             log_dir=log_dir,
@@ -67,6 +69,7 @@ def _pool(settings: QwenperfSettings, log_dir: Path, launcher: tuple[str, ...], 
             profile=settings.profile,
             boot_progress=boots,
             vllm_cache=settings.vllm_cache,
+            turns=config.stash.get(TURNS_KEY, None),
         )
     )
 
@@ -83,7 +86,7 @@ def qwenperf_pool(
 ) -> Iterator[ServerPool]:
     """All servers of the session; each config boots once and everything stops at the end."""
     boots = boot_progress(pytestconfig, qwenperf_settings.progress)
-    pool = _pool(qwenperf_settings, _log_dir(qwenperf_settings, tmp_path_factory), qwenperf_settings.launcher, boots)
+    pool = _pool(pytestconfig, _log_dir(qwenperf_settings, tmp_path_factory), qwenperf_settings.launcher, boots)
     pytestconfig.stash[POOLS_KEY]["launcher"] = pool
     try:
         yield pool
@@ -100,7 +103,7 @@ def qwenperf_candidate_pool(
         yield None
         return
     boots = boot_progress(pytestconfig, qwenperf_settings.progress, "candidate")
-    pool = _pool(qwenperf_settings, _log_dir(qwenperf_settings, tmp_path_factory, "candidate"), qwenperf_settings.candidate, boots)
+    pool = _pool(pytestconfig, _log_dir(qwenperf_settings, tmp_path_factory, "candidate"), qwenperf_settings.candidate, boots)
     pytestconfig.stash[POOLS_KEY]["candidate"] = pool
     try:
         yield pool
@@ -191,7 +194,8 @@ def qwenperf_measure(
             candidate = qwenperf_candidate_pool.get(cfg, placed.server_cpus, gpus)
             # Both servers stay up for the config's other tests; vllm_server stops them after the last.
             servers = (lambda: nullcontext(server), lambda: nullcontext(candidate))
-            pair = measure_pair(*servers, cfg, workload, method, side_by_side=True, progress=progress)
+            turns = pytestconfig.stash.get(TURNS_KEY, None)
+            pair = measure_pair(*servers, cfg, workload, method, side_by_side=True, progress=progress, turns=turns)
             report.reference.add(pair.reference)
             return report.add(pair.run, pair.judgements, diagnosis=pair.diagnosis)
         decided = measure_point(server, cfg, workload, method, partial(_reference, settings, suite), progress)

@@ -34,6 +34,7 @@ from pytest_qwenperf.plugin.settings import (
     REPORT_KEY,
     SETTINGS_KEY,
     SUITES_KEY,
+    TURNS_KEY,
     USES_KEY,
     HistorySetting,
     QwenperfSettings,
@@ -50,8 +51,10 @@ from pytest_qwenperf.serving.hardware import detect
 from pytest_qwenperf.serving.placement import missing_hardware
 from pytest_qwenperf.serving.pool import ServerPool
 from pytest_qwenperf.serving.server import DEFAULT_BOOT_TIMEOUT_S
+from pytest_qwenperf.serving.sleep import Turns, turns_problem
 from pytest_qwenperf.suite.config import ServingConfig, SuiteError, load_suite
 from pytest_qwenperf.suite.selectors import selected_pairs, tier_of
+from pytest_qwenperf.suite.vllm_args import launcher_python
 
 pytest_plugins = [
     "pytest_qwenperf.plugin.fixtures",
@@ -329,20 +332,14 @@ def pytest_collection_finish(session: pytest.Session) -> None:
     if settings.endpoints or settings.endpoint_sets:
         return
     suites = {suite.name: suite for suite in session.config.stash[SUITES_KEY]}
-    on_gpus = [
-        cfg
+    selected = [
+        (cfg, suite.gpus)
         for item in session.items
-        if (cfg := _config_of(item)) is not None
-        and (suite := suites.get(cfg.suite)) is not None
-        and suite.gpus
-        and item.get_closest_marker("skip") is None
+        if (cfg := _config_of(item)) is not None and (suite := suites.get(cfg.suite)) is not None and item.get_closest_marker("skip") is None
     ]
+    on_gpus = [cfg for cfg, gpus in selected if gpus]
     if on_gpus and settings.candidate is not None:
-        raise pytest.UsageError(
-            "qwenperf: --qwenperf-candidate boots the candidate's server beside the launcher's, which GPU configs have "
-            f"no room for ({', '.join(sorted({cfg.key for cfg in on_gpus}))}); measure each vLLM in its own session "
-            "and judge them with qwenperf compare (nothing was booted)"
-        )
+        session.config.stash[TURNS_KEY] = _turns(settings, on_gpus, sorted({cfg.key for cfg, gpus in selected if not gpus}))
     visible = [dict(cfg.env).get("CUDA_VISIBLE_DEVICES") for cfg in on_gpus]
     held = gpu_memory.wait_until_free(visible) if visible else ()
     if held:
@@ -350,6 +347,27 @@ def pytest_collection_finish(session: pytest.Session) -> None:
             "qwenperf: GPU memory is in use by other processes on GPUs this session needs; stop them before "
             "measuring (nothing was booted):\n  " + "\n  ".join(holder.describe() for holder in held)
         )
+
+
+def _turns(settings: QwenperfSettings, on_gpus: list[ServingConfig], on_cpus: list[str]) -> Turns:
+    """The turns the launcher's and the candidate's servers take on the GPUs (through vLLM's sleep mode),
+    or a usage error saying why they cannot, before anything boots. ``on_cpus``: the selected configs
+    that need no GPU (they are measured side by side, both awake)."""
+    assert settings.candidate is not None
+    if on_cpus:
+        raise pytest.UsageError(
+            "qwenperf: --qwenperf-candidate measures GPU configs taking turns on the GPUs and CPU configs side by side, "
+            f"not both in one session; deselect {', '.join(on_cpus)} or the GPU configs (nothing was booted)"
+        )
+    pythons = (launcher_python(settings.launcher), launcher_python(settings.candidate))
+    problem = turns_problem(dict.fromkeys(on_gpus), pythons)
+    if problem is not None:
+        raise pytest.UsageError(
+            "qwenperf: --qwenperf-candidate on GPU configs keeps both servers booted, taking turns on the GPUs "
+            f"through vLLM's sleep mode, which cannot work here: {problem}. Measure each vLLM in a session of its "
+            "own and judge them with qwenperf compare (nothing was booted)"
+        )
+    return Turns()
 
 
 def pytest_report_collectionfinish(config: pytest.Config) -> list[str]:

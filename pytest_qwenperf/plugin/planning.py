@@ -13,7 +13,7 @@ import pytest
 
 from pytest_qwenperf.core.tables import format_duration
 from pytest_qwenperf.gate.history_store import HistoryError, is_url
-from pytest_qwenperf.plugin.settings import REPORT_KEY, SETTINGS_KEY, SUITES_KEY, QwenperfSettings, repeat_plan
+from pytest_qwenperf.plugin.settings import REPORT_KEY, SETTINGS_KEY, SUITES_KEY, TURNS_KEY, QwenperfSettings, repeat_plan
 from pytest_qwenperf.serving.pool import ServerPool
 from pytest_qwenperf.suite.config import ServingConfig, Suite, SuiteWorkload
 from pytest_qwenperf.suite.cost import SessionPlan, minutes, planned
@@ -77,9 +77,17 @@ def end_lines(config: pytest.Config, pools: Sequence[ServerPool]) -> list[str]:
     points = sum(point.planned_s or 0.0 for found in report.plans for point in found.points)
     booted = sum(pool.booting_s for pool in pools)
     boots = sum(found.boots_s for found in report.plans)
-    return [
+    lines = [
         f"qwenperf: took {minutes(took)} against a plan of {minutes(planned_s)} ({took / planned_s:.0%}): "
         f"measuring {format_duration(measured)} of {format_duration(points)} planned, booting {format_duration(booted)} of {format_duration(boots)} planned"
         if planned_s
         else f"qwenperf: took {minutes(took)}"
     ]
+    turns = config.stash.get(TURNS_KEY, None)
+    if turns is not None:
+        c = turns.counts
+        lines.append(
+            f"qwenperf: the launcher's and the candidate's servers took turns on the GPUs through vLLM's sleep mode: "
+            f"{c.wakes} wake-up(s) and {c.sleeps} sleep(s) in {format_duration(c.seconds)}, inside the measuring"
+        )
+    return lines

@@ -33,6 +33,7 @@ from pytest_qwenperf.plugin.progress import ProgressSetting, progress_setting
 from pytest_qwenperf.serving.endpoints import EndpointSets
 from pytest_qwenperf.serving.pool import ServerPool
 from pytest_qwenperf.serving.server import DEFAULT_BOOT_TIMEOUT_S, DEFAULT_LAUNCHER
+from pytest_qwenperf.serving.sleep import Turns
 from pytest_qwenperf.suite.config import Suite
 
 
@@ -88,6 +89,8 @@ REPORT_KEY = pytest.StashKey[SessionReport]()
 """The session's runs: every measured (config, workload), written at the end of the session."""
 POOLS_KEY = pytest.StashKey[dict[str, ServerPool]]()
 """The session's server pools by role ("launcher", "candidate"): their boot counts go into the JSON."""
+TURNS_KEY = pytest.StashKey[Turns]()
+"""The turns the launcher's and the candidate's servers take on the GPUs; absent where both stay awake."""
 USES_KEY = pytest.StashKey[Counter[str]]()
 """Config key → collected tests still to use its server (it stops after the last)."""
 _T = TypeVar("_T")

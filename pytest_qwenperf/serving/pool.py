@@ -23,6 +23,7 @@ from pytest_qwenperf.serving.server import (
     ServerError,
     ServerSpec,
 )
+from pytest_qwenperf.serving.sleep import SLEEP_FLAG, Turns
 from pytest_qwenperf.suite import embedded
 from pytest_qwenperf.suite.config import ServingConfig
 from pytest_qwenperf.suite.vllm_args import ParserUnavailable, ProfilerSwitch, launcher_python, profiler_switch
@@ -37,14 +38,16 @@ def server_spec(
     api_key: ApiKey | None = None,
     profiler: ProfilerSwitch | None = None,
     vllm_cache: Path | None = None,
+    sleep_mode: bool = False,
 ) -> ServerSpec:
     """How to start one server of ``config`` (the embedded model is built here when needed);
     ``vllm_cache``: the folder its vLLM keeps compiled graphs and model facts in (``VLLM_CACHE_ROOT``;
-    None: vLLM's own default, ``~/.cache/vllm``), so that a runner's next session boots from them."""
+    None: vLLM's own default, ``~/.cache/vllm``), so that a runner's next session boots from them;
+    ``sleep_mode``: started with ``--enable-sleep-mode``, to take turns on the GPUs (:mod:`~pytest_qwenperf.serving.sleep`)."""
     cache = (("VLLM_CACHE_ROOT", str(vllm_cache.resolve())),) if vllm_cache is not None else ()
     return ServerSpec(
         model=embedded.resolve_model(config.model),
-        args=config.vllm_args,
+        args=config.vllm_args + ((SLEEP_FLAG,) if sleep_mode else ()),
         name=config.id,
         served_model_name=config.served_model_name,
         env=config.env + cache,
@@ -68,6 +71,9 @@ class PoolSettings:
     profile: bool = False  # boot servers with vLLM's torch profiler on (off until /start_profile)
     boot_progress: BootProgress | None = None  # told of each boot as it waits for readiness (None: nobody)
     vllm_cache: Path | None = None  # vLLM's cache folder for booted servers (VLLM_CACHE_ROOT); None: vLLM's default
+    # Servers booted in sleep mode take turns on the GPUs with every other server of these turns (the
+    # launcher's and a candidate's pools share them): the one handed out is awake. None: all stay awake.
+    turns: Turns | None = None
 
 
 class BootFailedEarlier(ServerError):
@@ -96,13 +102,20 @@ class ServerPool:
         if self.settings.endpoints:
             return self._external_server()
         key = config.key
+        turns = self.settings.turns
         if key in self._running:
+            if turns is not None:
+                turns.take(self._running[key])
             return self._running[key]
         if key in self._failed:
             raise BootFailedEarlier(f"config {key!r} failed to boot earlier in this session:\n{self._failed[key]}")
         waited = time.monotonic()
         try:
+            if turns is not None:
+                turns.rest()  # the GPUs' memory is the new server's to take
             booted = self._boot(key, self._server(config, cpus, gpus))
+            if booted is not None and turns is not None:
+                turns.join(booted)
         finally:
             self.booting_s += time.monotonic() - waited
         if booted is None:
@@ -119,6 +132,7 @@ class ServerPool:
             api_key=self.settings.api_key,
             profiler=self._profiler_switch(),
             vllm_cache=self.settings.vllm_cache,
+            sleep_mode=self.settings.turns is not None,
         )
         watch = BootWatch(self.settings.boot_progress, config.key) if self.settings.boot_progress is not None else None
         if config.replicas == 1:
@@ -155,6 +169,8 @@ class ServerPool:
         """Stop the server of config ``key`` (no more consumers); a later :meth:`get` boots it again."""
         server = self._running.pop(key, None)
         if server is not None:
+            if self.settings.turns is not None:
+                self.settings.turns.leave(server)
             server.stop()
 
     def close(self) -> None:

@@ -143,6 +143,19 @@ def profiler_switch(python: str = sys.executable) -> ProfilerSwitch:
     raise ParserUnavailable(f"{python}: vLLM's parser rejects the profiler config {argv[1]}: {error}")
 
 
+def sleep_mode_problem(python: str = sys.executable) -> str | None:
+    """Why the vLLM installed for ``python`` cannot sleep on this machine, None where it can: its parser
+    must take ``--enable-sleep-mode`` and its platform must offer sleep mode (CUDA and ROCm builds do,
+    the CPU build does not). :class:`ParserUnavailable` where vLLM cannot be asked."""
+    reply = _ask(python, {"sleep": ["--model", "m", "--enable-sleep-mode"]})
+    error = reply["errors"].get("sleep")
+    if error is not None:
+        return f"{python}: vLLM {reply['version']}'s parser rejects --enable-sleep-mode: {error}"
+    if not reply.get("sleep_mode"):
+        return f"{python}: vLLM {reply['version']} has no sleep mode on this machine (its CUDA and ROCm builds have, its CPU build has not)"
+    return None
+
+
 def launcher_python(launcher: Sequence[str]) -> str:
     """The Python a launcher command runs vLLM with: the word before ``-m vllm…`` (a wrapper such as
     ``env … python -m vllm.entrypoints.openai.api_server``), else a first word named ``python…``,
@@ -223,7 +236,9 @@ def _parse_all(argvs: dict[str, Sequence[str]]) -> dict[str, object]:
             lines = [ln for ln in stderr.getvalue().strip().splitlines() if "error:" in ln]
             message = lines[-1].split("error:", 1)[1].strip() if lines else stderr.getvalue().strip()
             errors[config_id] = explain(message)
-    return {"version": vllm.__version__, "errors": errors}
+    platform = importlib.import_module("vllm.platforms").current_platform
+    sleep_mode = getattr(platform, "is_sleep_mode_available", lambda: False)()
+    return {"version": vllm.__version__, "errors": errors, "sleep_mode": bool(sleep_mode)}
 
 
 def main() -> None:

@@ -4,12 +4,14 @@ OpenAI streaming endpoints with tokens at a fixed pace (:mod:`tests.stream_sourc
 ``paced_vllm.py --itl-ms 10 --model M --port P ...``: the options before the model are its
 own, the rest is what the plugin appends (the config's vLLM flags are accepted and ignored).
 Two of these with different paces are a reference and a candidate whose difference is known.
+With ``--enable-sleep-mode`` (and dev mode, as vLLM wants) they sleep and wake as vLLM does.
 """
 
 from __future__ import annotations
 
 import argparse
 import asyncio
+import os
 import sys
 from pathlib import Path
 
@@ -25,9 +27,11 @@ def main() -> None:
     parser.add_argument("--model", required=True)
     parser.add_argument("--served-model-name")
     parser.add_argument("--port", type=int, required=True)
+    parser.add_argument("--enable-sleep-mode", action="store_true", help="vLLM's: with VLLM_SERVER_DEV_MODE=1, serve /sleep and /wake_up")
     args, _ = parser.parse_known_args()
     schedule = {"ttft_ms": args.ttft_ms, "itl_ms": args.itl_ms}
-    asyncio.run(serve(1, args.served_model_name or args.model, schedule, port=args.port))
+    sleep_mode = args.enable_sleep_mode and os.environ.get("VLLM_SERVER_DEV_MODE") == "1"
+    asyncio.run(serve(1, args.served_model_name or args.model, schedule, port=args.port, sleep_mode=sleep_mode))
 
 
 if __name__ == "__main__":

@@ -1,0 +1,3 @@
+import argparse
+
+FlexibleArgumentParser = argparse.ArgumentParser
