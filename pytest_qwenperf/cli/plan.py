@@ -42,6 +42,7 @@ SESSION = {
     "config": "--config",
     "workload": "--workload",
     "tier": "--tier",
+    "candidate": "--candidate",
     "history": "--history",
     "json": "--json",
     "fail_over": "--fail-over",
@@ -65,6 +66,13 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         "--tier",
         choices=("nightly", "weekly"),
         help="the nightly run's points (-m \"<hardware> and not weekly\"), or the weekly run's: all (the default)",
+    )
+    session.add_argument(
+        "--candidate",
+        action="store_true",
+        help="a session that measures a candidate vLLM beside the launcher's (--qwenperf-candidate): each config boots "
+        "twice, each repeat is taken on both sides (taking turns through sleep mode on a GPU suite); the MDE is the "
+        "pair's, and 'legs MDE' gives the same repeats measured in two sessions apart",
     )
     session.add_argument(
         "--history",
@@ -108,7 +116,7 @@ def _session(args: argparse.Namespace) -> int:
     suite = load_suite(args.suite)
     points = points_of(suite, args.config or (), args.workload or (), nightly=args.tier == "nightly")
     where = args.history if args.history is not None else str(DEFAULT_HISTORY) if DEFAULT_HISTORY.is_file() else None
-    found = planned(suite, points, where)
+    found = planned(suite, points, where, candidate=args.candidate)
     if args.json:
         print(json.dumps(json_safe({**found.as_json(), "history": where}), indent=2))
     else:
@@ -144,9 +152,9 @@ def table(found: SessionPlan, history: str | None) -> list[str]:
     header = (
         f"{'config':<22} {'workload':<30} {'source':<16} {'tok/s':>15} {'warm-up':>8} {'measured':>9} "
         f"{'runs':>9} {'repeat':>9} {'repeats':>7} {'planned':>9} {'worst':>9} {'MDE':>6}"
-    )
+    ) + (f" {'legs MDE':>8}" if found.pairing else "")
     lines += [header, "-" * len(header)]
-    lines += [_row(point) for point in found.points]
+    lines += [_row(point) + (f" {_percent(point.legs_mde):>8}" if found.pairing else "") for point in found.points]
     searches = [p for p in found.points if p.timing is not None and p.timing.probes is not None]
     if searches:
         lines += ["", "searches (a repeat is one search; planned at the geometric middle of its loads, at worst its longest probe):"]
@@ -173,20 +181,45 @@ def table(found: SessionPlan, history: str | None) -> list[str]:
             sorted(f"{spread:.1%} ({'history' if kind == 'history' else 'the suite assumes'})" for spread, kind in spreads)
         )
         lines += ["", f"MDE: the throughput MDE at the planned repeats, for repeats that spread by {told}"]
+    if found.pairing is not None:
+        lines += _pairing_lines(found)
     source = "the suite's boot_s" if found.boot_from == "suite" else "the default: the suite states no boot_s"
+    sides = "" if found.pairing is None else " x 2 sides"
     lines += [
         "",
-        f"boots: {configs} x {format_duration(found.boot_s)} ({source}) = {format_duration(found.boots_s)}",
+        f"boots: {configs}{sides} x {format_duration(found.boot_s)} ({source}) = {format_duration(found.boots_s)}",
         f"total: planned {format_duration(found.planned_s)}, at most {format_duration(found.worst_s)}",
         found.line(),
     ]
     return lines
 
 
+def _pairing_lines(found: SessionPlan) -> list[str]:
+    """What a session with a candidate adds: how the two take turns, and what the pair sees against two legs."""
+    assert found.pairing is not None
+    how = (
+        f"taking turns through vLLM's sleep mode, {format_duration(found.pairing.turn_s)} a turn (an assumption) at each change of side"
+        if found.pairing.turn_s
+        else "both awake, side by side"
+    )
+    drifts = {(p.session_spread, p.session_spread_from) for p in found.points if p.session_spread is not None}
+    told = ", ".join(sorted(f"{d:.1%} ({'history' if kind == 'history' else 'the suite assumes'})" for d, kind in drifts))
+    legs = (
+        f"legs MDE: the same repeats in two sessions apart, whose means also drift by {told}"
+        if drifts
+        else "legs MDE: not known: no history of 3 runs or more and no [suite] session_spread"
+    )
+    return [f"with a candidate: each repeat on both sides, alternating, {how}; MDE: the pair's, drift between sessions left out", legs]
+
+
+def _percent(value: float | None) -> str:
+    return "—" if value is None else f"{value:.1%}"
+
+
 def _row(point: PointCost) -> str:
     timing, repeats = point.timing, f"{point.repeats}/{point.most_repeats}"
     head = f"{point.config:<22} {point.workload:<30} {point.source.label:<16}"
-    mde = "—" if point.mde is None else f"{point.mde:.1%}"
+    mde = _percent(point.mde)
     if timing is None or point.planned_s is None or point.worst_s is None:
         return f"{head} {'—':>15} {'—':>8} {'—':>9} {'—':>9} {'—':>9} {repeats:>7} {'—':>9} {'—':>9} {mde:>6}"
     kind = "total" if timing.rate.metric == "total_token_throughput" else "output"

@@ -226,6 +226,20 @@ def repeats_mde(repeats: int, spread: float, confidence: float = DEFAULT_CONFIDE
     return -math.expm1(-half)
 
 
+def legs_mde(repeats: int, spread: float, session_spread: float, confidence: float = DEFAULT_CONFIDENCE) -> float:
+    """The MDE of :func:`repeats_mde`'s repeats measured in two sessions apart (one per side, as two
+    legs of a nightly are), where each session's mean is also moved by a drift between sessions that
+    spreads by ``session_spread`` (a coefficient of variation): each side's log mean then varies by
+    ``ln(1 + spread)² / repeats + ln(1 + session_spread)²``, and no number of repeats takes the second
+    term away. One session each cannot measure that drift (it needs :data:`MIN_SESSIONS`), so this is
+    what the legs' verdict could honestly see, not what their repeats alone suggest."""
+    if repeats < 2 or not spread >= 0 or not session_spread >= 0:
+        raise ValueError(f"an MDE needs at least 2 repeats and spreads >= 0, got {repeats}, {spread} and {session_spread}")
+    per_side = math.log1p(spread) ** 2 / repeats + math.log1p(session_spread) ** 2
+    half = t_quantile(1 - (1 - confidence) / 2, 2 * repeats - 2) * math.sqrt(2 * per_side)
+    return -math.expm1(-half)
+
+
 def sessions_known(baseline: int, current: int) -> bool:
     """Whether ``baseline`` and ``current`` sessions show how far sessions differ: their session means,
     each about its own side's mean, give ``baseline + current - 2`` degrees of freedom, and

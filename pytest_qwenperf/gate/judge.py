@@ -164,12 +164,18 @@ def _beyond_tolerance(judged: Judgement) -> bool:
     return change > (-math.log1p(-judged.tolerance) if judged.direction == "higher" else math.log1p(judged.tolerance))
 
 
+REFERENCE_RUN = "reference run"
+"""What a run judged against another run (``qwenperf compare``, a candidate's session) names as its reference."""
+
+
 def reference_name(baseline: Baseline, run: Run | None = None) -> str:
     """What a verdict against ``baseline`` names as its reference; a stored baseline that is stale
     for ``run`` (:func:`staleness`) says so."""
     if isinstance(baseline, PooledBaseline):
         return baseline.name
     source = baseline.provenance.source
+    if source == REFERENCE_RUN:
+        return REFERENCE_RUN
     if baseline.provenance.kind == "published":
         return f"published baseline ({source})"
     stale = staleness(baseline, run) if run is not None else None
@@ -232,7 +238,7 @@ def judge_against_run(reference: Run, run: Run, *, confidence: float = DEFAULT_C
     their side (:func:`~pytest_qwenperf.core.verdict.judge`); where the two runs' histories both
     say how far their runner's sessions differ, the wider spread is taken.
     """
-    baseline = baseline_from_run(reference, source="reference run") if reference.gated_samples() else None
+    baseline = baseline_from_run(reference, source=REFERENCE_RUN) if reference.gated_samples() else None
     judgements = judge_run(baseline, msgspec.structs.replace(run, runner_noise=_wider(reference, run)), confidence=confidence)
     found = losses(reference, "reference")
     reference_lost = reference.lost_values()

@@ -36,12 +36,13 @@ def plan_session(config: pytest.Config, items: Sequence[pytest.Item]) -> tuple[S
         if isinstance(cfg, ServingConfig) and isinstance(workload, SuiteWorkload) and item.get_closest_marker("skip") is None:
             chosen.setdefault(cfg.suite, {})[(cfg.id, workload.id)] = (cfg, workload)
     plans = []
+    candidate = settings.candidate is not None
     for name, points in chosen.items():
         suite = _as_run(suites[name], settings)
         try:
-            plans.append(planned(suite, tuple(points.values()), _history(settings)))
+            plans.append(planned(suite, tuple(points.values()), _history(settings), candidate=candidate))
         except HistoryError:
-            plans.append(planned(suite, tuple(points.values()), None))
+            plans.append(planned(suite, tuple(points.values()), None, candidate=candidate))
     config.stash[REPORT_KEY].plans = tuple(plans)
     config.stash[STARTED_KEY] = time.monotonic()
     return tuple(plans)

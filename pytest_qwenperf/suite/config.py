@@ -267,6 +267,7 @@ class Suite:
     baseline_max_age_days: int = BASELINE_MAX_AGE_DAYS  # a stored baseline older than this is named stale
     boot_s: float | None = None  # seconds one server takes to boot (``qwenperf plan``); None: ``suite.cost``'s default for CPU or GPU
     repeat_spread: float | None = None  # how far a repeat's throughput is assumed to spread (CV), for the plan's MDE
+    session_spread: float | None = None  # how far sessions apart are assumed to drift (CV), for the plan's MDE of two legs
     min_repeats: int | None = None  # the earliest look, before the planned repeats are in (core.sequential); None: none
 
     def config(self, config_id: str) -> ServingConfig:
@@ -387,6 +388,7 @@ def load_suite(path: Path | str) -> Suite:
         baseline_max_age_days=suite.baseline_max_age_days,
         boot_s=suite.boot_s,
         repeat_spread=suite.repeat_spread,
+        session_spread=suite.session_spread,
         min_repeats=suite.min_repeats,
     )
 
@@ -433,6 +435,10 @@ class _SuiteTable(schema.Shape, frozen=True):
     boot_s: Annotated[float, Meta(gt=0, le=86_400, description="a number of seconds > 0, at most a day (one server's boot)")] | None = None
     repeat_spread: (
         Annotated[float, Meta(gt=0, lt=1, description="a fraction > 0 and < 1 (a repeat's coefficient of variation)")] | None
+    ) = None
+    session_spread: (
+        Annotated[float, Meta(gt=0, lt=1, description="a fraction > 0 and < 1 (how far sessions apart drift, as a coefficient of variation)")]
+        | None
     ) = None
     min_repeats: Annotated[int, Meta(ge=2, description="a whole number of repeats >= 2 (the earliest look)")] | None = None
 

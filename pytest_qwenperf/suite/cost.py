@@ -55,6 +55,13 @@ runs slower than that: the estimate is simple, not exact.
 
 A point takes ``repeats`` repeats as planned and ``max_repeats`` at most (extra repeats while its
 verdicts cannot decide). Each config boots once a session.
+
+A session that measures a candidate beside the launcher (:class:`Pairing`) boots each config twice and
+takes every repeat on both sides, alternating; on a GPU suite the two take turns through sleep mode,
+a turn (:data:`TURN_S`) at each change of side. Its MDE is then the pair's, drift between sessions
+left out, and beside it the plan gives the MDE of the same repeats in two sessions apart
+(:func:`~pytest_qwenperf.core.verdict.legs_mde`), for the drift between sessions the history measured
+(the spread of a point's throughput over its runs) or the suite's ``session_spread`` assumes.
 """
 
 from __future__ import annotations
@@ -69,7 +76,7 @@ from pathlib import Path
 from typing import Literal
 
 from pytest_qwenperf.core.run import Run
-from pytest_qwenperf.core.verdict import repeats_mde
+from pytest_qwenperf.core.verdict import MIN_SESSIONS, legs_mde, repeats_mde
 from pytest_qwenperf.gate.history_store import HistoryStore
 from pytest_qwenperf.loadgen.arrivals import Arrival, ClosedLoop, OpenLoop, Replay, warmup_lanes
 from pytest_qwenperf.suite.config import ServingConfig, Suite, SuiteError, SuiteWorkload
@@ -133,6 +140,7 @@ class Measured:
     duration_s: float | None
     repeat_s: float | None = None  # their median wall time of one repeat, all of it (``Run.elapsed_s``); None: not recorded
     spread: float | None = None  # their median coefficient of variation of a throughput's repeats; None: no run repeated
+    session_spread: float | None = None  # the coefficient of variation of a throughput over the runs (sessions); None: < 3 runs
 
 
 @dataclass(frozen=True)
@@ -225,19 +233,38 @@ class PointCost:
     most_repeats: int
     spread: float | None = None  # how far its repeats' throughput spreads (CV); None: not known
     spread_from: Literal["history", "suite"] | None = None
+    session_spread: float | None = None  # how far its sessions apart drift (CV); None: not known
+    session_spread_from: Literal["history", "suite"] | None = None
+    pairing: Pairing | None = None  # both vLLMs in one session (a candidate's); None: one side
 
     @property
     def mde(self) -> float | None:
-        """The throughput MDE at its planned repeats, for repeats spreading :attr:`spread`."""
+        """The throughput MDE at its planned repeats, for repeats spreading :attr:`spread`: both sides'
+        repeats in one session (with a candidate), or a run's against a reference's of as many."""
         return None if self.spread is None or self.repeats < 2 else repeats_mde(self.repeats, self.spread)
 
     @property
+    def legs_mde(self) -> float | None:
+        """The throughput MDE of the same repeats in two sessions apart, their drift included
+        (:func:`~pytest_qwenperf.core.verdict.legs_mde`); None where either spread is not known."""
+        if self.spread is None or self.session_spread is None or self.repeats < 2:
+            return None
+        return legs_mde(self.repeats, self.spread, self.session_spread)
+
+    @property
     def planned_s(self) -> float | None:
-        return None if self.timing is None else self.repeats * self.timing.repeat_s
+        return None if self.timing is None else self._seconds(self.repeats, self.timing.repeat_s)
 
     @property
     def worst_s(self) -> float | None:
-        return None if self.timing is None else self.most_repeats * self.timing.worst_repeat_s
+        return None if self.timing is None else self._seconds(self.most_repeats, self.timing.worst_repeat_s)
+
+    def _seconds(self, repeats: int, repeat_s: float) -> float:
+        """``repeats`` of each side; with a candidate taking turns, a turn before each change of side
+        (A B B A … changes side ``repeats`` times, and the first repeat wakes the reference)."""
+        if self.pairing is None:
+            return repeats * repeat_s
+        return 2 * repeats * repeat_s + (repeats + 1) * self.pairing.turn_s
 
     def as_json(self) -> dict[str, object]:
         timing = self.timing
@@ -261,8 +288,37 @@ class PointCost:
             "runs_out": None if timing is None else timing.load_run.runs_out,
             "planned_s": self.planned_s,
             "worst_s": self.worst_s,
-            "mde": None if self.spread is None else {"spread": self.spread, "from": self.spread_from, "throughput_mde": self.mde},
+            "mde": None
+            if self.spread is None
+            else {
+                "spread": self.spread,
+                "from": self.spread_from,
+                "throughput_mde": self.mde,
+                "session_spread": self.session_spread,
+                "session_spread_from": self.session_spread_from,
+                "legs_mde": self.legs_mde,
+            },
         }
+
+
+TURN_S = 10.0
+"""One turn of two vLLMs on one node's GPUs (:mod:`~pytest_qwenperf.serving.sleep`): the awake one
+offloads its weights to CPU RAM and drops its KV cache, the other takes its weights back and
+allocates its cache. An assumption, not a measurement here (no GPU build of vLLM was at hand):
+vLLM's sleep-mode post (2025-10-26) reports wake-ups 18-200x faster than a reload, a few seconds
+for models of this size; 10 s leaves room for a sleep and a wake of a 27B model over 8 GPUs."""
+
+
+@dataclass(frozen=True)
+class Pairing:
+    """How a session with a candidate measures both vLLMs: both awake side by side (a CPU suite), or
+    taking turns through sleep mode (a GPU suite), each turn :attr:`turn_s`."""
+
+    turn_s: float
+
+    @property
+    def kind(self) -> Literal["side by side", "taking turns"]:
+        return "taking turns" if self.turn_s else "side by side"
 
 
 @dataclass(frozen=True)
@@ -275,8 +331,9 @@ class SessionPlan:
     gpus: int  # of the node a session holds: GPU-hours are gpus x wall hours (0 on a CPU suite)
     boot_s: float  # one server's boot
     boot_from: Literal["suite", "default"]
-    boots: tuple[str, ...]  # the configs booted, once each
+    boots: tuple[str, ...]  # the configs booted, once each (each side's, with a candidate)
     points: tuple[PointCost, ...]
+    pairing: Pairing | None = None  # a candidate measured in the same session; None: one vLLM
 
     @property
     def untimed(self) -> tuple[PointCost, ...]:
@@ -289,7 +346,7 @@ class SessionPlan:
 
     @property
     def boots_s(self) -> float:
-        return len(self.boots) * self.boot_s
+        return len(self.boots) * self.boot_s * (1 if self.pairing is None else 2)
 
     @property
     def planned_s(self) -> float:
@@ -336,6 +393,7 @@ class SessionPlan:
                 "configs": list(self.boots),
                 "total_s": self.boots_s,
             },
+            "pairing": None if self.pairing is None else {"kind": self.pairing.kind, "turn_s": self.pairing.turn_s},
             "points": [p.as_json() for p in self.points],
             "totals": {
                 "planned_s": self.planned_s,
@@ -380,12 +438,18 @@ def points_of(
     return found
 
 
-def plan(suite: Suite, points: Sequence[Point], history: Mapping[tuple[str, str], Measured]) -> SessionPlan:
+def plan(
+    suite: Suite, points: Sequence[Point], history: Mapping[tuple[str, str], Measured], *, candidate: bool = False
+) -> SessionPlan:
     """The cost of a session of ``points`` of ``suite`` (see the module's docstring); ``history`` holds
     what the history measured, by (config id, workload id). Repeats are the suite's: a caller whose
-    settings change them passes a suite with its own (``dataclasses.replace``)."""
+    settings change them passes a suite with its own (``dataclasses.replace``). With ``candidate``,
+    a second vLLM is measured in the same session: each config boots twice, each point's repeats are
+    taken on both sides, and on a GPU suite the two take a turn (:data:`TURN_S`) at each change of side."""
     boot_from: Literal["suite", "default"] = "default" if suite.boot_s is None else "suite"
     boot_s = suite.boot_s if suite.boot_s is not None else GPU_BOOT_S if suite.gpus else CPU_BOOT_S
+    pairing = Pairing(TURN_S if suite.gpus else 0.0) if candidate else None
+    costs = (_cost(suite, config, workload, history.get((config.id, workload.id))) for config, workload in points)
     return SessionPlan(
         suite=suite.name,
         path=str(suite.path),
@@ -393,7 +457,8 @@ def plan(suite: Suite, points: Sequence[Point], history: Mapping[tuple[str, str]
         boot_s=boot_s,
         boot_from=boot_from,
         boots=tuple(dict.fromkeys(config.id for config, _ in points)),
-        points=tuple(_cost(suite, config, workload, history.get((config.id, workload.id))) for config, workload in points),
+        points=tuple(dataclasses.replace(cost, pairing=pairing) for cost in costs),
+        pairing=pairing,
     )
 
 
@@ -404,6 +469,10 @@ def _cost(suite: Suite, config: ServingConfig, workload: SuiteWorkload, measured
         point = dataclasses.replace(point, spread=measured.spread, spread_from="history")
     elif suite.repeat_spread is not None and workload.search is None:
         point = dataclasses.replace(point, spread=suite.repeat_spread, spread_from="suite")
+    if measured is not None and measured.session_spread is not None:
+        point = dataclasses.replace(point, session_spread=measured.session_spread, session_spread_from="history")
+    elif suite.session_spread is not None and workload.search is None:
+        point = dataclasses.replace(point, session_spread=suite.session_spread, session_spread_from="suite")
     for source, rates, duration_s in _sources(config, workload, measured):
         timings = [t for t in (_timing(config, workload, rate, duration_s) for rate in rates) if t is not None]
         if timings:
@@ -613,13 +682,13 @@ def _think_s(w: Workload, conversations: int, lanes: int) -> float:
     return math.ceil(conversations / lanes) * (w.turns - 1) * w.think_time_s
 
 
-def planned(suite: Suite, points: Sequence[Point], where: str | None) -> SessionPlan:
+def planned(suite: Suite, points: Sequence[Point], where: str | None, *, candidate: bool = False) -> SessionPlan:
     """:func:`plan` with what the history store at ``where`` holds of the points (None: no store to
     read). The store is only read, never made: the caller says where one exists."""
     if where is None:
-        return plan(suite, points, {})
+        return plan(suite, points, {}, candidate=candidate)
     with HistoryStore.open(where, create=False) as store:
-        return plan(suite, points, history_of(store, suite, points))
+        return plan(suite, points, history_of(store, suite, points), candidate=candidate)
 
 
 def history_of(store: HistoryStore, suite: Suite, points: Sequence[Point]) -> dict[tuple[str, str], Measured]:
@@ -653,7 +722,21 @@ def measured_of(runs: Sequence[Run]) -> Measured:
         statistics.median(durations) if durations else None,
         statistics.median(repeats) if repeats else None,
         statistics.median(spreads) if spreads else None,
+        _session_spread(runs),
     )
+
+
+def _session_spread(runs: Sequence[Run]) -> float | None:
+    """The coefficient of variation of the first throughput over the runs (each a session's) of the
+    machine that made the newest of ``runs`` (machines of other speeds are no drift); their repeats'
+    noise, shrunk by their number, is in it too: a little more than the drift alone. None with fewer
+    than :data:`~pytest_qwenperf.core.verdict.MIN_SESSIONS` such runs."""
+    machine = [run for run in runs if run.identity.hardware == runs[-1].identity.hardware] if runs else []
+    for name in RATES:
+        values = _positive(machine, name)
+        if len(values) >= MIN_SESSIONS:
+            return statistics.stdev(values) / statistics.fmean(values)
+    return None
 
 
 def _spread(run: Run) -> float | None:
