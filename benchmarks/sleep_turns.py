@@ -1,8 +1,10 @@
 """Does taking turns through sleep mode move the figures? A/A sessions with turns against A/A without.
 
-Each session is one whole ``pytest`` command with ``--qwenperf-candidate``, both sides the same paced
-stand-in (tests/standins/paced_vllm.py: a token every ``--itl-ms``), so the candidate's true ratio to
-the reference is 1. Arms, alternating:
+Each session is one whole ``pytest`` command with ``--qwenperf-candidate``, both sides the same
+stand-in, so the candidate's true ratio to the reference is 1: the paced stand-in
+(tests/standins/paced_vllm.py: a token every ``--itl-ms``), or with ``--standin model`` the model
+stand-in (tests/standins/model_vllm.py: the tiny model decoded by torch on ``--device``; on a GPU its
+weights really leave the device while it sleeps). Arms, alternating:
 
 - ``turns``: a GPU suite (an H200 through the NVML stand-in, the GPU build's parser and platform
   through tests/standins/gpu_build_vllm): both servers boot in sleep mode and take turns, the one
@@ -16,6 +18,7 @@ measured. What it does not: a real vLLM's wake-up (its KV cache allocated again,
 back), which only a GPU can show; each repeat warms up after its wake-up for that reason.
 
     python -m benchmarks.sleep_turns --sessions 4
+    python -m benchmarks.sleep_turns --sessions 2 --standin model --device cuda   # on a GPU node (scripts/gpu-check)
 
 Runs on any machine with the dev install (vLLM is asked nothing: the stand-ins answer); a session takes
 a few seconds.
@@ -37,7 +40,9 @@ from pathlib import Path
 from typing import Any
 
 from pytest_qwenperf.core.files import write_atomically
+from pytest_qwenperf.serving.hardware import detect
 from tests.test_candidate import GATE, PACED
+from tests.test_model_standin import STANDIN as MODEL_STANDIN
 from tests.test_sleep import FAKE_GPU, GPU_SUITE, wrapper_python
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -46,19 +51,23 @@ WORKLOAD = ("num_prompts = 4", "num_prompts = 64\nwarmup = 8")
 TURNS = re.compile(r"took turns on the GPUs through vLLM's sleep mode: (\d+) wake-up\(s\) and (\d+) sleep\(s\)")
 
 
-def folder_for(arm: str, base: Path, itl_ms: float) -> tuple[Path, str]:
+def folder_for(arm: str, base: Path, args: argparse.Namespace) -> tuple[Path, str]:
     """The session's folder (suite, test, conftest) and its launcher."""
     folder = base / arm
     folder.mkdir()
     suite = GPU_SUITE.replace(*WORKLOAD).replace("load = { concurrency = 1 }", "load = { concurrency = 8 }")
     if arm == "awake":
         suite = suite.replace('hardware = "h200"\ngpus = 1\n', 'hardware = "cpu"\n')
+    elif args.real_nvml:
+        suite = suite.replace('hardware = "h200"', f'hardware = "{detect().kind}"')  # this node's kind of GPU
     else:
         (folder / "conftest.py").write_text(FAKE_GPU)
     (folder / "suite.toml").write_text(suite)
     (folder / "test_gate.py").write_text(GATE)
-    python = wrapper_python(folder) if arm == "turns" else Path(sys.executable)
-    return folder, f"{shlex.quote(str(python))} {shlex.quote(str(PACED))} --itl-ms {itl_ms}"
+    python = shlex.quote(str(wrapper_python(folder) if arm == "turns" else Path(sys.executable)))
+    if args.standin == "model":
+        return folder, f"{python} {shlex.quote(MODEL_STANDIN[1])} --device {shlex.quote(args.device)}"
+    return folder, f"{python} {shlex.quote(str(PACED))} --itl-ms {args.itl_ms}"
 
 
 def session(arm: str, folder: Path, launcher: str, repeats: int) -> dict[str, Any]:
@@ -114,13 +123,16 @@ def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--sessions", type=int, default=4, help="sessions per arm, the arms alternating")
     parser.add_argument("--repeats", type=int, default=3, help="repeats a side")
-    parser.add_argument("--itl-ms", type=float, default=5.0, help="the stand-ins' gap between tokens")
+    parser.add_argument("--standin", choices=("paced", "model"), default="paced", help="which stand-in both sides run")
+    parser.add_argument("--itl-ms", type=float, default=5.0, help="the paced stand-ins' gap between tokens")
+    parser.add_argument("--device", default="cpu", help="the model stand-ins' torch device (cuda on a GPU node)")
+    parser.add_argument("--real-nvml", action="store_true", help="the machine's own NVML (a GPU node), not the H200 stand-in")
     parser.add_argument("--out", type=Path, help="the JSON results (default benchmarks/results/sleep_turns-<date>.json)")
     args = parser.parse_args()
     out = args.out or ROOT / "benchmarks" / "results" / f"sleep_turns-{datetime.datetime.now(datetime.UTC):%Y-%m-%d}.json"
     results: dict[str, Any] = {"schema": SCHEMA, "command": shlex.join(["python", "-m", "benchmarks.sleep_turns", *sys.argv[1:]]), "sessions": []}
     with tempfile.TemporaryDirectory() as base:
-        folders = {arm: folder_for(arm, Path(base), args.itl_ms) for arm in ("turns", "awake")}
+        folders = {arm: folder_for(arm, Path(base), args) for arm in ("turns", "awake")}
         for i in range(2 * args.sessions):
             arm = ("turns", "awake")[i % 2]
             found = session(arm, *folders[arm], args.repeats)

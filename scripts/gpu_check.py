@@ -94,6 +94,7 @@ def main() -> int:
         session(summary)
         held_before_boot(summary)
         held_during_run(summary)
+        turns(summary)
     finally:
         summary.figures["wall_s"] = round(time.monotonic() - started, 1)
     return summary.write()
@@ -255,6 +256,32 @@ def held_during_run(summary: Summary) -> None:
 
 
 # --- helpers ---------------------------------------------------------------------------
+
+
+def turns(summary: Summary) -> None:
+    """A/A candidate sessions on the model stand-in on this GPU: taking turns through sleep mode (the
+    weights leave the GPU while a side sleeps) against both awake side by side
+    (benchmarks/sleep_turns.py); neither may lose a request or judge A/A a regression."""
+    began = time.monotonic()
+    result = _run(
+        [sys.executable, "-m", "benchmarks.sleep_turns", "--sessions", "2", "--standin", "model", "--device", "cuda",
+         "--real-nvml", "--out", str(summary.out / "sleep_turns.json")],
+        summary.out / "sleep_turns.log",
+    )  # fmt: skip
+    summary.figures["sleep_turns_s"] = round(time.monotonic() - began, 1)
+    try:
+        found = json.loads((summary.out / "sleep_turns.json").read_text())
+    except (OSError, ValueError) as exc:
+        summary.check(False, f"sleep turns: no results ({exc}); exit {result}, see sleep_turns.log")
+        return
+    sessions = found["sessions"]
+    summary.figures["sleep_turns"] = found.get("summary")
+    done = [s for s in sessions if "candidate" in s]
+    summary.check(len(done) == len(sessions) == 4, f"sleep turns: 4 A/A sessions gave results ({len(done)} of {len(sessions)})")
+    summary.check(all(sum(s["failed"]) == 0 for s in done), "sleep turns: no request failed (a sleeping stand-in answers 503)")
+    took = [s["turns"] for s in done if s["arm"] == "turns"]
+    summary.check(bool(took) and all(t and t["wakes"] > 0 for t in took), f"sleep turns: the turns arm took turns ({took})")
+    summary.check(all(s["verdict"] != "regression" for s in done), f"sleep turns: no A/A session judged a regression ({[s['verdict'] for s in done]})")
 
 
 def _qwenperf() -> list[str]:

@@ -10,6 +10,7 @@ project's own :class:`ManagedServer`, which leaves no process behind however a t
 
 from __future__ import annotations
 
+import dataclasses
 import importlib.metadata
 import json
 import sys
@@ -30,6 +31,7 @@ from pytest_qwenperf.loadgen.request import RequestSpec
 from pytest_qwenperf.loadgen.tokenizer import PromptTokenizer
 from pytest_qwenperf.measure import canary
 from pytest_qwenperf.serving.server import ManagedServer, ServerSpec
+from pytest_qwenperf.serving.sleep import Turns
 from pytest_qwenperf.suite.tiny_model import ensure_tiny_model
 from pytest_qwenperf.suite.workloads import RandomWorkload
 from pytest_qwenperf.telemetry.server_metrics import counter_deltas, metric_families, page_text, scrape
@@ -257,3 +259,21 @@ def test_api_key_guards_v1_and_sigterm_stops_it(tiny: Path, tmp_path: Path) -> N
         assert [http_get(f"{url}{path}")[0] for path in ("/health", "/version", "/metrics")] == [200] * 3
         log = srv.log_path
     assert log is not None and log.read_text().rstrip().endswith("stopped")  # it left by its handler, not SIGKILL
+
+
+def test_in_sleep_mode_it_sleeps_refuses_requests_and_wakes_to_the_same_answers(tiny: Path, tmp_path: Path) -> None:
+    """Taking turns (serving.sleep.Turns) on the model stand-in: asleep, its weights are off the device
+    and a request gets 503; awake again, it answers as before (greedy decoding, the same weights)."""
+    spec = _spec(tiny)
+    with ManagedServer(dataclasses.replace(spec, args=(*spec.args, "--enable-sleep-mode")), tmp_path) as srv:
+        before = _choice(srv.base_url, [5, 6, 7])["token_ids"]
+        turns = Turns()
+        turns.join(srv)
+        turns.rest()
+        status, answer = _complete(srv.base_url, [5, 6, 7])
+        assert status == 503 and "asleep" in answer["error"]["message"], answer
+        turns.take(srv)
+        assert _choice(srv.base_url, [5, 6, 7])["token_ids"] == before
+        assert (turns.counts.sleeps, turns.counts.wakes) == (1, 1)
+        log = srv.log_path.read_text() if srv.log_path else ""
+        assert "seconds to fall asleep" in log and "seconds to wake up" in log

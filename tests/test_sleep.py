@@ -131,7 +131,7 @@ def wrapper_python(tmp_path: Path) -> Path:
     """A Python that finds the GPU build's stand-in before the installed vLLM."""
     python = tmp_path / "bin" / "python3"
     python.parent.mkdir(parents=True, exist_ok=True)
-    python.write_text(f'#!/bin/sh\nPYTHONPATH={shlex.quote(str(GPU_BUILD))} exec {shlex.quote(sys.executable)} "$@"\n')
+    python.write_text(f'#!/bin/sh\nPYTHONPATH={shlex.quote(str(GPU_BUILD))}${{PYTHONPATH:+:$PYTHONPATH}} exec {shlex.quote(sys.executable)} "$@"\n')
     python.chmod(0o755)
     return python
 

@@ -36,6 +36,11 @@ canary) runs end to end. It is not vLLM: its speed says nothing about vLLM's.
   (prompt as token ids or text; streamed in vLLM's SSE layout with ``stream_options``, or whole
   with ``return_token_ids`` and ``logprobs``: the chosen token's only) and ``/v1/chat/completions`` (the messages'
   contents joined by newlines and tokenized: no chat template).
+* Sleep mode (``--enable-sleep-mode`` with ``VLLM_SERVER_DEV_MODE=1``, as vLLM wants both):
+  ``POST /sleep?level=N`` waits for the running wave to end, moves the weights to CPU RAM and
+  empties torch's CUDA cache, so NVML sees the memory freed (any level keeps the weights: there is
+  no reload); ``POST /wake_up`` moves them back; ``GET /is_sleeping``. A request sent while asleep
+  gets 503. The log says how long each took.
 """
 
 from __future__ import annotations
@@ -110,6 +115,19 @@ class Engine:
         self.stopping = threading.Event()
         self.thread = threading.Thread(target=self._run, name="engine", daemon=True)
         self.loop: asyncio.AbstractEventLoop  # the server's, set by start()
+        self.awake = threading.Event()  # cleared while asleep: the thread takes no wave
+        self.awake.set()
+        self.idle = threading.Lock()  # held while a wave decodes
+
+    def move(self, device: torch.device | str) -> float:
+        """Move the weights to ``device`` between waves (the CPU to sleep, :attr:`device` to wake); the seconds it took."""
+        started = time.monotonic()
+        with self.idle:
+            self.model.to(device)
+            if self.device.type == "cuda":
+                torch.cuda.synchronize(self.device)
+                torch.cuda.empty_cache()
+        return time.monotonic() - started
 
     def start(self, loop: asyncio.AbstractEventLoop) -> None:
         self.loop = loop
@@ -118,6 +136,8 @@ class Engine:
     def _run(self) -> None:
         try:
             while not self.stopping.is_set():
+                if not self.awake.wait(timeout=0.1):
+                    continue  # asleep: what waits stays queued until the weights are back
                 try:
                     wave = [self.waiting.get(timeout=0.1)]
                 except queue.Empty:
@@ -130,7 +150,8 @@ class Engine:
                         break
                 wave = [r for r in wave if not r.cancelled]
                 if wave:
-                    self._decode(wave)
+                    with self.idle:
+                        self._decode(wave)
         except BaseException:
             traceback.print_exc()
             sys.stdout.flush()
@@ -249,6 +270,7 @@ class StandIn:
         self.metrics = Metrics(self.names[0], self.engine, capacity, str(dtype).removeprefix("torch."))
         keys = args.api_key or ([os.environ["VLLM_API_KEY"]] if os.environ.get("VLLM_API_KEY") else [])
         self.bearers = {f"Bearer {key}" for key in keys}
+        self.sleep_mode = args.enable_sleep_mode and os.environ.get("VLLM_SERVER_DEV_MODE") == "1"
         self.config = {
             "model_config": {
                 "model": self.root,
@@ -278,7 +300,29 @@ class StandIn:
         app.router.add_get("/v1/models", self._models)
         app.router.add_post("/v1/completions", self._complete)
         app.router.add_post("/v1/chat/completions", self._complete)
+        if self.sleep_mode:
+            app.router.add_post("/sleep", self._sleep)
+            app.router.add_post("/wake_up", self._wake_up)
+            app.router.add_get("/is_sleeping", self._is_sleeping)
         return app
+
+    async def _sleep(self, request: web.Request) -> web.Response:
+        level = int(request.query.get("level", "1"))
+        if self.engine.awake.is_set():
+            self.engine.awake.clear()
+            took = await asyncio.get_running_loop().run_in_executor(None, self.engine.move, "cpu")
+            log(f"It took {took:.6f} seconds to fall asleep (level {level}; the weights are in CPU RAM)")
+        return web.json_response({"status": "sleeping", "level": level})
+
+    async def _wake_up(self, _: web.Request) -> web.Response:
+        if not self.engine.awake.is_set():
+            took = await asyncio.get_running_loop().run_in_executor(None, self.engine.move, self.engine.device)
+            self.engine.awake.set()
+            log(f"It took {took:.6f} seconds to wake up")
+        return web.json_response({"status": "awake", "tags": None})
+
+    async def _is_sleeping(self, _: web.Request) -> web.Response:
+        return web.json_response({"is_sleeping": not self.engine.awake.is_set()})
 
     @web.middleware
     async def _auth(self, request: web.Request, handler: Any) -> web.StreamResponse:
@@ -332,6 +376,8 @@ class StandIn:
             return _error(400, "the body is not JSON", "BadRequestError")
         if body.get("model") not in self.names:
             return _error(404, f"The model `{body.get('model')}` does not exist.", "NotFoundError", "model")
+        if not self.engine.awake.is_set():
+            return _error(503, "the engine is asleep", "ServiceUnavailableError")
         chat = request.path.endswith("/chat/completions")
         prompt = self._prompt(body, chat)
         if isinstance(prompt, str):
@@ -471,6 +517,7 @@ def parse_args(argv: Sequence[str]) -> tuple[argparse.Namespace, dict[str, str |
     parser.add_argument("--max-model-len", type=int)
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--api-key", nargs="+")
+    parser.add_argument("--enable-sleep-mode", action="store_true")
     args, rest = parser.parse_known_args(argv)
     return args, ignored_flags(rest)
 
