@@ -118,9 +118,10 @@ def test_a_small_suite_costs_what_the_model_says_by_hand(tmp_path: Path) -> None
     two_w = 2 * (3.0 + 15.0 + overhead(2 * 120 * 100))
     # an open loop at 2 req/s sends its 40 measured requests in 20 s, though the server needs 0.8 s
     base_open = 10 * 20 / 1000 + 40 / 2 + overhead(50 * 10)
-    # a search of 7 probes, planned at concurrency round(sqrt(2 x 256)) = 23 (64 requests: 2 a stream, at least 64),
-    # at worst each at 256 (512 requests, all the workload measures)
-    probe = 8 * 20 / 1000 + 64 * 20 / 1000 + overhead(72 * 10)
+    # a search of 7 probes, planned a quarter of the way from its start (32) to its highest load (256) on a log
+    # scale: round(32^0.75 x 256^0.25) = round(53.8) = 54 (108 requests: 2 a stream, at least 64), at worst each
+    # at 256 (512 requests, all the workload measures)
+    probe = 8 * 20 / 1000 + 108 * 20 / 1000 + overhead(116 * 10)
     longest = 8 * 20 / 1000 + 512 * 20 / 1000 + overhead(520 * 10)
     assert cost["base", "w"].timing is not None and cost["base", "w"].timing.repeat_s == pytest.approx(base_w)
     assert cost["base", "w"].planned_s == pytest.approx(2 * base_w) and cost["base", "w"].worst_s == pytest.approx(4 * base_w)
@@ -129,7 +130,7 @@ def test_a_small_suite_costs_what_the_model_says_by_hand(tmp_path: Path) -> None
     assert cost["base", "open"].planned_s == pytest.approx(2 * base_open)
     search = cost["base", "search"]
     assert search.timing is not None and search.timing.probes is not None
-    assert (search.timing.probes.count, search.timing.probes.load) == (7, 23.0)
+    assert (search.timing.probes.count, search.timing.probes.load) == (7, 54.0)
     assert search.timing.probes.planned_s == pytest.approx(probe) and search.timing.probes.worst_s == pytest.approx(longest)
     assert search.planned_s == pytest.approx(2 * 7 * probe) and search.worst_s == pytest.approx(4 * 7 * longest)
     assert {p.source.label for p in found.points if p.config in ("base", "two")} == {"expected (suite)"}

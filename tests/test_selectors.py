@@ -78,7 +78,7 @@ def test_a_test_is_weekly_where_its_config_its_workload_or_a_config_it_also_meas
     assert tiers["all", "dp8-ctx4k-fp8kv", "isl256-osl2048"] == "weekly"  # its workload
     assert tiers["ladder", "dp8-ctx4k-fp8kv-mtp1", "isl1024-osl512"] == "nightly"  # its parent is nightly too
     assert tiers["ladder", "dp8-ctx4k-fp8kv", "isl1024-osl512"] == "weekly"  # it also boots dp8-ctx4k, a weekly rung
-    assert tiers["capacity", "dp8-ctx4k-fp8kv-mtp1", "capacity-chat-isl512-osl128"] == "nightly"
-    assert tiers["capacity-order", "dp8-ctx4k-fp8kv-mtp1", "capacity-chat-isl512-osl128"] == "weekly"  # the whole order
+    assert tiers["capacity", "dp8-ctx4k-fp8kv-mtp1", "capacity-chat-isl512-osl128"] == "weekly"  # its workload (the searches)
+    assert tiers["capacity-order", "dp8-ctx4k-fp8kv-mtp1", "capacity-chat-isl512-osl128"] == "weekly"
     assert {tier for (_, config, _), tier in tiers.items() if config in ("tp8", "dp8", "dp8-ctx4k")} == {"weekly"}
     assert {tier_of("all", suite("cpu"), p.config, p.workload) for p in selected_pairs([suite("cpu")], "all")} == {"nightly"}

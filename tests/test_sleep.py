@@ -141,11 +141,19 @@ def test_a_gpu_build_with_sleep_mode_and_room_in_ram_can_take_turns(tmp_path: Pa
     assert turns_problem([config], [python, python]) is None
 
 
-def test_weights_that_cpu_ram_cannot_hold_twice_rule_turns_out(tmp_path: Path) -> None:
-    """The weights are a sparse file as large as this machine's free RAM: their size is what is read."""
-    model = tmp_path / "model"
-    model.mkdir()
-    with (model / "model.safetensors").open("wb") as weights:
+@pytest.mark.parametrize("where", ["folder", "hub cache"])
+def test_weights_that_cpu_ram_cannot_hold_twice_rule_turns_out(tmp_path: Path, monkeypatch: pytest.MonkeyPatch, where: str) -> None:
+    """The weights are a sparse file as large as this machine's free RAM: their size is what is read,
+    in the model's folder or in the newest snapshot the Hugging Face cache holds of a hub name."""
+    if where == "folder":
+        model = str(tmp_path / "model")
+        folder = Path(model)
+    else:
+        model = "org/big-model"
+        monkeypatch.setenv("HF_HUB_CACHE", str(tmp_path / "hub"))
+        folder = tmp_path / "hub" / "models--org--big-model" / "snapshots" / "abc123"
+    folder.mkdir(parents=True)
+    with (folder / "model.safetensors").open("wb") as weights:
         weights.truncate(psutil.virtual_memory().available)
     suite = write_suite(tmp_path)
     suite.write_text(suite.read_text().replace('model = "embedded:tiny"', f'model = "{model}"'))
@@ -153,6 +161,8 @@ def test_weights_that_cpu_ram_cannot_hold_twice_rule_turns_out(tmp_path: Path) -
     python = str(wrapper_python(tmp_path))
     problem = turns_problem([cfg], [python, python])
     assert problem is not None and "config standin/base:" in problem and "GiB of weights each in CPU RAM" in problem, problem
+    (folder / "model.safetensors").unlink()
+    assert turns_problem([cfg], [python, python]) is None  # no weights there: nothing to hold
 
 
 # ---------------------------------------------------------------- sessions

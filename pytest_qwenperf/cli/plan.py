@@ -157,7 +157,7 @@ def table(found: SessionPlan, history: str | None) -> list[str]:
     lines += [_row(point) + (f" {_percent(point.legs_mde):>8}" if found.pairing else "") for point in found.points]
     searches = [p for p in found.points if p.timing is not None and p.timing.probes is not None]
     if searches:
-        lines += ["", "searches (a repeat is one search; planned at the geometric middle of its loads, at worst its longest probe):"]
+        lines += ["", "searches (a repeat is one search; planned a quarter of the way from its start to its highest load, at worst its longest probe):"]
     for point in searches:
         assert point.timing is not None and point.timing.probes is not None
         probes = point.timing.probes

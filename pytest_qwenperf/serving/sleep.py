@@ -16,6 +16,7 @@ so the empty KV and prefix caches a wake-up leaves are behind it by then.
 from __future__ import annotations
 
 import json
+import os
 import time
 from collections.abc import Iterable
 from dataclasses import dataclass
@@ -140,9 +141,9 @@ def turns_problem(configs: Iterable[ServingConfig], pythons: Iterable[str]) -> s
 def _ram_problem(configs: tuple[ServingConfig, ...]) -> str | None:
     free = psutil.virtual_memory().available
     for cfg in configs:
-        weights = weights_bytes(Path(cfg.model))
+        weights = weights_bytes(cfg.model)
         if weights is None:
-            continue  # a hub name: its files are not here to size
+            continue  # not on this machine yet (vLLM downloads it at boot) or embedded (small): nothing to size
         needed = 2 * weights * cfg.replicas
         if needed > free:
             return (
@@ -153,8 +154,19 @@ def _ram_problem(configs: tuple[ServingConfig, ...]) -> str | None:
     return None
 
 
-def weights_bytes(folder: Path) -> int | None:
-    """The size of a model folder's weight files; None where ``folder`` is no folder."""
-    if not folder.is_dir():
+def weights_bytes(model: str) -> int | None:
+    """The size of a model's weight files: a folder's, or a hub name's newest snapshot in the Hugging
+    Face cache (``HF_HUB_CACHE``, else ``HF_HOME/hub``, else ``~/.cache/huggingface/hub``); None where
+    neither is on this machine."""
+    folder = Path(model) if Path(model).is_dir() else _hub_snapshot(model)
+    if folder is None:
         return None
     return sum(f.stat().st_size for f in folder.iterdir() if f.suffix in WEIGHT_SUFFIXES and f.is_file())
+
+
+def _hub_snapshot(name: str) -> Path | None:
+    home = Path(os.environ.get("HF_HOME") or Path.home() / ".cache" / "huggingface")
+    hub = Path(os.environ.get("HF_HUB_CACHE") or home / "hub")
+    snapshots = hub / f"models--{name.replace('/', '--')}" / "snapshots"
+    found = sorted(snapshots.iterdir(), key=lambda p: p.stat().st_mtime) if snapshots.is_dir() else []
+    return found[-1] if found else None

@@ -45,13 +45,14 @@ suite's ``repeat_spread``, an assumption it states (:func:`~pytest_qwenperf.core
 A repeat is one load run, or two on a config of N > 1 replicas (the load once on one replica, then N
 times the load on all N, each about as long: ``measure.run.routes_of``). A search's repeat is one
 search of up to ``max_probes`` probes, each a load run of the workload at the probe's load
-(:meth:`~pytest_qwenperf.suite.config.SuiteWorkload.at_load`): planned as ``max_probes`` probes at the
-geometric middle of ``lowest`` and ``highest`` (a search brackets by doubling, bisects to its
-resolution and probes both ends of the bracket again, which takes about ``max_probes`` on this
-project's suites), at worst ``max_probes`` of its longest probe, at ``highest`` or at ``lowest``
-(a concurrency probe measures the most requests at ``highest``, a rate probe's arrivals are slowest
-at ``lowest``). A probe is timed at the point's throughput, though a probe far below the capacity
-runs slower than that: the estimate is simple, not exact.
+(:meth:`~pytest_qwenperf.suite.config.SuiteWorkload.at_load`): planned as ``max_probes`` probes (a
+search brackets by doubling, bisects to its resolution and probes both ends of the bracket again,
+which takes about ``max_probes`` on this project's suites) at :data:`SEARCH_PROBE_AT` of the way,
+on a log scale, from the search's ``start`` (the workload's load) to ``highest``; at worst
+``max_probes`` of its longest probe, at ``highest`` or at ``lowest`` (a concurrency probe measures
+the most requests at ``highest``, a rate probe's arrivals are slowest at ``lowest``). A probe is
+timed at the point's throughput, though a probe far below the capacity runs slower than that: the
+estimate is simple, not exact.
 
 A point takes ``repeats`` repeats as planned and ``max_repeats`` at most (extra repeats while its
 verdicts cannot decide). Each config boots once a session.
@@ -113,6 +114,14 @@ PROMPT_BUILD_S_PER_TOKEN = 0.45e-6
 from BLAKE2b, again for each load run): 0.43 µs measured on this project's 2-vCPU Xeon (2026-11-28,
 200 prompts of random 1024/512 at range ratio 0.8 over Qwen's 151,643 ids). b200's 41,472 prompts of
 about 1,024 tokens take some 19 s of each of its load runs."""
+
+SEARCH_PROBE_AT = 0.25
+"""Where a search's probes are planned: this share of the way from its start to its highest load, on a
+log scale. A search starts at the workload's load and climbs towards the capacity, so its probes
+cluster above the start; how far above, the capacity decides, which the plan does not know.
+Calibrated on one CI run of the cpu suite (2026-11-28, fafa092): its four searches took 225 s; planned
+at the geometric middle of lowest and highest they were 146 s, at the middle of start and highest 316 s,
+here 209 s. Later sessions time a search by the history's runs of it."""
 
 Metric = Literal["total_token_throughput", "output_throughput"]
 RATES: tuple[Metric, ...] = ("total_token_throughput", "output_throughput")
@@ -521,7 +530,7 @@ def _timing(config: ServingConfig, workload: SuiteWorkload, rate: Rate, duration
         if run is None:
             return None
         return Timing(rate, run, routes, routes * run.seconds, routes * run.seconds, None)
-    middle = search.load(math.sqrt(search.lowest * search.highest))
+    middle = search.load(search.start ** (1 - SEARCH_PROBE_AT) * search.highest**SEARCH_PROBE_AT)
     planned = load_run(workload.at_load(middle), config.replicas, rate)
     ends = [load_run(workload.at_load(search.load(end)), config.replicas, rate) for end in (search.lowest, search.highest)]
     if planned is None or None in ends:
