@@ -90,7 +90,8 @@ def pytest_addoption(parser: pytest.Parser) -> None:
         metavar="LAUNCHER",
         help="a second command that starts a vLLM OpenAI server (e.g. another vLLM version's). Each point is then "
         "measured on both servers, booted side by side, their repeats alternating, and the candidate's run is judged "
-        "against the launcher's instead of the stored baseline. CPU suites only.",
+        "against the launcher's instead of the stored baseline. On GPU suites the two take turns on the GPUs through "
+        "vLLM's sleep mode (both vLLMs must have it; the session says why before booting where they cannot).",
     )
     group.addoption(
         "--qwenperf-boot-timeout", type=positive_seconds, help=f"seconds a server may take to become ready (default {DEFAULT_BOOT_TIMEOUT_S:.0f})"
