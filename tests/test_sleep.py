@@ -15,6 +15,7 @@ import shlex
 import sys
 from pathlib import Path
 
+import huggingface_hub.constants
 import psutil
 import pytest
 
@@ -144,15 +145,19 @@ def test_a_gpu_build_with_sleep_mode_and_room_in_ram_can_take_turns(tmp_path: Pa
 @pytest.mark.parametrize("where", ["folder", "hub cache"])
 def test_weights_that_cpu_ram_cannot_hold_twice_rule_turns_out(tmp_path: Path, monkeypatch: pytest.MonkeyPatch, where: str) -> None:
     """The weights are a sparse file as large as this machine's free RAM: their size is what is read,
-    in the model's folder or in the newest snapshot the Hugging Face cache holds of a hub name."""
+    in the model's folder or in the snapshot of ``main`` that the Hugging Face cache holds of a hub name."""
     if where == "folder":
         model = str(tmp_path / "model")
         folder = Path(model)
     else:
         model = "org/big-model"
-        monkeypatch.setenv("HF_HUB_CACHE", str(tmp_path / "hub"))
-        folder = tmp_path / "hub" / "models--org--big-model" / "snapshots" / "abc123"
+        monkeypatch.setattr(huggingface_hub.constants, "HF_HUB_CACHE", str(tmp_path / "hub"))  # read at import otherwise
+        repo = tmp_path / "hub" / "models--org--big-model"
+        folder = repo / "snapshots" / "abc123"
+        (repo / "refs").mkdir(parents=True)
+        (repo / "refs" / "main").write_text("abc123")
     folder.mkdir(parents=True)
+    (folder / "config.json").write_text("{}")
     with (folder / "model.safetensors").open("wb") as weights:
         weights.truncate(psutil.virtual_memory().available)
     suite = write_suite(tmp_path)

@@ -16,7 +16,6 @@ so the empty KV and prefix caches a wake-up leaves are behind it by then.
 from __future__ import annotations
 
 import json
-import os
 import time
 from collections.abc import Iterable
 from dataclasses import dataclass
@@ -47,9 +46,6 @@ class TurnCounts:
     wakes: int = 0
     sleeps: int = 0
     seconds: float = 0.0
-
-    def as_json(self) -> dict[str, object]:
-        return {"wakes": self.wakes, "sleeps": self.sleeps, "seconds": round(self.seconds, 3)}
 
 
 class Turns:
@@ -155,9 +151,9 @@ def _ram_problem(configs: tuple[ServingConfig, ...]) -> str | None:
 
 
 def weights_bytes(model: str) -> int | None:
-    """The size of a model's weight files: a folder's, or a hub name's newest snapshot in the Hugging
-    Face cache (``HF_HUB_CACHE``, else ``HF_HOME/hub``, else ``~/.cache/huggingface/hub``); None where
-    neither is on this machine."""
+    """The size of a model's weight files: a folder's, or those of a hub name's ``main`` snapshot in the
+    Hugging Face cache (found as :mod:`~pytest_qwenperf.loadgen.tokenizer` finds a tokenizer there: by
+    its ``config.json``); None where neither is on this machine."""
     folder = Path(model) if Path(model).is_dir() else _hub_snapshot(model)
     if folder is None:
         return None
@@ -165,8 +161,11 @@ def weights_bytes(model: str) -> int | None:
 
 
 def _hub_snapshot(name: str) -> Path | None:
-    home = Path(os.environ.get("HF_HOME") or Path.home() / ".cache" / "huggingface")
-    hub = Path(os.environ.get("HF_HUB_CACHE") or home / "hub")
-    snapshots = hub / f"models--{name.replace('/', '--')}" / "snapshots"
-    found = sorted(snapshots.iterdir(), key=lambda p: p.stat().st_mtime) if snapshots.is_dir() else []
-    return found[-1] if found else None
+    # Imported here, as the tokenizer's lookup does: a folder's model needs no huggingface_hub.
+    from huggingface_hub import try_to_load_from_cache
+
+    try:
+        found = try_to_load_from_cache(name, "config.json")
+    except ValueError:  # not a valid repo id (an embedded model's name, a mistyped path)
+        return None
+    return Path(found).parent if isinstance(found, str) else None
