@@ -6,6 +6,7 @@ from __future__ import annotations
 import argparse
 import json
 import sys
+from collections.abc import Iterable
 from pathlib import Path
 
 from pytest_qwenperf.core.formats import json_safe
@@ -177,10 +178,7 @@ def table(found: SessionPlan, history: str | None) -> list[str]:
         lines.append(f"  {point.config} / {point.workload}: {format_duration(run.window_s)}{lifetime}{out}")
     spreads = {(p.spread, p.spread_from) for p in found.points if p.spread is not None}
     if spreads:
-        told = ", ".join(
-            sorted(f"{spread:.1%} ({'history' if kind == 'history' else 'the suite assumes'})" for spread, kind in spreads)
-        )
-        lines += ["", f"MDE: the throughput MDE at the planned repeats, for repeats that spread by {told}"]
+        lines += ["", f"MDE: the throughput MDE at the planned repeats, for repeats that spread by {_told(spreads)}"]
     if found.pairing is not None:
         lines += _pairing_lines(found)
     source = "the suite's boot_s" if found.boot_from == "suite" else "the default: the suite states no boot_s"
@@ -203,13 +201,17 @@ def _pairing_lines(found: SessionPlan) -> list[str]:
         else "both awake, side by side"
     )
     drifts = {(p.session_spread, p.session_spread_from) for p in found.points if p.session_spread is not None}
-    told = ", ".join(sorted(f"{d:.1%} ({'history' if kind == 'history' else 'the suite assumes'})" for d, kind in drifts))
     legs = (
-        f"legs MDE: the same repeats in two sessions apart, whose means also drift by {told}"
+        f"legs MDE: the same repeats in two sessions apart, whose means also drift by {_told(drifts)}"
         if drifts
         else "legs MDE: not known: no history of 3 runs or more and no [suite] session_spread"
     )
     return [f"with a candidate: each repeat on both sides, alternating, {how}; MDE: the pair's, drift between sessions left out", legs]
+
+
+def _told(spreads: Iterable[tuple[float, str | None]]) -> str:
+    """``1.5% (the suite assumes), 2.1% (history)``: spreads and where each came from."""
+    return ", ".join(sorted(f"{spread:.1%} ({'history' if kind == 'history' else 'the suite assumes'})" for spread, kind in spreads))
 
 
 def _percent(value: float | None) -> str:
