@@ -210,6 +210,8 @@ def test_a_candidate_on_a_gpu_config_takes_turns_with_the_launcher_and_is_judged
     candidate = json.loads((pytester.path / "out" / "results.json").read_text())
     reference = json.loads((pytester.path / "out" / "results.reference.json").read_text())
     assert candidate["boots"] == reference["boots"] == {"gpus/tp1": 1}
+    for side in (candidate, reference):  # the session's turns, written with both sides
+        assert (side["turns"]["wakes"], side["turns"]["sleeps"]) == (3, 4) and side["turns"]["seconds"] > 0, side["turns"]
     for side in (candidate, reference):
         (run,) = side["runs"]
         assert (run["metrics"]["completed"], run["metrics"]["failed"]) == (16, 0), run["metrics"]

@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import json
 from collections.abc import Mapping
+from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from types import MappingProxyType
 
@@ -30,10 +31,25 @@ from pytest_qwenperf.core.verdict import Judgement
 from pytest_qwenperf.gate.diagnosis import Diagnosis
 from pytest_qwenperf.gate.judge import references
 from pytest_qwenperf.serving.hardware import detect
+from pytest_qwenperf.serving.sleep import TurnCounts
 from pytest_qwenperf.suite.cost import PointCost, SessionPlan
 
 SCHEMA = SESSION_SCHEMA
 
+
+
+@dataclass(frozen=True)
+class ServersSpent:
+    """What a session's servers cost beside the measuring: how often each config's server booted and
+    the seconds its boots took (the pool keeps both), and the turns its servers took on the GPUs
+    through sleep mode (None: they took none)."""
+
+    boots: Mapping[str, int] = field(default_factory=dict)
+    boot_seconds: Mapping[str, float] = field(default_factory=dict)
+    turns: TurnCounts | None = None
+
+
+NOTHING_SPENT = ServersSpent()
 
 class SessionReport:
     """Runs by (config key, workload id) with their verdicts, and each config's canary answer."""
@@ -103,15 +119,15 @@ class SessionReport:
         """Why the baseline of ``run`` could not be read (None: it could, or there is none)."""
         return self._unreadable.get((run.config_key, run.identity.workload))
 
-    def as_json(self, boots: Mapping[str, int] = MappingProxyType({}), boot_seconds: Mapping[str, float] = MappingProxyType({})) -> dict[str, object]:
-        """The session's JSON; ``boots``: how often each config's server booted, ``boot_seconds``: how
-        long its boots took (the pool keeps both). Each plan's points carry what they took
-        (``elapsed_s``, None where not measured), beside what they were planned to take."""
+    def as_json(self, servers: ServersSpent = NOTHING_SPENT) -> dict[str, object]:
+        """The session's JSON, with what its ``servers`` cost beside the measuring. Each plan's points
+        carry what they took (``elapsed_s``, None where not measured), beside what they were planned to take."""
         return {
             "schema": SCHEMA,
             "hardware": detect().as_dict(),
-            "boots": dict(boots),
-            "boot_seconds": dict(boot_seconds),
+            "boots": dict(servers.boots),
+            "boot_seconds": dict(servers.boot_seconds),
+            "turns": asdict(servers.turns) if servers.turns is not None else None,
             "plans": [self._plan_json(found) for found in self.plans],
             "runs": [msgspec.to_builtins(run) for run in self.runs],
             "canaries": [msgspec.to_builtins(canary) for canary in self.canaries.values()],
@@ -133,9 +149,7 @@ class SessionReport:
         taken = {(run.identity.config, run.identity.workload): run.elapsed_s for run in self.runs if run.identity.suite == found.suite}
         return {**found.as_json(), "points": [{**point.as_json(), "elapsed_s": taken.get((point.config, point.workload))} for point in found.points]}
 
-    def write_json(
-        self, path: Path, boots: Mapping[str, int] = MappingProxyType({}), boot_seconds: Mapping[str, float] = MappingProxyType({})
-    ) -> Path | None:
+    def write_json(self, path: Path, servers: ServersSpent = NOTHING_SPENT) -> Path | None:
         """Write atomically; an existing file is kept under a name of its own (see
         :func:`~pytest_qwenperf.core.files.keep_aside`), which is returned.
 
@@ -143,7 +157,7 @@ class SessionReport:
         finish at the same moment all keep their results: the last as the file, the others
         as kept copies.
         """
-        text = json.dumps(json_safe(self.as_json(boots, boot_seconds)), indent=2, sort_keys=True)
+        text = json.dumps(json_safe(self.as_json(servers)), indent=2, sort_keys=True)
         path.parent.mkdir(parents=True, exist_ok=True)
         with folder_lock(path.parent):
             kept = keep_aside(path) if path.exists() else None

@@ -24,7 +24,7 @@ from pytest_qwenperf.gate.history_store import HistoryError, HistoryStore
 from pytest_qwenperf.gate.judge import losses
 from pytest_qwenperf.gate.update import update_baselines
 from pytest_qwenperf.history.report import Series
-from pytest_qwenperf.measure.report import SessionReport
+from pytest_qwenperf.measure.report import ServersSpent, SessionReport
 from pytest_qwenperf.measure.session_table import session_table
 from pytest_qwenperf.plugin.planning import end_lines, plan_session, start_lines
 from pytest_qwenperf.plugin.progress import end_live_line, progress_setting
@@ -504,8 +504,13 @@ def _history_series(where: HistorySetting | None) -> list[Series]:
 
 
 def _write_results(config: pytest.Config, report: SessionReport, path: Path, pool: ServerPool | None) -> None:
-    """``pool``: the servers the report's runs were measured on (how often each booted)."""
-    kept = report.write_json(path, pool.boots if pool is not None else {}, pool.boot_seconds if pool is not None else {})
+    """``pool``: the servers the report's runs were measured on (how often each booted); the turns
+    are the session's, shared by both sides."""
+    turns = config.stash.get(TURNS_KEY, None)
+    spent = ServersSpent(
+        pool.boots if pool is not None else {}, pool.boot_seconds if pool is not None else {}, turns.counts if turns is not None else None
+    )
+    kept = report.write_json(path, spent)
     reporter = config.pluginmanager.get_plugin("terminalreporter")
     if reporter is not None:
         note = f" (previous file kept as {kept})" if kept else ""

@@ -25,7 +25,7 @@ import pytest
 from pytest_qwenperf.core import files
 from pytest_qwenperf.core.files import write_atomically
 from pytest_qwenperf.gate.baseline import load_baseline
-from pytest_qwenperf.measure.report import SessionReport
+from pytest_qwenperf.measure.report import ServersSpent, SessionReport
 from pytest_qwenperf.suite.tiny_model import MARKER, TinyModelSpec
 
 REPO = Path(__file__).resolve().parents[2]
@@ -149,7 +149,7 @@ def test_session_json_versions_written_in_the_same_second_all_survive(pytester: 
 
 def _write_versions(path: Path, count: int) -> None:
     for n in range(count):
-        SessionReport().write_json(path, {f"v{n}": 1})
+        SessionReport().write_json(path, ServersSpent(boots={f"v{n}": 1}))
         os.utime(path, (1_780_000_000.0, 1_780_000_000.0))
 
 
@@ -168,11 +168,11 @@ def test_kept_copies_never_collide_where_the_filesystem_has_no_hard_links(
 CONCURRENT = """
 import sys, time
 from pathlib import Path
-from pytest_qwenperf.measure.report import SessionReport
+from pytest_qwenperf.measure.report import ServersSpent, SessionReport
 go, n = Path(sys.argv[1]), sys.argv[2]
 while not go.exists():
     time.sleep(0.001)
-SessionReport().write_json(Path(sys.argv[3]), {"writer-" + n: 1})
+SessionReport().write_json(Path(sys.argv[3]), ServersSpent(boots={"writer-" + n: 1}))
 """
 
 
