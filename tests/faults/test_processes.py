@@ -241,7 +241,7 @@ def test_free_gpus_let_the_session_boot(pytester: pytest.Pytester, fake_gpus: li
 HOLD = """
 import time, pytest
 from pytest_qwenperf.suite.config import tiny_cpu_config
-TINY = tiny_cpu_config("{name}")
+TINY = tiny_cpu_config("{name}", ("--enforce-eager",))  # eager: no compile warm-up (tests/e2e/tiny.py EAGER)
 
 @pytest.fixture
 def slow_teardown():
