@@ -91,7 +91,7 @@ def test_a_session_slowed_by_a_cpu_quota_fails_against_a_history_of_plain_runs(p
     with HistoryStore.open(pytester.path / "history.sqlite") as store:
         assert store.append(nights(decode_run(data, "plain.json"), 6), source="test") == 6
 
-    quota = ["env", f"PYTHONPATH={ROOT}", sys.executable, "-m", "benchmarks.quota_launcher", "--cores", "0.5", "--"]
+    quota = ["env", f"PYTHONPATH={ROOT}", sys.executable, "-m", "benchmarks.quota_launcher", "--cores", "0.5", "--after-ready", "--"]
     launcher = shlex.join([*quota, *DEFAULT_LAUNCHER])
     slowed = session(
         pytester, "slowed", f"--qwenperf-launcher={launcher}", "--qwenperf-max-repeats=6", "--qwenperf-history=history.sqlite"

@@ -60,7 +60,7 @@ def test_reports_of_a_real_session_and_of_a_slowed_one_against_it(pytester: pyte
     pytester.makepyfile(test_baseline=(ROOT / "perf_tests" / "test_baseline.py").read_text())
     plain = inner_session(pytester, "test_baseline.py", "plain", "--qwenperf-no-history", "--qwenperf-profile", "--qwenperf-html=plain.html")
     plain.assert_outcomes(skipped=1)  # nothing to judge against
-    quota = ["env", f"PYTHONPATH={ROOT}", sys.executable, "-m", "benchmarks.quota_launcher", "--cores", "0.5", "--"]
+    quota = ["env", f"PYTHONPATH={ROOT}", sys.executable, "-m", "benchmarks.quota_launcher", "--cores", "0.5", "--after-ready", "--"]
     slowed = inner_session(
         pytester,
         "test_baseline.py",

@@ -68,10 +68,15 @@ async def stream_completion(base_url: str, model: str, prompt: str, max_tokens: 
 
 def inner_session(pytester: pytest.Pytester, test_file: str, name: str, *args: str) -> pytest.RunResult:
     """A pytest session of ``test_file`` on the suite in ``suite.toml``: baselines in ``baselines/``,
-    its JSON in ``<name>.json``, its servers' logs in ``logs/<name>``."""
+    its JSON in ``<name>.json``, its servers' logs in ``logs/<name>``.
+
+    Its servers keep vLLM's caches in one folder that every inner session of this test session
+    shares (beside the tests' own folders): pytester gives each test a new home, where vLLM would
+    otherwise look up the tiny model's facts afresh in each test's first boot (about 6 s of it)."""
     return pytester.runpytest_subprocess(
         test_file,
         *args,
+        f"--qwenperf-vllm-cache={pytester.path.parent / 'vllm-cache'}",
         "--qwenperf-suite=suite.toml",
         "--qwenperf-baselines=baselines",
         f"--qwenperf-json={name}.json",
