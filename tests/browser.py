@@ -4,6 +4,7 @@ console kept."""
 
 from __future__ import annotations
 
+import os
 import re
 import shutil
 import subprocess
@@ -51,9 +52,15 @@ class Browsed:
 
 
 def chromium() -> str:
+    """The browser; the test skips where it is not installed, and fails instead in CI (``.ci/run``
+    installs it), as the tests of nginx and PostgreSQL do: a skip there would hide that the report
+    went undrawn."""
     found = shutil.which("chromium") or shutil.which("chromium-browser")
     if found is None:
-        pytest.fail("Debian's chromium is needed for the report's browser tests (apt-get install chromium)")
+        message = "Debian's chromium is needed for the report's browser tests (apt-get install chromium)"
+        if os.environ.get("CI"):
+            pytest.fail(message)
+        pytest.skip(message)
     return found
 
 

@@ -27,7 +27,7 @@ from pytest_qwenperf.gate.diagnosis import Cause, Diagnosis
 from pytest_qwenperf.gate.history_store import HistoryStore
 from pytest_qwenperf.report.html import render, write_report
 from pytest_qwenperf.report.page import anchor_of, history_series, page_of
-from tests.browser import browse, print_pdf
+from tests.browser import browse, chromium, print_pdf
 from tests.faults.test_files import BOOTS, CPU_RUN, STANDIN, inner, runs, unwritable_path
 from tests.test_baseline import make_run
 from tests.test_canary import make_canary
@@ -277,6 +277,16 @@ def test_the_report_command_writes_and_keeps_the_previous_file(tmp_path: Path, c
 
 
 # ------------------------------------------------------------------ in a real browser
+
+
+@pytest.mark.parametrize(("ci", "outcome"), [("", pytest.skip.Exception), ("true", pytest.fail.Exception)])
+def test_without_chromium_the_browser_tests_skip_outside_ci_and_fail_in_it(
+    monkeypatch: pytest.MonkeyPatch, ci: str, outcome: type[BaseException]
+) -> None:
+    monkeypatch.setenv("PATH", "/nonexistent")
+    monkeypatch.setenv("CI", ci)
+    with pytest.raises(outcome, match=r"Debian's chromium is needed .*\(apt-get install chromium\)"):
+        chromium()
 
 
 @pytest.fixture(scope="module")

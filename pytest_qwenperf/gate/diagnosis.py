@@ -64,7 +64,8 @@ from pytest_qwenperf.core.run import Run, session_counts
 from pytest_qwenperf.core.stats import centre
 from pytest_qwenperf.core.verdict import Judgement, SessionSpread, format_value, judge
 
-Kind = Literal["engine-config", "environment", "canary", "telemetry", "latency-shape"]
+Kind = Literal["engine-config", "environment", "canary", "telemetry", "latency-shape", "plugin"]
+"""``plugin``: a cause a plugin's ``pytest_qwenperf_causes`` hook added, after the ranked ones."""
 
 RANKING = "engine-config and environment differences, the canary, telemetry by its move over its noise, then the latency shape"
 """The order of a diagnosis's causes, as a heading states it (the module docstring says why)."""

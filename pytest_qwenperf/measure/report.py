@@ -150,16 +150,21 @@ class SessionReport:
         return {**found.as_json(), "points": [{**point.as_json(), "elapsed_s": taken.get((point.config, point.workload))} for point in found.points]}
 
     def write_json(self, path: Path, servers: ServersSpent = NOTHING_SPENT) -> Path | None:
-        """Write atomically; an existing file is kept under a name of its own (see
-        :func:`~pytest_qwenperf.core.files.keep_aside`), which is returned.
+        """:meth:`as_json` written by :func:`write_session_json`."""
+        return write_session_json(path, self.as_json(servers))
 
-        Writers of the same path are serialized by a lock on its folder, so sessions that
-        finish at the same moment all keep their results: the last as the file, the others
-        as kept copies.
-        """
-        text = json.dumps(json_safe(self.as_json(servers)), indent=2, sort_keys=True)
-        path.parent.mkdir(parents=True, exist_ok=True)
-        with folder_lock(path.parent):
-            kept = keep_aside(path) if path.exists() else None
-            write_atomically(path, text)
-        return kept
+
+def write_session_json(path: Path, data: Mapping[str, object]) -> Path | None:
+    """Write a session's JSON atomically; an existing file is kept under a name of its own (see
+    :func:`~pytest_qwenperf.core.files.keep_aside`), which is returned.
+
+    Writers of the same path are serialized by a lock on its folder, so sessions that
+    finish at the same moment all keep their results: the last as the file, the others
+    as kept copies.
+    """
+    text = json.dumps(json_safe(data), indent=2, sort_keys=True)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    with folder_lock(path.parent):
+        kept = keep_aside(path) if path.exists() else None
+        write_atomically(path, text)
+    return kept

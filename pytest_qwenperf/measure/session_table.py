@@ -4,7 +4,8 @@ taken and the points whose history slid below its last good level."""
 from __future__ import annotations
 
 import statistics
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
 
 from pytest_qwenperf.core.run import Run
 from pytest_qwenperf.core.tables import format_duration
@@ -13,12 +14,23 @@ from pytest_qwenperf.gate.judge import losses
 from pytest_qwenperf.measure.report import SessionReport
 
 
-def session_table(report: SessionReport) -> list[str]:
+@dataclass(frozen=True)
+class Column:
+    """A column added to the table (``pytest_qwenperf_session_columns``): its header, and its cell
+    of each run, right-aligned in ``width`` characters (a longer cell widens its row, not the column)."""
+
+    header: str
+    cell: Callable[[Run], str]
+    width: int = 10
+
+
+def session_table(report: SessionReport, columns: Sequence[Column] = ()) -> list[str]:
     """One line per run: its figures, the repeats it added and the MDE of its output throughput
-    verdict (``—`` where not judged); then how many points took extra repeats."""
+    verdict (``—`` where not judged), then ``columns``; then how many points took extra repeats."""
+    added = "".join(f" {column.header:>{column.width}}" for column in columns)
     header = (
         f"{'config / workload':<48} {'out tok/s':>10} {'total tok/s':>11} {'TTFT p99':>9} {'TPOT p99':>9} {'ok':>5} "
-        f"{'failed, all repeats':>19} {'extra':>5} {'out MDE':>7} {'took (plan)':>15}  vs"
+        f"{'failed, all repeats':>19} {'extra':>5} {'out MDE':>7} {'took (plan)':>15}{added}  vs"
     )
     lines = [header, "-" * len(header)]
     for run in report.runs:
@@ -28,7 +40,9 @@ def session_table(report: SessionReport) -> list[str]:
         lines.append(
             f"{name:<48} {v['output_throughput']:>10.1f} {v['total_token_throughput']:>11.1f} "
             f"{v['p99_ttft_ms']:>7.1f}ms {v['p99_tpot_ms']:>7.2f}ms {v['completed']:>5} {run.failed_requests:>19} "
-            f"{run.extra_repeats:>5} {format_mde(mde):>7} {_took(report, run):>15}  {run.reference or '—'}"
+            f"{run.extra_repeats:>5} {format_mde(mde):>7} {_took(report, run):>15}"
+            + "".join(f" {column.cell(run):>{column.width}}" for column in columns)
+            + f"  {run.reference or '—'}"
             + _invalid(run)
             + _slid(run)
         )

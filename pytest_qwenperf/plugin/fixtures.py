@@ -11,6 +11,7 @@ from contextlib import nullcontext
 from functools import partial
 from pathlib import Path
 
+import msgspec
 import pytest
 
 from pytest_qwenperf.core.canary import Canary, CanaryJudgement, judge_canary
@@ -197,7 +198,7 @@ def qwenperf_measure(
             turns = pytestconfig.stash.get(TURNS_KEY, None)
             pair = measure_pair(*servers, cfg, workload, method, side_by_side=True, progress=progress, turns=turns)
             report.reference.add(pair.reference)
-            return report.add(pair.run, pair.judgements, diagnosis=pair.diagnosis)
+            return report.add(pair.run, pair.judgements, diagnosis=_told(pytestconfig, pair.run, pair.judgements, pair.diagnosis))
         decided = measure_point(server, cfg, workload, method, partial(_reference, settings, suite), progress)
         run, unreadable = decided.run, decided.unreadable
         if settings.history is not None and unreadable is None:
@@ -205,7 +206,8 @@ def qwenperf_measure(
                 run = judged_by_history(settings.history.where, run, valid=not losses(run), window=suite.history_window)
             except BaselineError as exc:
                 unreadable = str(exc)
-        return report.add(run, decided.judgements, unreadable=unreadable, diagnosis=decided.diagnosis)
+        diagnosis = _told(pytestconfig, run, decided.judgements, decided.diagnosis)
+        return report.add(run, decided.judgements, unreadable=unreadable, diagnosis=diagnosis)
 
     def measured(cfg: ServingConfig, workload: SuiteWorkload) -> Run:
         """A server whose profiler could not be turned off measures nothing more: it stops (the next test boots it)."""
@@ -218,6 +220,16 @@ def qwenperf_measure(
             raise
 
     return measured
+
+
+def _told(config: pytest.Config, run: Run, judgements: tuple[Judgement, ...], diagnosis: Diagnosis | None) -> Diagnosis | None:
+    """Tell the hooks of a point's run and verdicts; ``diagnosis`` with the causes they add after its own."""
+    config.hook.pytest_qwenperf_run_measured(config=config, run=run)
+    config.hook.pytest_qwenperf_point_judged(config=config, run=run, judgements=judgements)
+    if diagnosis is None:
+        return None
+    added = [cause for causes in config.hook.pytest_qwenperf_causes(config=config, run=run, judgements=judgements) for cause in causes or ()]
+    return msgspec.structs.replace(diagnosis, causes=(*diagnosis.causes, *added)) if added else diagnosis
 
 
 def _profile_setting(settings: QwenperfSettings, pool: ServerPool) -> ProfileSetting | None:

@@ -9,6 +9,7 @@ the fixtures live in :mod:`~pytest_qwenperf.plugin.fixtures`. Tests that ask for
 
 from __future__ import annotations
 
+import dataclasses
 import signal
 import tempfile
 import threading
@@ -24,8 +25,9 @@ from pytest_qwenperf.gate.history_store import HistoryError, HistoryStore
 from pytest_qwenperf.gate.judge import losses
 from pytest_qwenperf.gate.update import update_baselines
 from pytest_qwenperf.history.report import Series
-from pytest_qwenperf.measure.report import ServersSpent, SessionReport
-from pytest_qwenperf.measure.session_table import session_table
+from pytest_qwenperf.measure.report import ServersSpent, SessionReport, write_session_json
+from pytest_qwenperf.measure.session_table import Column, session_table
+from pytest_qwenperf.plugin import hookspec
 from pytest_qwenperf.plugin.planning import end_lines, plan_session, start_lines
 from pytest_qwenperf.plugin.progress import end_live_line, progress_setting
 from pytest_qwenperf.plugin.settings import (
@@ -52,7 +54,7 @@ from pytest_qwenperf.serving.placement import missing_hardware
 from pytest_qwenperf.serving.pool import ServerPool
 from pytest_qwenperf.serving.server import DEFAULT_BOOT_TIMEOUT_S
 from pytest_qwenperf.serving.sleep import Turns, turns_problem
-from pytest_qwenperf.suite.config import ServingConfig, SuiteError, load_suite
+from pytest_qwenperf.suite.config import ServingConfig, Suite, SuiteError, load_suite
 from pytest_qwenperf.suite.selectors import selected_pairs, tier_of
 from pytest_qwenperf.suite.vllm_args import launcher_python
 
@@ -74,6 +76,10 @@ MARKERS = {
     "qwenperf_select(name)": "only (config, workload) pairs of this kind: ladder, slo, speculative, prefix-cache, utilization, "
     "scaling, canary, canary-floor, trace, capacity, capacity-order",
 }
+
+
+def pytest_addhooks(pluginmanager: pytest.PytestPluginManager) -> None:
+    pluginmanager.add_hookspecs(hookspec)
 
 
 def pytest_addoption(parser: pytest.Parser) -> None:
@@ -234,12 +240,23 @@ def pytest_configure(config: pytest.Config) -> None:
     if settings.candidate is not None:
         report.reference = SessionReport()
     try:
-        config.stash[SUITES_KEY] = suites = tuple(load_suite(p) for p in settings.suites)
+        config.stash[SUITES_KEY] = suites = tuple(_with_server_args(config, load_suite(p)) for p in settings.suites)
     except SuiteError as exc:
         raise pytest.UsageError(str(exc)) from None
     for suite in suites:
         repeat_plan(settings, suite)  # a most below the repeats in force fails before anything boots
     _terminate_like_ctrl_c()
+
+
+def _with_server_args(config: pytest.Config, suite: Suite) -> Suite:
+    """``suite`` with each config's vLLM flags and environment as ``pytest_qwenperf_server_args`` left
+    them: the session boots, records and judges the configs so changed."""
+    configs = []
+    for serving in suite.configs:
+        args, env = list(serving.vllm_args), dict(serving.env)
+        config.hook.pytest_qwenperf_server_args(config=config, serving=serving, args=args, env=env)
+        configs.append(dataclasses.replace(serving, vllm_args=tuple(args), env=tuple(env.items())))
+    return dataclasses.replace(suite, configs=tuple(configs))
 
 
 def _terminate_like_ctrl_c() -> None:
@@ -399,12 +416,13 @@ def pytest_terminal_summary(terminalreporter: pytest.TerminalReporter, config: p
     report = config.stash.get(REPORT_KEY, None)
     if report is None or not report.runs:
         return
+    columns: list[Column] = [column for added in config.hook.pytest_qwenperf_session_columns(config=config) for column in added or ()]
     terminalreporter.section("qwenperf results" if report.reference is None else "qwenperf results: the candidate")
-    for line in session_table(report):
+    for line in session_table(report, columns):
         terminalreporter.write_line(line)
     if report.reference is not None and report.reference.runs:
         terminalreporter.section("qwenperf results: the reference (--qwenperf-launcher), repeats interleaved with the candidate's")
-        for line in session_table(report.reference):
+        for line in session_table(report.reference, columns):
             terminalreporter.write_line(line)
     for line in end_lines(config, list(config.stash.get(POOLS_KEY, {}).values())):
         terminalreporter.write_line(line)
@@ -510,7 +528,9 @@ def _write_results(config: pytest.Config, report: SessionReport, path: Path, poo
     spent = ServersSpent(
         pool.boots if pool is not None else {}, pool.boot_seconds if pool is not None else {}, turns.counts if turns is not None else None
     )
-    kept = report.write_json(path, spent)
+    data = report.as_json(spent)
+    config.hook.pytest_qwenperf_session_json(config=config, data=data)
+    kept = write_session_json(path, data)
     reporter = config.pluginmanager.get_plugin("terminalreporter")
     if reporter is not None:
         note = f" (previous file kept as {kept})" if kept else ""

@@ -23,7 +23,9 @@ from tests.stream_source import serve
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--itl-ms", type=float, required=True, help="gap between tokens")
-    parser.add_argument("--ttft-ms", type=float, default=20.0, help="delay to the first token")
+    parser.add_argument(
+        "--ttft-ms", type=float, default=float(os.environ.get("PACED_TTFT_MS", "20")), help="delay to the first token (default: $PACED_TTFT_MS, else 20)"
+    )
     parser.add_argument("--model", required=True)
     parser.add_argument("--served-model-name")
     parser.add_argument("--port", type=int, required=True)
