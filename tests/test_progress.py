@@ -11,6 +11,7 @@ from typing import cast
 
 import pytest
 
+from pytest_qwenperf.core.options import ProgressSetting, progress_setting
 from pytest_qwenperf.core.records import RequestRecord
 from pytest_qwenperf.core.sequential import SequentialPlan
 from pytest_qwenperf.core.tables import format_duration as duration
@@ -19,7 +20,7 @@ from pytest_qwenperf.measure import sequential
 from pytest_qwenperf.measure.method import Method, repeats
 from pytest_qwenperf.measure.observe import Watching
 from pytest_qwenperf.measure.progress import Meter, load_label, repeat_of, told, watched
-from pytest_qwenperf.plugin.progress import ProgressSetting, Terminal, progress_setting
+from pytest_qwenperf.plugin.progress import Terminal
 from pytest_qwenperf.serving.server import Server
 from tests.stream_source import stream_source
 from tests.test_max_repeats import write_suite

@@ -15,6 +15,7 @@ from pytest_qwenperf.core.tables import format_table
 from pytest_qwenperf.gate.baseline import Baseline, BaselineError, stored_baselines
 from pytest_qwenperf.gate.history_store import HistoryError, HistoryStore
 from pytest_qwenperf.gate.judge import day_of
+from pytest_qwenperf.option_table import BY_NAME
 
 HELP = "promote a history store's latest stable level to a baseline file, or list the stored baselines"
 DESCRIPTION = (
@@ -32,7 +33,7 @@ ERRORS: tuple[type[Exception], ...] = (HistoryError,)
 def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("action", choices=("promote", "list"), help="promote a history store's level, or list the baselines")
     parser.add_argument("store", nargs="?", metavar="STORE", help="promote: an SQLite file or a postgresql:// URL")
-    parser.add_argument("--baselines", type=Path, default=Path("baselines"), help="the baselines folder (default: baselines)")
+    BY_NAME["baselines"].add(parser.add_argument, "baseline", default=Path("baselines"))
     parser.add_argument("--config", help="promote: the config (its id, or suite/id)")
     parser.add_argument("--workload", help="promote: only this workload")
     parser.add_argument("--hardware", help="promote: only this machine (its hardware id, as in the baselines folder)")

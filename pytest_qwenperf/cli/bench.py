@@ -34,8 +34,6 @@ from pytest_qwenperf.core.apikey import ApiKey, ApiKeyError, resolve_api_key
 from pytest_qwenperf.core.files import unwritable, write_atomically
 from pytest_qwenperf.core.formats import json_safe
 from pytest_qwenperf.core.options import (
-    cpu_list,
-    endpoint_url,
     fraction,
     measured_window,
     positive_rate,
@@ -55,6 +53,7 @@ from pytest_qwenperf.loadgen.tokenizer import PromptTokenizer
 from pytest_qwenperf.measure.bench import BenchPlan, bench_result
 from pytest_qwenperf.measure.observe import ClientSetup, Load, Observation, Target, Watching, observe
 from pytest_qwenperf.measure.profile import ProfilingFailed, capture
+from pytest_qwenperf.option_table import BY_NAME
 from pytest_qwenperf.serving.environment import profiler_dir
 from pytest_qwenperf.serving.server import (
     ServerAuthError,
@@ -79,9 +78,7 @@ ERRORS: tuple[type[Exception], ...] = (BenchError, HistoryError)
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
     target = parser.add_argument_group("target")
-    target.add_argument(
-        "--endpoint", type=endpoint_url, action="append", required=True, help="server base URL; repeatable (round-robin per request)"
-    )
+    BY_NAME["endpoint"].add(target.add_argument, "bench", required=True)
     target.add_argument("--model", help="model name to request (default: the one the endpoints serve)")
     target.add_argument("--tokenizer", help="folder or hub name of the tokenizer (default: the folder the server loaded)")
     target.add_argument(
@@ -133,27 +130,14 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     )
     load.add_argument("--goodput", nargs="+", metavar="KEY:MS", help="SLOs for goodput, e.g. ttft:500 tpot:50")
     load.add_argument("--workers", type=_AT_LEAST_1, default=1, help="client processes (default %(default)s)")
-    load.add_argument(
-        "--ray",
-        metavar="ADDRESS",
-        help="run the --workers client processes as actors spread over the nodes of this Ray cluster (auto, host:port "
-        "or ray://host:port; needs the ray extra), each on one CPU, their times put on this machine's clock",
-    )
-    load.add_argument("--client-cpus", type=cpu_list, help="pin the client to these CPUs, e.g. 1 or 8-15")
+    BY_NAME["ray"].add(load.add_argument, "bench")
+    BY_NAME["client-cpus"].add(load.add_argument, "bench")
 
     out = parser.add_argument_group("output")
-    out.add_argument("--json", type=Path, help="write the result here (an existing file is never overwritten)")
+    BY_NAME["json"].add(out.add_argument, "bench")
     out.add_argument("--detailed", action="store_true", help="with --json: per-request records too")
-    out.add_argument(
-        "--history", metavar="STORE", help="also record the result in this history store (an SQLite file or a postgresql:// URL)"
-    )
-    out.add_argument(
-        "--profile",
-        action="store_true",
-        help="after the measured run, send its requests once more between /start_profile and /stop_profile (servers "
-        "started with vLLM's --profiler-config, in dev mode, on this host) and measure nothing of it: the traces go beside "
-        "--json (<stem>.profiles/), the top operators by self time into the result",
-    )
+    BY_NAME["history"].add(out.add_argument, "bench")
+    BY_NAME["profile"].add(out.add_argument, "bench")
     out.add_argument("--progress", choices=("auto", "on", "off"), default="auto", help="progress bar (auto: when stderr is a terminal and not in CI)")
     out.add_argument(
         "--max-failed-fraction",

@@ -35,7 +35,7 @@ from pathlib import Path
 
 import platformdirs
 
-from pytest_qwenperf.core.options import whole_number
+from pytest_qwenperf.core.options import DEFAULT_BOOT_TIMEOUT_S, whole_number
 from pytest_qwenperf.core.run import Run
 from pytest_qwenperf.core.sequential import SequentialPlan
 from pytest_qwenperf.core.tables import format_table
@@ -46,11 +46,12 @@ from pytest_qwenperf.measure.method import Method
 from pytest_qwenperf.measure.observe import ClientSetup
 from pytest_qwenperf.measure.progress import BootMeter, Meter
 from pytest_qwenperf.measure.sequential import ServerOf, measure_pair
+from pytest_qwenperf.option_table import BY_NAME
 from pytest_qwenperf.serving.hardware import detect
 from pytest_qwenperf.serving.placement import gpu_ids, placement
 from pytest_qwenperf.serving.pool import PoolSettings, ServerPool
 from pytest_qwenperf.serving.releases import CPU_BUILD_CONFLICTS, Candidate, Environments, ReleaseError, between, candidate
-from pytest_qwenperf.serving.server import DEFAULT_BOOT_TIMEOUT_S, Server, ServerError
+from pytest_qwenperf.serving.server import Server, ServerError
 from pytest_qwenperf.suite.config import ServingConfig, Suite, SuiteError, SuiteWorkload, load_suite
 
 HELP = "find the first release (or wheel, or launcher) between a good and a bad one that made a rung slower"
@@ -110,12 +111,10 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     )
 
     how = parser.add_argument_group("how")
-    how.add_argument("--repeats", type=_AT_LEAST_1, help="load runs per side (default: the suite's)")
-    how.add_argument("--max-repeats", type=_AT_LEAST_1, help="side by side: most load runs per side (default: the suite's)")
+    BY_NAME["repeats"].add(how.add_argument, "bisect")
+    BY_NAME["max-repeats"].add(how.add_argument, "bisect")
     how.add_argument("--sequential", action="store_true", help="one server at a time (the default for GPU configs)")
-    how.add_argument(
-        "--boot-timeout", type=float, default=DEFAULT_BOOT_TIMEOUT_S, metavar="S", help="per server (default %(default)g s)"
-    )
+    BY_NAME["boot-timeout"].add(how.add_argument, "bisect", default=DEFAULT_BOOT_TIMEOUT_S)
 
     envs = parser.add_argument_group("environments (releases and wheels)")
     envs.add_argument(

@@ -9,8 +9,13 @@ import re
 import shlex
 import urllib.parse
 from collections.abc import Callable
+from dataclasses import dataclass
 
 from pytest_qwenperf.core.window import Window
+
+DEFAULT_BOOT_TIMEOUT_S = 1800.0
+"""How long a server may take to become ready unless told otherwise (``--qwenperf-boot-timeout``):
+generous, since loading a 27B checkpoint on 8 GPUs and compiling graphs takes many minutes."""
 
 
 def launcher_argv(value: str) -> tuple[str, ...]:
@@ -165,3 +170,25 @@ def cpu_list(value: str) -> frozenset[int]:
 
 def format_cpu_list(cpus: frozenset[int]) -> str:
     return ",".join(str(c) for c in sorted(cpus))
+
+
+@dataclass(frozen=True)
+class ProgressSetting:
+    """Whether points show their progress, and the seconds between two status lines in a log."""
+
+    on: bool = True
+    every_s: float = 30.0
+
+
+def progress_setting(text: str) -> ProgressSetting:
+    """``off``, ``on`` or the seconds between two status lines in a log (``0``: one per finished request)."""
+    word = text.strip().lower()
+    if word in ("off", "on"):
+        return ProgressSetting(on=word == "on")
+    try:
+        seconds = float(word)
+    except ValueError:
+        seconds = math.nan
+    if not math.isfinite(seconds) or seconds < 0:
+        raise argparse.ArgumentTypeError(f"expected off, on or the seconds between two progress lines in a log (>= 0), got {text!r}")
+    return ProgressSetting(every_s=seconds)

@@ -18,8 +18,6 @@ from pathlib import Path
 
 import pytest
 
-from pytest_qwenperf.core.apikey import CLIENT_ENVS
-from pytest_qwenperf.core.options import cpu_list, endpoint_url, launcher_argv, positive_seconds, whole_number
 from pytest_qwenperf.gate.compare import CompareError, load_runs
 from pytest_qwenperf.gate.history_store import HistoryError, HistoryStore
 from pytest_qwenperf.gate.judge import losses
@@ -27,11 +25,11 @@ from pytest_qwenperf.gate.update import update_baselines
 from pytest_qwenperf.history.report import Series
 from pytest_qwenperf.measure.report import ServersSpent, SessionReport, write_session_json
 from pytest_qwenperf.measure.session_table import Column, session_table
+from pytest_qwenperf.option_table import add_plugin_options
 from pytest_qwenperf.plugin import hookspec
 from pytest_qwenperf.plugin.planning import end_lines, plan_session, start_lines
-from pytest_qwenperf.plugin.progress import end_live_line, progress_setting
+from pytest_qwenperf.plugin.progress import end_live_line
 from pytest_qwenperf.plugin.settings import (
-    DEFAULT_HISTORY,
     POOLS_KEY,
     REPORT_KEY,
     SETTINGS_KEY,
@@ -48,11 +46,9 @@ from pytest_qwenperf.plugin.settings import (
 from pytest_qwenperf.report.html import ReportUnavailable, write_report
 from pytest_qwenperf.report.page import history_series
 from pytest_qwenperf.serving import gpu_memory, proctree
-from pytest_qwenperf.serving.endpoints import endpoints_file
 from pytest_qwenperf.serving.hardware import detect
 from pytest_qwenperf.serving.placement import missing_hardware
 from pytest_qwenperf.serving.pool import ServerPool
-from pytest_qwenperf.serving.server import DEFAULT_BOOT_TIMEOUT_S
 from pytest_qwenperf.serving.sleep import Turns, turns_problem
 from pytest_qwenperf.suite.config import ServingConfig, Suite, SuiteError, load_suite
 from pytest_qwenperf.suite.selectors import selected_pairs, tier_of
@@ -84,151 +80,7 @@ def pytest_addhooks(pluginmanager: pytest.PytestPluginManager) -> None:
 
 def pytest_addoption(parser: pytest.Parser) -> None:
     group = parser.getgroup("qwenperf", "vLLM performance gates (pytest-qwenperf)")
-    group.addoption(
-        "--qwenperf-launcher",
-        type=launcher_argv,
-        help="command that starts a vLLM OpenAI server; model and flags are appended "
-        "(default: python -m vllm.entrypoints.openai.api_server)",
-    )
-    group.addoption(
-        "--qwenperf-candidate",
-        type=launcher_argv,
-        metavar="LAUNCHER",
-        help="a second command that starts a vLLM OpenAI server (e.g. another vLLM version's). Each point is then "
-        "measured on both servers, booted side by side, their repeats alternating, and the candidate's run is judged "
-        "against the launcher's instead of the stored baseline. On GPU suites the two take turns on the GPUs through "
-        "vLLM's sleep mode (both vLLMs must have it; the session says why before booting where they cannot).",
-    )
-    group.addoption(
-        "--qwenperf-boot-timeout", type=positive_seconds, help=f"seconds a server may take to become ready (default {DEFAULT_BOOT_TIMEOUT_S:.0f})"
-    )
-    group.addoption("--qwenperf-log-dir", type=Path, help="folder for server logs (default: under pytest's basetemp)")
-    group.addoption(
-        "--qwenperf-vllm-cache",
-        type=Path,
-        metavar="DIR",
-        help="folder where booted servers keep vLLM's torch.compile and model-info caches (VLLM_CACHE_ROOT), kept across "
-        "sessions so that a runner's next boots skip the compile (default: vLLM's own, ~/.cache/vllm)",
-    )
-    group.addoption(
-        "--qwenperf-endpoint",
-        type=endpoint_url,
-        action="append",
-        default=[],
-        help="base URL of an already-running server; repeatable. Nothing is booted when given.",
-    )
-    group.addoption(
-        "--qwenperf-endpoints-file",
-        type=endpoints_file,
-        help="TOML file naming, per replica count, the endpoints of servers already deployed (e.g. on several "
-        "nodes); every config is measured against each set for its scaling efficiency. Nothing is booted.",
-    )
-    group.addoption(
-        "--qwenperf-api-key-env",
-        metavar="NAME",
-        help=f"environment variable holding the API key of servers run with vLLM's --api-key (default: {' or '.join(CLIENT_ENVS)} "
-        "when set). Servers the plugin boots require it (given to them as VLLM_API_KEY) and every request carries it. "
-        "The key itself is never an option: command lines are visible in ps and shell histories.",
-    )
-    group.addoption(
-        "--qwenperf-suite", type=Path, action="append", default=[], help="suite file to run (repeatable; default: ini qwenperf_suites)"
-    )
-    group.addoption("--qwenperf-json", type=Path, help="write the session's results (every run, boots per config) to this file")
-    group.addoption(
-        "--qwenperf-html",
-        type=Path,
-        metavar="PATH",
-        help="write the session's report as one HTML file that opens offline: verdicts, throughput per rung, telemetry over "
-        "time, latency distributions, environment differences (default: ini qwenperf_html; see qwenperf report)",
-    )
-    group.addoption("--qwenperf-server-cpus", type=cpu_list, help="CPUs for the servers, e.g. 0-6 (CPU suites default: all but the last)")
-    group.addoption("--qwenperf-client-cpus", type=cpu_list, help="CPUs for the load generator (CPU suites default: the last one)")
-    group.addoption("--qwenperf-repeats", type=whole_number(1), help="load runs per (config, workload) (default: the suite's repeats)")
-    group.addoption(
-        "--qwenperf-max-repeats",
-        type=whole_number(1),
-        help="most load runs per (config, workload): while a verdict is noisy or underpowered, one more is run and the "
-        "point judged again (default: the suite's max_repeats, else the repeats: none extra)",
-    )
-    group.addoption(
-        "--qwenperf-client-workers",
-        type=whole_number(1),
-        help="load-generator processes, each with its own event loop, for loads one process cannot drive (default 1)",
-    )
-    group.addoption(
-        "--qwenperf-ray",
-        metavar="ADDRESS",
-        help="run the --qwenperf-client-workers processes as actors spread over the nodes of this Ray cluster (auto, "
-        "host:port or ray://host:port; needs the ray extra), their times put on this machine's clock",
-    )
-    group.addoption("--qwenperf-baselines", type=Path, help="baseline folder (default: baselines/ under the rootdir)")
-    group.addoption(
-        "--qwenperf-history",
-        metavar="STORE",
-        help="add the session's runs to this history store: an SQLite file (created if absent) or a postgresql:// URL "
-        f"(default: {DEFAULT_HISTORY} under the rootdir; see qwenperf history)",
-    )
-    group.addoption(
-        "--qwenperf-no-history",
-        action="store_true",
-        default=None,
-        help="record the session's runs in no history store",
-    )
-    group.addoption(
-        "--qwenperf-allow-invalid",
-        action="store_true",
-        default=None,
-        help="a run judged invalid (lost data, a client that could not keep up, a shared core or a throttled GPU) "
-        "skips its tests with the reason instead of failing them; it never passes (default: fail)",
-    )
-    group.addoption(
-        "--qwenperf-update-baselines",
-        action="store_true",
-        help="after a session without failures, record its runs as the baselines and each config's canary answer beside "
-        "them (the previous values move to history)",
-    )
-    group.addoption(
-        "--qwenperf-replace-published",
-        action="append",
-        default=[],
-        metavar="CONFIG_OR_FILE",
-        help="with --qwenperf-update-baselines: let the runs of this config (its key, e.g. b200/dp8) or this baseline "
-        "file replace a baseline of published figures (repeatable; without it, published baselines are kept)",
-    )
-    group.addoption(
-        "--qwenperf-progress",
-        type=progress_setting,
-        metavar="off|on|SECONDS",
-        help="each point's progress while it is measured: a status line redrawn in place in a terminal; in a log "
-        "(no terminal), a line every SECONDS (default 30) and one per finished repeat. off: none (nor with -qq)",
-    )
-    group.addoption(
-        "--qwenperf-profile",
-        action="store_true",
-        default=None,
-        help="boot servers with vLLM's torch profiler and, after each point's measured repeats, profile one extra repeat "
-        "that nothing measures: its traces go beside --qwenperf-json (<stem>.profiles/<suite>/<config>/<workload>/), its "
-        "top operators by self time into the run",
-    )
-    parser.addini("qwenperf_launcher", "default for --qwenperf-launcher")
-    parser.addini("qwenperf_candidate", "default for --qwenperf-candidate")
-    parser.addini("qwenperf_boot_timeout", "default for --qwenperf-boot-timeout")
-    parser.addini("qwenperf_log_dir", "default for --qwenperf-log-dir")
-    parser.addini("qwenperf_vllm_cache", "default for --qwenperf-vllm-cache")
-    parser.addini("qwenperf_endpoints", "default for --qwenperf-endpoint", type="linelist")
-    parser.addini("qwenperf_suites", "suite files or globs, relative to the rootdir", type="linelist")
-    parser.addini("qwenperf_html", "default for --qwenperf-html, relative to the rootdir")
-    parser.addini("qwenperf_repeats", "default for --qwenperf-repeats")
-    parser.addini("qwenperf_max_repeats", "default for --qwenperf-max-repeats")
-    parser.addini("qwenperf_client_workers", "default for --qwenperf-client-workers")
-    parser.addini("qwenperf_ray", "default for --qwenperf-ray")
-    parser.addini("qwenperf_baselines", "default for --qwenperf-baselines, relative to the rootdir")
-    parser.addini("qwenperf_allow_invalid", "default for --qwenperf-allow-invalid", type="bool", default=False)
-    parser.addini("qwenperf_history", "default for --qwenperf-history (a path relative to the rootdir, or a URL)")
-    parser.addini("qwenperf_no_history", "default for --qwenperf-no-history", type="bool", default=False)
-    parser.addini("qwenperf_api_key_env", "default for --qwenperf-api-key-env (a variable name, never the key)")
-    parser.addini("qwenperf_profile", "default for --qwenperf-profile", type="bool", default=False)
-    parser.addini("qwenperf_progress", "default for --qwenperf-progress (off, on or seconds)")
+    add_plugin_options(group.addoption, parser.addini)
 
 
 def pytest_configure(config: pytest.Config) -> None:

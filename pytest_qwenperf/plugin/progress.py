@@ -15,41 +15,17 @@ and ``qwenperf booted cpu/base in 43 s`` when it is ready, the one line ``-q`` l
 
 from __future__ import annotations
 
-import argparse
-import math
 from contextlib import AbstractContextManager, nullcontext
-from dataclasses import dataclass
 from typing import Protocol
 
 import pytest
 
+from pytest_qwenperf.core.options import ProgressSetting
 from pytest_qwenperf.measure.progress import BootMeter, Meter, PointProgress
 
 LIVE_EVERY_S = 0.5
 """How often a terminal's status line is redrawn at most: often enough to look live, rarely enough
 to cost the measuring thread nothing."""
-
-
-@dataclass(frozen=True)
-class ProgressSetting:
-    """Whether points show their progress, and the seconds between two status lines in a log."""
-
-    on: bool = True
-    every_s: float = 30.0
-
-
-def progress_setting(text: str) -> ProgressSetting:
-    """``off``, ``on`` or the seconds between two status lines in a log (``0``: one per finished request)."""
-    word = text.strip().lower()
-    if word in ("off", "on"):
-        return ProgressSetting(on=word == "on")
-    try:
-        seconds = float(word)
-    except ValueError:
-        seconds = math.nan
-    if not math.isfinite(seconds) or seconds < 0:
-        raise argparse.ArgumentTypeError(f"expected off, on or the seconds between two progress lines in a log (>= 0), got {text!r}")
-    return ProgressSetting(every_s=seconds)
 
 
 class Capture(Protocol):

@@ -24,15 +24,22 @@ import pytest
 
 from pytest_qwenperf.core.apikey import ApiKey, ApiKeyError, key_from_environment
 from pytest_qwenperf.core.files import unwritable, unwritable_folder
-from pytest_qwenperf.core.options import endpoint_url, launcher_argv, positive_seconds, whole_number
+from pytest_qwenperf.core.options import (
+    DEFAULT_BOOT_TIMEOUT_S,
+    ProgressSetting,
+    endpoint_url,
+    launcher_argv,
+    positive_seconds,
+    progress_setting,
+    whole_number,
+)
 from pytest_qwenperf.core.sequential import SequentialPlan
 from pytest_qwenperf.core.verdict import DEFAULT_CONFIDENCE
 from pytest_qwenperf.gate.history_store import HistoryError, HistoryStore, is_url
 from pytest_qwenperf.measure.report import SessionReport
-from pytest_qwenperf.plugin.progress import ProgressSetting, progress_setting
 from pytest_qwenperf.serving.endpoints import EndpointSets
 from pytest_qwenperf.serving.pool import ServerPool
-from pytest_qwenperf.serving.server import DEFAULT_BOOT_TIMEOUT_S, DEFAULT_LAUNCHER
+from pytest_qwenperf.serving.server import DEFAULT_LAUNCHER
 from pytest_qwenperf.serving.sleep import Turns
 from pytest_qwenperf.suite.config import Suite
 

