@@ -23,7 +23,7 @@ from pytest_qwenperf.core.environment import must_match_violations
 from pytest_qwenperf.core.metrics import GATED
 from pytest_qwenperf.core.run import Run, pooled
 from pytest_qwenperf.core.verdict import SessionSpread, session_spread
-from pytest_qwenperf.gate.baseline import Baseline, BaselineError, PooledBaseline, baseline_from_run
+from pytest_qwenperf.gate.baseline import Baseline, BaselineError, PooledBaseline, baseline_from_run, find_baseline
 from pytest_qwenperf.gate.history_store import HistoryError, HistoryStore, SeriesPoint, is_url
 from pytest_qwenperf.gate.judge import environment_differences
 from pytest_qwenperf.history.changes import change_points
@@ -62,6 +62,16 @@ class HistoryReference:
     def pooled(self, source: str, git_commit: str | None = None) -> Baseline:
         """The runs as one baseline: every run's repeats are its samples, each run a session."""
         return baseline_from_run(pooled(self.runs, self.runs[-1], "runs of the history"), source=source, git_commit=git_commit)
+
+
+def reference_of(baselines: Path, history: str | None, run: Run, window: int) -> Baseline | None:
+    """What ``run`` is judged against: its stored baseline in ``baselines``, else its history
+    reference in the store ``history`` (None: no store), else nothing. A baseline or store that
+    cannot be read raises."""
+    stored = find_baseline(baselines, run.identity.baseline())
+    if stored is not None or history is None:
+        return stored
+    return history_baseline(history, run, window)
 
 
 def history_baseline(where: str, run: Run, window: int) -> Baseline | None:

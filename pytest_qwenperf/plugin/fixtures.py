@@ -17,12 +17,12 @@ import pytest
 from pytest_qwenperf.core.canary import Canary, CanaryJudgement, judge_canary
 from pytest_qwenperf.core.run import Run
 from pytest_qwenperf.core.verdict import Judgement
-from pytest_qwenperf.gate.baseline import Baseline, BaselineError, find_baseline
+from pytest_qwenperf.gate.baseline import Baseline, BaselineError
 from pytest_qwenperf.gate.canary import canary_path, find_canary
 from pytest_qwenperf.gate.diagnosis import Diagnosis
 from pytest_qwenperf.gate.judge import losses
 from pytest_qwenperf.history.declines import judged_by_history
-from pytest_qwenperf.history.reference import history_baseline
+from pytest_qwenperf.history.reference import reference_of
 from pytest_qwenperf.measure.canary import canary_of
 from pytest_qwenperf.measure.method import Method
 from pytest_qwenperf.measure.observe import ClientSetup
@@ -244,13 +244,9 @@ def _profile_setting(settings: QwenperfSettings, pool: ServerPool) -> ProfileSet
 
 
 def _reference(settings: QwenperfSettings, suite: Suite, run: Run) -> Baseline | None:
-    """What ``run`` is judged against: its stored baseline, else its history reference
-    (:mod:`~pytest_qwenperf.history.reference`), else nothing. A baseline or store that cannot
-    be read raises, and the verdicts' fixture fails with it."""
-    stored = find_baseline(settings.baselines, run.identity.baseline())
-    if stored is not None or settings.history is None:
-        return stored
-    return history_baseline(settings.history.where, run, suite.history_window)
+    """:func:`~pytest_qwenperf.history.reference.reference_of` with the session's baselines and store;
+    one that cannot be read raises, and the verdicts' fixture fails with it."""
+    return reference_of(settings.baselines, settings.history.where if settings.history else None, run, suite.history_window)
 
 
 CanaryFn = Callable[[ServingConfig], Canary]
