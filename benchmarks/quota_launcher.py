@@ -28,13 +28,12 @@ import subprocess
 import sys
 import threading
 import time
-import urllib.error
-import urllib.request
 from types import FrameType
 
 import psutil
 
 from benchmarks.cpu_cgroup import CGROUP_ROOT, CgroupError, CpuCgroup
+from pytest_qwenperf.core.http import http_get
 
 PERIOD_US = 10_000
 """A 10 ms period: throttled stretches shorter than an engine step, so the quota reads as a slower CPU."""
@@ -93,12 +92,12 @@ def _quota_when_ready(cgroup: CpuCgroup, quota: int, port: int, server: subproce
     """Set ``quota`` once the server on ``port`` answers ``/health`` (none if it exits first)."""
     while server.poll() is None:
         try:
-            with urllib.request.urlopen(f"http://127.0.0.1:{port}/health", timeout=1) as response:
-                if response.status == 200:
-                    cgroup.set_quota(quota)
-                    return
-        except (urllib.error.URLError, OSError):
-            pass
+            status, _ = http_get(f"http://127.0.0.1:{port}/health", timeout=1)
+        except OSError:  # not listening yet (URLError is one)
+            status = None
+        if status == 200:
+            cgroup.set_quota(quota)
+            return
         time.sleep(0.2)
 
 

@@ -36,6 +36,7 @@ from pytest_qwenperf.core.options import (
 if TYPE_CHECKING:
     from pytest_qwenperf.serving.endpoints import EndpointSets
 
+
 def endpoints_file(value: str) -> EndpointSets:
     """:func:`pytest_qwenperf.serving.endpoints.endpoints_file`, imported when a value is parsed: the
     commands that share options with the plugin stay as light as they were (``qwenperf baseline``
