@@ -25,6 +25,7 @@ from typing import TYPE_CHECKING, Literal
 from pytest_qwenperf.core.apikey import CLIENT_ENVS
 from pytest_qwenperf.core.options import (
     DEFAULT_BOOT_TIMEOUT_S,
+    DEFAULT_HISTORY,
     cpu_list,
     endpoint_url,
     launcher_argv,
@@ -238,7 +239,7 @@ OPTIONS: tuple[Option, ...] = (
         metavar="STORE",
         ini=Ini(note="(a path relative to the rootdir, or a URL)"),
         commands=("bench",),
-        notes={PLUGIN: "(default: .qwenperf/history.sqlite under the rootdir; see qwenperf history)", "bench": "(default: none)"},
+        notes={PLUGIN: f"(default: {DEFAULT_HISTORY} under the rootdir; see qwenperf history)", "bench": "(default: none)"},
     ),
     Option("no-history", "record the session's runs in no history store", action="store_true", ini=Ini(type="bool")),
     Option(

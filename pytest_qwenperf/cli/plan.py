@@ -10,7 +10,14 @@ from collections.abc import Iterable
 from pathlib import Path
 
 from pytest_qwenperf.core.formats import json_safe
-from pytest_qwenperf.core.options import positive_minutes, positive_rate, positive_tokens_rate, tokens_per_chunk, whole_number
+from pytest_qwenperf.core.options import (
+    DEFAULT_HISTORY,
+    positive_minutes,
+    positive_rate,
+    positive_tokens_rate,
+    tokens_per_chunk,
+    whole_number,
+)
 from pytest_qwenperf.core.tables import format_duration
 from pytest_qwenperf.gate.history_store import HistoryError
 from pytest_qwenperf.loadgen.sizing import need
@@ -36,8 +43,6 @@ class PlanError(ValueError):
 
 ERRORS: tuple[type[Exception], ...] = (PlanError, SuiteError, HistoryError, TraceError)
 
-DEFAULT_HISTORY = Path(".qwenperf") / "history.sqlite"
-"""The store a session records into by default (the plugin's, under the rootdir: run from there)."""
 
 SESSION = {
     "config": "--config",

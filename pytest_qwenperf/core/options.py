@@ -10,12 +10,17 @@ import shlex
 import urllib.parse
 from collections.abc import Callable
 from dataclasses import dataclass
+from pathlib import Path
 
 from pytest_qwenperf.core.window import Window
 
 DEFAULT_BOOT_TIMEOUT_S = 1800.0
 """How long a server may take to become ready unless told otherwise (``--qwenperf-boot-timeout``):
 generous, since loading a 27B checkpoint on 8 GPUs and compiling graphs takes many minutes."""
+
+DEFAULT_HISTORY = Path(".qwenperf") / "history.sqlite"
+"""The history store a session records in when none is named (``--qwenperf-history``): under the
+rootdir, like pytest's own cache, in a folder whose ``.gitignore`` keeps it out of git."""
 
 
 def launcher_argv(value: str) -> tuple[str, ...]:

@@ -26,6 +26,7 @@ from pytest_qwenperf.core.apikey import ApiKey, ApiKeyError, key_from_environmen
 from pytest_qwenperf.core.files import unwritable, unwritable_folder
 from pytest_qwenperf.core.options import (
     DEFAULT_BOOT_TIMEOUT_S,
+    DEFAULT_HISTORY,
     ProgressSetting,
     endpoint_url,
     launcher_argv,
@@ -72,11 +73,6 @@ class QwenperfSettings:
     progress: ProgressSetting = field(default_factory=ProgressSetting)  # each point's live progress on the terminal
     profile: bool = False  # servers boot with vLLM's profiler; each point gets one extra, unmeasured, profiled repeat
     vllm_cache: Path | None = None  # where booted servers keep vLLM's compile and model-info caches; None: vLLM's default
-
-
-DEFAULT_HISTORY = Path(".qwenperf") / "history.sqlite"
-"""The history store a session records in when none is named: under the rootdir, like pytest's
-own cache, in a folder whose ``.gitignore`` keeps it out of git."""
 
 
 @dataclass(frozen=True)
