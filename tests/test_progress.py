@@ -110,6 +110,16 @@ def test_a_quiet_log_gets_only_the_finished_repeats() -> None:
     ]
 
 
+def test_a_load_run_measured_again_gets_a_line_naming_why() -> None:
+    progress, _, lines = meter(every_s=None)
+    progress.repeat_started(2, PLAN, "")
+    progress.load_started(40, "2 replicas")
+    progress.load_retaken("cpu-contention, cpu-steal")
+    assert lines == [
+        "qwenperf cpu/base / w: repeat 2 of 3, 2 replicas: spoiled by the machine's other load (cpu-contention, cpu-steal), measured again"
+    ]
+
+
 @pytest.mark.parametrize(
     ("seconds", "text"),
     [(0, "0 s"), (59.4, "59 s"), (59.6, "1 m 00 s"), (125, "2 m 05 s"), (3600, "1 h 00 m"), (3725, "1 h 02 m"), (-3, "0 s")],
@@ -147,6 +157,9 @@ class Recorder:
 
     def request_done(self, record: RequestRecord) -> None:
         self.events.append(("request", record.completion_tokens))
+
+    def load_retaken(self, reasons: str) -> None:
+        self.events.append(("retaken", reasons))
 
     def repeat_done(self) -> None:
         self.events.append(("done",))

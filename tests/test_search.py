@@ -223,3 +223,13 @@ def test_a_rate_probe_that_keeps_up_runs_to_its_end() -> None:
 def test_only_an_open_loop_of_single_requests_is_watched() -> None:
     specs = [RequestSpec(i, 4, prompt=(1, 2, 3)) for i in range(8)]
     assert Watch().start(Load(specs, ClosedLoop(4))) is None
+
+
+def test_a_probe_measured_again_is_watched_afresh() -> None:
+    """A retake of a probe that was stopped starts with no reason and none of the first run's records."""
+    watch, _ = _watched(ends=lambda i: 1.0 + i / 5, ttft=lambda i: 0.05 + i * 0.05)
+    assert watch.reason is not None
+    specs = [RequestSpec(i, 4, prompt=(1, 2, 3)) for i in range(10)]
+    watching = watch.start(Load(specs, OpenLoop(rate=10, distribution="constant"), LoadOptions(warmup=2)))
+    assert watching is not None and watching.stop is not None
+    assert watch.reason is None and not watching.stop()

@@ -26,6 +26,9 @@ hardware = "cpu"
 model = "embedded:tiny"
 repeats = 1
 
+[suite.validity]
+retakes = 0  # the competitor stays: a retake would only take longer (tests/test_retake.py has them)
+
 [[config]]
 id = "base"
 

@@ -307,6 +307,7 @@ class Run(msgspec.Struct, frozen=True, kw_only=True):
     must_match: tuple[str, ...] = ()  # the suite's: environment fields a comparison needs equal (``core.environment``)
     baseline_max_age_days: int | None = None  # the suite's: a stored baseline older than this is named stale
     conditions: tuple[Loss, ...] = ()  # what was wrong with the device while it ran (``core.validity``)
+    retaken: tuple[Loss, ...] = ()  # the conditions of load runs measured again, spoiled by the machine's other load (``core.validity.RETAKEN``)
     reference: str | None = None  # what its verdicts were judged against ("stored baseline", "history: 5 runs, ..."); None: nothing
     declines: tuple[Decline, ...] = ()  # gated metrics the history shows worse than their last good level (no boiling frog)
     runner_noise: dict[str, SessionSpread] = msgspec.field(default_factory=dict)  # gated metric -> how far this runner's sessions differ, from its history
@@ -394,7 +395,8 @@ def combined(parts: Sequence[Run], chosen: Run, samples: Mapping[str, tuple[floa
     """``chosen`` standing for all ``parts`` with ``samples``: the one way runs are combined, the
     repeats of a point as much as the files ``qwenperf compare`` pools. Whatever makes any part
     invalid survives into the whole: each condition (once, with how many of the ``unit``s had it),
-    every part's failed requests, the first token mismatch and every client-bound reason."""
+    every part's failed requests, the first token mismatch and every client-bound reason; and every
+    part's load runs measured again, with the conditions that spoiled them."""
     by_reason: dict[str, list[Loss]] = {}
     for part in parts:
         for loss in part.conditions:
@@ -411,6 +413,7 @@ def combined(parts: Sequence[Run], chosen: Run, samples: Mapping[str, tuple[floa
         client=msgspec.structs.replace(chosen.client, bound=bound),
         token_check=tokens,
         conditions=conditions,
+        retaken=tuple(loss for part in parts for loss in part.retaken),
         samples={**samples, "failed": tuple(float(part.failed_requests) for part in parts)},
     )
 

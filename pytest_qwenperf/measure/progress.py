@@ -47,6 +47,10 @@ class PointProgress(Protocol):
     def request_done(self, record: RequestRecord) -> None:
         """A request of the load run finished (or failed)."""
 
+    def load_retaken(self, reasons: str) -> None:
+        """The load run just finished was spoiled by the machine's other load (``reasons``, as the
+        run's conditions name them) and is measured again: a ``load_started`` follows."""
+
     def repeat_done(self) -> None:
         """The repeat's last load run finished."""
 
@@ -137,6 +141,11 @@ class Meter:
         self._recent.append((now, record.completion_tokens))
         self._forget(now)
         self._maybe_show(now)
+
+    def load_retaken(self, reasons: str) -> None:
+        self._shown_at = self._clock()
+        where = f"{self._repeat}, {self._label}" if self._label else self._repeat
+        self._show(f"qwenperf {self._point}: {where}: spoiled by the machine's other load ({reasons}), measured again")
 
     def repeat_done(self) -> None:
         now = self._clock()

@@ -20,6 +20,7 @@ from pytest_qwenperf.core.environment import Environment
 from pytest_qwenperf.core.http import http_post
 from pytest_qwenperf.core.run import (
     ClientLoad,
+    Loss,
     Run,
     RunContext,
     RunHardware,
@@ -30,6 +31,7 @@ from pytest_qwenperf.core.run import (
     combined,
 )
 from pytest_qwenperf.core.summary import latency_quantiles
+from pytest_qwenperf.core.validity import RETAKEN
 from pytest_qwenperf.gate.diagnosis import telemetry_figures
 from pytest_qwenperf.loadgen.arrivals import Replay
 from pytest_qwenperf.loadgen.client import LoadOptions
@@ -212,6 +214,11 @@ def combine_repeats(repeats: Sequence[Repeat], replicas: int, method: Method) ->
     )
 
 
+def retakeable(run: Run) -> bool:
+    """Whether ``run`` was spoiled, and only by conditions the machine's other load causes."""
+    return bool(run.conditions) and all(loss.reason in RETAKEN for loss in run.conditions)
+
+
 def _throughput(run: Run, name: str) -> float:
     """A throughput of a run just measured: the summary always has it."""
     return float(run.metrics[name] or 0.0)
@@ -268,11 +275,21 @@ class Driver:
 
     def run(self, workload: SuiteWorkload, watch: Watch | None = None) -> Run:
         """One load run of ``workload`` on empty prefix caches, the server checked after it;
-        ``watch`` (a search's probe) sees its records as they finish and may end its sending early."""
-        reset_prefix_caches(self.route.metrics_urls)
-        run = self._observed(workload, watch)
-        self.server.check_alive()
-        return run
+        ``watch`` (a search's probe) sees its records as they finish and may end its sending early.
+
+        A load run spoiled only by the machine's other load (:data:`~pytest_qwenperf.core.validity.RETAKEN`)
+        is measured again, up to the suite's ``[suite.validity] retakes``; the run kept carries the conditions of
+        those it replaced (``Run.retaken``), and the last one stays invalid if it was spoiled too."""
+        spoiled: list[Loss] = []
+        while True:
+            reset_prefix_caches(self.route.metrics_urls)
+            run = self._observed(workload, watch)
+            self.server.check_alive()
+            if len(spoiled) >= self.method.validity.retakes or not retakeable(run):
+                return msgspec.structs.replace(run, retaken=tuple(spoiled)) if spoiled else run
+            spoiled += run.conditions
+            if self.progress is not None:
+                self.progress.load_retaken(", ".join(loss.reason for loss in run.conditions))
 
     def _observed(self, workload: SuiteWorkload, watch: Watch | None) -> Run:
         server, route, config, method = self.server, self.route, self.config, self.method

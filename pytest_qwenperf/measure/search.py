@@ -63,7 +63,9 @@ class Watch:
 
     def start(self, load: Load) -> Watching | None:
         """Watch a run of ``load``: an open loop's measured requests (None for any other load, and
-        for conversations, whose arrivals start whole chats rather than requests)."""
+        for conversations, whose arrivals start whole chats rather than requests). A probe measured
+        again (a retake, ``measure.run.Driver.run``) is watched afresh: nothing of the run before counts."""
+        self.reason, self._finished, self._looked = None, [], 0
         if not isinstance(load.arrival, OpenLoop) or any(spec.turn is not None for spec in load.requests):
             return None
         self._offsets = tuple(load.arrival.offsets(len(load.requests) - load.options.warmup))

@@ -4,6 +4,7 @@ taken and the points whose history slid below its last good level."""
 from __future__ import annotations
 
 import statistics
+from collections import Counter
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 
@@ -57,6 +58,9 @@ def session_table(report: SessionReport, columns: Sequence[Column] = ()) -> list
             f"stopped early, every verdict decided before the planned repeats were in: {len(saved)} point(s), "
             f"{sum(saved)} repeat(s) saved"
         )
+    retaken = retaken_line(report.runs)
+    if retaken:
+        lines.append(retaken)
     unsettled = sum(1 for run in report.runs if run.needs_sessions)
     if unsettled:
         lines.append(
@@ -84,6 +88,19 @@ def session_table(report: SessionReport, columns: Sequence[Column] = ()) -> list
         lines.append("below the last good level in the history (a slide the reference slid with):")
         lines += slid
     return lines
+
+
+def retaken_line(runs: Sequence[Run]) -> str | None:
+    """How many load runs were measured again because the machine's other load spoiled them, and
+    why (``core.validity.RETAKEN``); None where none was."""
+    spoiled = [run for run in runs if run.retaken]
+    if not spoiled:
+        return None
+    reasons = Counter(loss.reason for run in spoiled for loss in run.retaken)
+    return (
+        f"measured again, spoiled by the machine's other load: {sum(len(run.retaken) for run in spoiled)} load run(s) "
+        f"of {len(spoiled)} of {len(runs)} point(s) ({', '.join(f'{reason} {n}' for reason, n in reasons.items())})"
+    )
 
 
 def noise_line(report: SessionReport, name: str = "output_throughput") -> str | None:

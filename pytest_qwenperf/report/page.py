@@ -309,6 +309,7 @@ def _described(run: Run) -> dict[str, str]:
 
 def _notes(run: Run) -> list[str]:
     notes = [f"invalid: {loss.reason}: {loss.detail}" for loss in run.conditions]
+    notes += [f"measured again, spoiled by the machine's other load: {loss.reason}: {loss.detail}" for loss in run.retaken]
     if run.client_bound:
         notes.append(f"client-bound: {run.client_bound}")
     for search in run.capacity:

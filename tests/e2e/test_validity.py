@@ -15,6 +15,7 @@ import psutil
 import pytest
 
 from benchmarks.validity import competitor
+from pytest_qwenperf.core.validity import ValidityLimits
 from pytest_qwenperf.gate.baseline import baseline_from_run
 from pytest_qwenperf.gate.judge import judge_run
 from pytest_qwenperf.loadgen.arrivals import ClosedLoop
@@ -35,7 +36,9 @@ def test_a_busy_process_on_the_servers_core_makes_the_run_invalid_not_a_regressi
     assert client_cpus, f"the server was placed on every CPU ({sorted(server_cpus)}): nothing left to pin the client to"
     with competitor(server_cpus, lasts_s=300) as spinners:  # ends by itself even if this test is killed
         assert all(psutil.Process(pid).ppid() != os.getpid() for pid in spinners)
-        run = measure(vllm_server, TINY, WORKLOAD, Method(plan=repeats(3), client=ClientSetup(cpus=client_cpus)))
+        # No retake: the competitor stays, so one would only take longer (tests/test_retake.py has them).
+        method = Method(plan=repeats(3), client=ClientSetup(cpus=client_cpus), validity=ValidityLimits(retakes=0))
+        run = measure(vllm_server, TINY, WORKLOAD, method)
 
     reasons = {loss.reason: loss.detail for loss in run.conditions}
     assert "cpu-contention" in reasons, run.telemetry
