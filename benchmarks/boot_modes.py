@@ -29,6 +29,8 @@ import time
 from dataclasses import asdict, dataclass
 from pathlib import Path
 
+import msgspec
+
 from pytest_qwenperf.core.files import write_atomically
 from pytest_qwenperf.serving.hardware import detect
 from pytest_qwenperf.serving.placement import placement
@@ -96,7 +98,7 @@ def main() -> None:
             "output_throughput": [b.output_throughput for b in mine],
         }
         summary[mode] = {key: {"median": statistics.median(v), "min": min(v), "max": max(v)} for key, v in figures.items() if v}
-    report = {"schema": SCHEMA, "cold": args.cold, "hardware": detect().as_dict(), "boots": [asdict(b) for b in boots], "summary": summary}
+    report = {"schema": SCHEMA, "cold": args.cold, "machine": msgspec.to_builtins(detect().machine()), "boots": [asdict(b) for b in boots], "summary": summary}
     write_atomically(args.out, json.dumps(report, indent=2))
     print(json.dumps(summary, indent=2))
 

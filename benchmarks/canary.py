@@ -103,7 +103,7 @@ def main(argv: list[str] | None = None) -> int:
         return 0
     if args.out is None:
         parser.error("--out is needed to measure")
-    document: dict[str, Any] = {"schema": SCHEMA, "hardware": detect().as_dict(), "sessions": []}
+    document: dict[str, Any] = {"schema": SCHEMA, "machine": msgspec.to_builtins(detect().machine()), "sessions": []}
     if args.out.exists():
         document = json.loads(args.out.read_text())
     configs = rungs()

@@ -29,6 +29,8 @@ from collections.abc import Iterator, Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
+import msgspec
+
 from pytest_qwenperf.core.files import write_atomically
 from pytest_qwenperf.measure.method import Method, repeats
 from pytest_qwenperf.measure.observe import ClientSetup
@@ -116,7 +118,7 @@ def main(argv: list[str] | None = None) -> int:
     cfg = suite.config("base")
     workload = next(w for w in suite.workloads if w.id == "isl128-osl128")
     placed = placement(cfg, detect())
-    document: dict[str, Any] = {"schema": SCHEMA, "hardware": detect().as_dict(), "server_cpus": sorted(placed.server_cpus), "runs": []}
+    document: dict[str, Any] = {"schema": SCHEMA, "machine": msgspec.to_builtins(detect().machine()), "server_cpus": sorted(placed.server_cpus), "runs": []}
     with tempfile.TemporaryDirectory(prefix="qwenperf-validity-") as logs:
         pool = ServerPool(PoolSettings(log_dir=Path(logs)))
         try:

@@ -39,7 +39,8 @@ def test_no_regression_against_baseline(
     assert not slid, f"the history shows a confirmed slide below the last good level (the reference slid with it)\n{slid}"
     if verdicts <= {"no-baseline", "not-comparable"}:
         pytest.skip(f"nothing to judge against: {qwenperf_judgements[0].detail}" if qwenperf_judgements else "no gated metric measured")
-    assert "invalid" not in verdicts, f"the run lost data, so its numbers are no verdict on vLLM\n{table}"
+    invalid = sorted({j.reason or "no reason given" for j in qwenperf_judgements if j.verdict == "invalid"})
+    assert not invalid, f"the run is invalid ({', '.join(invalid)}), so its numbers are no verdict on vLLM\n{table}"
     causes = f"\n\nlikely causes ({RANKING}):\n" + "\n".join(qwenperf_diagnosis.lines()) if qwenperf_diagnosis else ""
     assert "regression" not in verdicts, f"slower than the baseline beyond tolerance and noise\n{table}{causes}"
     if "noisy" in verdicts:

@@ -406,7 +406,7 @@ def _gpu_description() -> dict[str, object]:
     return {
         "name": hardware.gpu_name,
         "count": hardware.gpu_count,
-        "driver": hardware.driver_version,
+        "driver": hardware.driver,
         "nvidia_ml_py": importlib.metadata.version("nvidia-ml-py"),
         "date": time.strftime("%Y-%m-%d"),
         "python": sys.version.split()[0],

@@ -13,6 +13,7 @@ import pytest
 
 from pytest_qwenperf.core.formats import json_safe
 from pytest_qwenperf.core.identity import Context
+from pytest_qwenperf.core.machine import Machine
 from pytest_qwenperf.core.metrics import metric
 from pytest_qwenperf.core.run import Run, RunJsonError, decode_run
 from pytest_qwenperf.core.summary import RunSummary, TokenCrossCheck
@@ -130,9 +131,8 @@ def test_round_trip_keeps_identity_context_metrics_and_provenance(tmp_path: Path
     assert path == tmp_path / "cpu-test-cpu-2c" / "embedded-tiny" / "base" / "isl128-osl128.json"  # CPU model and cores
     stored = load_baseline(path)
     assert stored.identity == suite("cpu").identity("base", "isl128-osl128", hardware="cpu-test-cpu-2c")
-    assert stored.context == Context(
-        vllm_version="0.32.0", gpu_count=0, cpu_model="Test CPU", cpu_count=2, date="2026-04-01T02:00:00+00:00", git_commit="abc123"
-    )
+    machine = Machine(kind="cpu", id="cpu-test-cpu-2c", gpu_count=0, cpu_model="Test CPU", cpu_count=2)
+    assert stored.context == Context(vllm_version="0.32.0", machine=machine, date="2026-04-01T02:00:00+00:00", git_commit="abc123")
     assert stored.provenance.kind == "measured" and stored.provenance.source == "nightly"
     assert set(stored.metrics) == {
         "total_token_throughput",
@@ -237,7 +237,7 @@ def _set(value: object, *keys: str | int) -> Callable[[dict[str, Any]], None]:
         (_set([0], "metrics", "p99_ttft_ms", "sessions"), "metrics.p99_ttft_ms.sessions[0]: expected an integer >= 1, got 0"),
         (_set([7], "metrics", "p99_ttft_ms", "sessions"), "metrics.p99_ttft_ms.sessions: expected counts of samples per session adding up to its"),
         (_set({}, "metrics"), "metrics: expected `object` of length >= 1, got {}"),
-        (_set("eight", "context", "gpu_count"), "context.gpu_count: expected an integer or null, got 'eight'"),
+        (_set("eight", "context", "machine", "gpu_count"), "context.machine.gpu_count: expected an integer"),
         (_set("guessed", "provenance", "kind"), "provenance.kind: expected one of 'measured', 'published', got 'guessed'"),
         (_set({}, "history"), "history: expected `array`, got {}"),
         (_set([{"context": {}, "metrics": {}, "provenance": {}}], "history"), "history[0].metrics: expected `object` of length >= 1, got {}"),
@@ -321,8 +321,8 @@ def test_runs_carry_gated_metrics_from_metrics_server_and_samples() -> None:
     assert samples["p99_tpot_ms"] == (19.0, 21.0)
     assert "achieved_request_rate" not in samples and "completed" not in samples
     assert measured.client_bound is None and measured.token_check.matches is True and measured.failed_requests == 0
-    run["context"]["hardware"]["cpu_model"] = ""  # what an unknown CPU reports
-    assert run_of(run).baseline_context.cpu_model is None
+    run["context"]["machine"]["cpu_model"] = ""  # what an unknown CPU reports
+    assert run_of(run).baseline_context.machine.cpu_model is None
 
 
 def test_a_runs_tolerances_become_the_baselines_and_bad_ones_name_the_field(tmp_path: Path) -> None:
@@ -374,7 +374,7 @@ PUBLISHED = {
         ),
     ),
 }
-PUBLISHED_CONTEXT = Context(vllm_version="0.18.0", gpu_name="NVIDIA B200", gpu_count=8, date="2026-03-26")
+PUBLISHED_CONTEXT = Context(vllm_version="0.18.0", machine=Machine(gpu_name="NVIDIA B200", gpu_count=8), date="2026-03-26")
 
 
 @pytest.mark.parametrize(("config", "workload"), list(PUBLISHED))

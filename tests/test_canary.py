@@ -24,6 +24,7 @@ from pytest_qwenperf.core.canary import (
     judge_canary,
 )
 from pytest_qwenperf.core.identity import Context, Identity
+from pytest_qwenperf.core.machine import Machine
 from pytest_qwenperf.measure.canary import MAX_TOKENS, PROMPTS, CanaryError, _output
 
 ids = st.lists(st.integers(0, 50_000), min_size=1, max_size=24).map(tuple)
@@ -129,7 +130,7 @@ def make_canary(
         workload=CANARY,
         workload_fingerprint=definition_digest(prompts, MAX_TOKENS),
     )
-    context = Context(vllm_version=version, cpu_model="Test CPU", cpu_count=2, date="2026-11-26T05:00:00+00:00")
+    context = Context(vllm_version=version, machine=Machine(cpu_model="Test CPU", cpu_count=2), date="2026-11-26T05:00:00+00:00")
     return Canary(
         identity=identity, context=context, prompts=prompts, max_tokens=MAX_TOKENS, outputs=answers, fingerprint=fingerprint(answers), floor=floor
     )

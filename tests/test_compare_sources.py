@@ -10,7 +10,8 @@ from typing import Any
 import pytest
 
 from pytest_qwenperf.gate.compare import CompareError, compare, load_runs
-from pytest_qwenperf.gate.sources import GREEDY, SourceError, read_results
+from pytest_qwenperf.gate.setups import GREEDY, SourceError
+from pytest_qwenperf.gate.sources import read_results
 from tests.test_baseline import make_run
 from tests.test_compare import _rows, session_file
 from tests.test_compare import compare as compare_cli

@@ -18,6 +18,7 @@ import psutil
 import pytest
 
 from pytest_qwenperf.cli.main import main
+from pytest_qwenperf.core.machine import Machine
 from pytest_qwenperf.core.validity import ValidityLimits
 from pytest_qwenperf.serving import hardware
 from pytest_qwenperf.serving.doctor import DOCTOR_SCHEMA, Check, DoctorOptions, host, run_doctor, software
@@ -396,11 +397,11 @@ def test_the_report_is_as_bad_as_its_worst_check() -> None:
         Check("cpu", "b", "warn", "2", "do x"),
         Check("gpu", "c", "ok", "3", gpus=(0, 1, 2, 5)),
     )
-    report = DoctorReport(checks, suite=None, hardware={}, hardware_description="CPU only")
+    report = DoctorReport(checks, suite=None, machine=Machine(kind="cpu"), machine_description="CPU only")
     assert (report.status, report.exit_status) == ("warn", 0)
     table = report.table()
     assert "c [GPU 0-2,5]" in table and "WARN" in table and table.endswith("2 ok, 1 warn, 0 fail: warn")
-    failed = DoctorReport((*checks, Check("software", "d", "fail", "4")), suite=None, hardware={}, hardware_description="")
+    failed = DoctorReport((*checks, Check("software", "d", "fail", "4")), suite=None, machine=Machine(), machine_description="")
     assert (failed.status, failed.exit_status, failed.counts()) == ("fail", 1, {"ok": 2, "warn": 1, "fail": 1})
 
 
@@ -415,7 +416,7 @@ def test_cli_on_this_machine_without_a_gpu(
     assert main(["doctor", "--suite", "cpu", "--json"]) == 0  # a suite by name, from perf_tests/suites
     report = json.loads(capsys.readouterr().out)
     assert report["schema"] == DOCTOR_SCHEMA == "qwenperf-doctor/1"
-    assert report["suite"] == "perf_tests/suites/cpu.toml" and report["hardware"]["kind"] == "cpu"
+    assert report["suite"] == "perf_tests/suites/cpu.toml" and report["machine"]["kind"] == "cpu"
     names = [(c["group"], c["name"]) for c in report["checks"]]
     assert names == [
         ("gpu", "no NVIDIA GPU found"),
@@ -440,11 +441,11 @@ def test_cli_refuses_a_suite_it_cannot_read(capsys: pytest.CaptureFixture[str], 
     assert "none.toml" in capsys.readouterr().err
 
 
-def test_run_doctor_carries_the_suite_and_the_hardware(monkeypatch: pytest.MonkeyPatch, no_vllm_parser: None) -> None:
+def test_run_doctor_carries_the_suite_and_the_machine(monkeypatch: pytest.MonkeyPatch, no_vllm_parser: None) -> None:
     monkeypatch.setitem(sys.modules, "pynvml", None)
     report = run_doctor(DoctorOptions(suite=load_suite(SUITES / "cpu.toml"), load_seconds=0))
     assert report.suite == str(SUITES / "cpu.toml")
-    assert report.hardware["cpu_count"] == len(os.sched_getaffinity(0))
+    assert report.machine.cpu_count == len(os.sched_getaffinity(0))
     assert [c.group for c in report.checks] == sorted(
         (c.group for c in report.checks), key=["gpu", "pid", "load", "cpu", "software"].index
     )

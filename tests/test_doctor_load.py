@@ -173,5 +173,5 @@ def test_cli_json_with_the_real_torch_child(monkeypatch: pytest.MonkeyPatch, cap
     assert "needs torch with CUDA" in load[0]["figure"]
     gpu_rows = [c["name"] for c in report["checks"] if c["group"] == "gpu"]
     assert gpu_rows[:2] == ["NVML", "GPU model and count"] and "other processes" in gpu_rows
-    assert report["status"] == "warn" and report["hardware"]["gpu_count"] == 1
+    assert report["status"] == "warn" and report["machine"]["gpu_count"] == 1
     assert {c["group"] for c in report["checks"]} == {"gpu", "pid", "load", "cpu", "software"}

@@ -44,7 +44,7 @@ def gpu_run(argv: Sequence[str], replicas: int | None = 1, **figures: Any) -> di
     """A run on H100s with this vLLM argv and replica count."""
     run = cpu_run(**figures)
     run["identity"]["argv"] = list(argv)
-    run["context"]["hardware"] |= {"kind": "h100", "gpu_name": "NVIDIA H100 80GB HBM3", "gpu_count": 8}
+    run["context"]["machine"] |= {"kind": "h100", "gpu_name": "NVIDIA H100 80GB HBM3", "gpu_count": 8}
     run["context"]["replicas"] = replicas
     run["telemetry"]["cpu"] = None
     return run
@@ -89,7 +89,7 @@ def test_the_engines_device_decides_over_the_hardware_kind() -> None:
     [
         (lambda run: run["telemetry"].update(cpu=None), r"f\.json: run: telemetry\.cpu\.server_cores\.cores: expected the server's cores"),
         (lambda run: run["telemetry"]["cpu"].update(server_cores={"cores": []}), r"server_cores\.cores: .*got \[\]"),
-        (lambda run: run["context"].update(hardware=None), r"context\.hardware\.kind: expected 'cpu' or a GPU kind"),
+        (lambda run: run["context"].update(machine=None), r"context\.machine\.kind: expected 'cpu' or a GPU kind"),
     ],
 )
 def test_a_cpu_run_without_a_device_count_is_an_error_naming_the_field(mangle: Any, message: str) -> None:

@@ -15,7 +15,7 @@ from pytest_qwenperf.suite.config import ServingConfig, load_suite, tiny_cpu_con
 from tests.test_baseline import suite
 
 FOUR_CPUS = Hardware(kind="cpu", cpu_model="Test CPU", cpu_ids=frozenset({0, 1, 2, 3}))
-EIGHT_B200 = Hardware(kind="b200", gpu_name="NVIDIA B200", gpu_count=8, driver_version="580", cpu_ids=frozenset(range(64)))
+EIGHT_B200 = Hardware(kind="b200", gpu_name="NVIDIA B200", gpu_count=8, driver="580", cpu_ids=frozenset(range(64)))
 GPU_CONFIG = ServingConfig(id="gpu", model="Qwen/Qwen3.5-27B-FP8")
 
 
@@ -76,7 +76,7 @@ def test_a_config_routed_through_nginx_is_missing_it_when_nginx_cannot_run(monke
 def test_a_family_of_gpus_runs_a_suite_that_names_the_family() -> None:
     hopper = load_suite(Path(__file__).parents[1] / "perf_tests" / "suites" / "hopper.toml")
     base = hopper.configs[0]
-    one_h200 = Hardware(kind="h200", gpu_name="NVIDIA H200", gpu_count=1, driver_version="580", cpu_ids=frozenset(range(16)))
+    one_h200 = Hardware(kind="h200", gpu_name="NVIDIA H200", gpu_count=1, driver="580", cpu_ids=frozenset(range(16)))
     assert missing_hardware(hopper, base, one_h200) is None
     assert missing_hardware(hopper, base, dataclasses.replace(one_h200, kind="h100", gpu_name="NVIDIA H100 80GB HBM3")) is None
     assert missing_hardware(hopper, base, EIGHT_B200) == (

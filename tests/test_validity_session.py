@@ -45,13 +45,16 @@ pytestmark = pytest.mark.skipif(len(os.sched_getaffinity(0)) < 2, reason="needs 
 
 
 def contended_session(pytester: pytest.Pytester, *args: str) -> tuple[pytest.RunResult, list[int]]:
-    """The perf suite's validity test against a stand-in whose core another process keeps busy."""
+    """The perf suite's validity and baseline tests against a stand-in whose core another process keeps busy."""
     (pytester.path / "suite.toml").write_text(SUITE)
-    pytester.makepyfile(test_throughput=(ROOT / "perf_tests" / "test_throughput.py").read_text())
+    pytester.makepyfile(
+        test_throughput=(ROOT / "perf_tests" / "test_throughput.py").read_text(),
+        test_baseline=(ROOT / "perf_tests" / "test_baseline.py").read_text(),
+    )
     server_cpus = frozenset(sorted(os.sched_getaffinity(0))[:-1])  # the plugin's placement: all but the last
     with competitor(server_cpus, lasts_s=300) as spinners:
         result = pytester.runpytest_subprocess(
-            "-p", "no:cacheprovider", "-k", "complete", "--qwenperf-suite=suite.toml", f"--qwenperf-launcher={paced(5)}", *args
+            "-p", "no:cacheprovider", "-k", "complete or regression", "--qwenperf-suite=suite.toml", f"--qwenperf-launcher={paced(5)}", *args
         )
     return result, spinners
 
@@ -60,8 +63,10 @@ def test_a_session_sharing_the_servers_core_fails_as_invalid_naming_the_competit
     result, spinners = contended_session(pytester)
     output = result.stdout.str()
     assert result.ret == pytest.ExitCode.TESTS_FAILED, output
-    result.assert_outcomes(failed=1)
+    result.assert_outcomes(failed=2)
     assert "invalid, not a verdict on vLLM: cpu-contention: the run's server core" in output
+    # The baseline test names why the run is invalid: nothing was lost here, the core was shared.
+    assert "the run is invalid (cpu-contention), so its numbers are no verdict on vLLM" in output
     assert any(f"pid {pid} " in output for pid in spinners), output
     assert "INVALID: cpu-contention" in output  # the session's table
 
@@ -71,5 +76,5 @@ def test_allowed_an_invalid_run_skips_its_tests_with_the_reason_and_never_passes
     if how == "ini":
         pytester.makeini("[pytest]\nqwenperf_allow_invalid = true\n")
     result, _ = contended_session(pytester, "-rs", *(["--qwenperf-allow-invalid"] if how == "option" else []))
-    result.assert_outcomes(skipped=1)
+    result.assert_outcomes(skipped=2)
     result.stdout.fnmatch_lines(["*invalid, not a verdict on vLLM (--qwenperf-allow-invalid): cpu-contention: the run's server core*"])

@@ -11,6 +11,7 @@ import sys
 from dataclasses import dataclass
 from pathlib import Path
 
+from pytest_qwenperf.core.machine import Machine
 from pytest_qwenperf.core.tables import format_table
 from pytest_qwenperf.gate.baseline import Baseline, BaselineError, stored_baselines
 from pytest_qwenperf.gate.history_store import HistoryError, HistoryStore
@@ -129,6 +130,7 @@ def _listed(root: Path, path: Path, entry: Baseline | BaselineError, today: date
     recorded = day_of(context.date)
     age = (today - recorded).days if recorded else None
     sessions = max((len(m.sessions) for m in entry.metrics.values() if m.sessions), default=1)
-    count = f"{context.gpu_count}x " if context.gpu_count else ""
-    hardware = f"{count}{context.gpu_name or context.cpu_model or ''}".strip() or None
+    machine = context.machine or Machine()
+    count = f"{machine.gpu_count}x " if machine.gpu_count else ""
+    hardware = f"{count}{machine.gpu_name or machine.cpu_model or ''}".strip() or None
     return Listed(name, age, context.vllm_version, hardware, sessions, f"{entry.provenance.kind}: {entry.provenance.source}")

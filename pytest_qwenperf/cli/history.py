@@ -10,7 +10,8 @@ from pathlib import Path
 
 from pytest_qwenperf.core.run import Run
 from pytest_qwenperf.gate.history_store import HistoryError, HistoryStore
-from pytest_qwenperf.gate.sources import SourceError, read_results
+from pytest_qwenperf.gate.setups import SourceError
+from pytest_qwenperf.gate.sources import read_results
 
 HELP = "series of a history store and their change points; `history import` fills a store from result files"
 DESCRIPTION = (

@@ -13,10 +13,10 @@ import msgspec
 
 from pytest_qwenperf.core.apikey import redact_argv
 from pytest_qwenperf.core.environment import Environment
+from pytest_qwenperf.core.machine import Machine
 
 Text = Annotated[str, msgspec.Meta(min_length=1)]
 """A non-empty string."""
-Count = Annotated[int, msgspec.Meta(ge=0)]
 
 
 def argv_digest(argv: Sequence[str]) -> str:
@@ -63,12 +63,7 @@ class Context(msgspec.Struct, frozen=True, kw_only=True):
     """Where and with which versions a baseline was measured (or published)."""
 
     vllm_version: str | None = None
-    gpu_name: str | None = None
-    gpu_count: Count | None = None
-    driver_version: str | None = None
-    cuda_version: str | None = None
-    cpu_model: str | None = None
-    cpu_count: Count | None = None
+    machine: Machine | None = None  # None: not recorded
     date: str | None = None  # ISO 8601
     git_commit: str | None = None  # this project's commit that measured it
     environment: Environment | None = None  # what ran the server (None: not recorded)

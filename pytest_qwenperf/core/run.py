@@ -23,9 +23,11 @@ import msgspec
 from pytest_qwenperf.core import schema
 from pytest_qwenperf.core.environment import Environment
 from pytest_qwenperf.core.formats import show
-from pytest_qwenperf.core.identity import Context, Count, Identity, Text, argv_digest
+from pytest_qwenperf.core.identity import Context, Identity, Text, argv_digest
+from pytest_qwenperf.core.machine import Machine, upgraded
 from pytest_qwenperf.core.metrics import CAPACITY_GATED, GATED, find, gate_order
 from pytest_qwenperf.core.profile import OperatorProfile
+from pytest_qwenperf.core.schema import Count
 from pytest_qwenperf.core.timeline import Timeline
 from pytest_qwenperf.core.verdict import SessionSpread
 
@@ -61,24 +63,11 @@ class RunIdentity(msgspec.Struct, frozen=True, kw_only=True):
         )
 
 
-class RunHardware(msgspec.Struct, frozen=True, kw_only=True):
-    """The machine that measured the run (``Hardware.as_dict()``)."""
-
-    kind: str | None = None
-    id: str | None = None
-    gpu_name: str | None = None
-    gpu_count: Count | None = None
-    driver_version: str | None = None
-    cuda_version: str | None = None
-    cpu_model: str | None = None
-    cpu_count: Count | None = None
-
-
 class RunContext(msgspec.Struct, frozen=True, kw_only=True):
     """Where the run was measured and with which versions; allowed to differ between compared runs."""
 
     vllm_version: str | None = None
-    hardware: RunHardware | None = None
+    machine: Machine | None = None
     servers: tuple[dict[str, Any], ...] = ()  # ``ServerInfo.as_dict()`` per server
     replicas: int | None = None
     routing: str | None = None
@@ -339,7 +328,7 @@ class Run(msgspec.Struct, frozen=True, kw_only=True):
     @property
     def baseline_context(self) -> Context:
         """The run's context as a baseline stores it (:func:`context_of`)."""
-        return context_of(self.context.vllm_version, self.context.hardware, self.context.started, self.context.environment)
+        return context_of(self.context.vllm_version, self.context.machine, self.context.started, self.context.environment)
 
     def value(self, name: str) -> float | None:
         """The finite number at the metric's registry path (``metrics.<name>``, ``telemetry.gpu...``);
@@ -433,20 +422,12 @@ def pooled(parts: Sequence[Run], chosen: Run, unit: str) -> Run:
     return msgspec.structs.replace(combined(parts, chosen, samples, unit), sessions=sessions)
 
 
-def context_of(
-    vllm_version: str | None, hardware: RunHardware | None, date: str | None, environment: Environment | None = None
-) -> Context:
+def context_of(vllm_version: str | None, machine: Machine | None, date: str | None, environment: Environment | None = None) -> Context:
     """Where and with which versions something was measured, as a baseline or a stored canary answer
     keeps it (an empty text, an unknown CPU model, is null)."""
-    hardware = hardware or RunHardware()
     return Context(
         vllm_version=vllm_version or None,
-        gpu_name=hardware.gpu_name or None,
-        gpu_count=hardware.gpu_count,
-        driver_version=hardware.driver_version or None,
-        cuda_version=hardware.cuda_version or None,
-        cpu_model=hardware.cpu_model or None,
-        cpu_count=hardware.cpu_count,
+        machine=machine.known() if machine is not None else None,
         date=date or None,
         environment=environment,
     )
@@ -480,8 +461,9 @@ def _number(value: object) -> float | None:
 
 
 def decode_run(data: object, where: str = "run") -> Run:
-    """A run from parsed JSON; :class:`RunJsonError` names ``where``, the field and what was expected."""
-    run = schema.convert(data, Run, lambda m: RunJsonError(f"{where}: {m.text(show=show, absent=MISSING)}"), null=True)
+    """A run from parsed JSON; :class:`RunJsonError` names ``where``, the field and what was expected.
+    A run written before the machine had one record is read too (:func:`~pytest_qwenperf.core.machine.upgraded`)."""
+    run = schema.convert(upgraded(data), Run, lambda m: RunJsonError(f"{where}: {m.text(show=show, absent=MISSING)}"), null=True)
     fault = _check(run)
     if fault:
         raise RunJsonError(f"{where}: {fault}")

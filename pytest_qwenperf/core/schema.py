@@ -23,6 +23,8 @@ from typing import Annotated, Any, Literal, TypeVar
 import msgspec
 
 T = TypeVar("T")
+Count = Annotated[int, msgspec.Meta(ge=0)]
+"""A whole number >= 0, as a record keeps counts."""
 Step = str | int
 """A key of a table or an index of an array, on the way from the top of a file to a value."""
 

@@ -43,6 +43,7 @@ from pytest_qwenperf.core.canary import CANARY
 from pytest_qwenperf.core.files import write_atomically
 from pytest_qwenperf.core.formats import show
 from pytest_qwenperf.core.identity import Context, Identity, Text, slug
+from pytest_qwenperf.core.machine import upgraded
 from pytest_qwenperf.core.metrics import GATED, Direction, find, gate_order
 from pytest_qwenperf.core.run import MISSING, Run, RunJsonError
 from pytest_qwenperf.core.stats import centre
@@ -131,7 +132,8 @@ def decode_document(text: str | bytes, where: str, name: str, shape: type[_Doc])
     """A versioned JSON document of the baseline store (``schema`` ``name``) as ``shape``: the
     JSON first, then the schema name (a document of another version says so, whatever else
     differs), then what ``shape`` states; :class:`BaselineError` names ``where``, the field and
-    what was expected."""
+    what was expected. A document written before the machine had one record is read too
+    (:func:`~pytest_qwenperf.core.machine.upgraded`)."""
     try:
         data = msgspec.json.decode(text)
     except msgspec.DecodeError as exc:
@@ -142,7 +144,9 @@ def decode_document(text: str | bytes, where: str, name: str, shape: type[_Doc])
     if isinstance(data, dict) and data.get("schema") != name:
         got = show(data["schema"]) if "schema" in data else MISSING
         raise BaselineError(f"{where}: schema: expected {name!r}, got {got}")
-    return schema.convert(data, shape, lambda m: BaselineError(f"{where}: {m.text(show=show, absent=MISSING)}"), null=True)
+    if isinstance(data, dict) and isinstance(data.get("history"), list):
+        data = data | {"history": [upgraded(entry) for entry in data["history"]]}
+    return schema.convert(upgraded(data), shape, lambda m: BaselineError(f"{where}: {m.text(show=show, absent=MISSING)}"), null=True)
 
 
 def decode_baseline(text: str | bytes, where: str) -> Baseline:

@@ -16,7 +16,7 @@ one (``pass (MDE 3.2%)``): the smallest change the repeats could have told from 
 
 Bench results have no config × workload: a column's bench results are one setup, in one
 table of their own, and a pair whose setups differ (model, dataset, lengths, load, sampling;
-:func:`~pytest_qwenperf.gate.sources.differences`) is "not comparable" naming the fields.
+:func:`~pytest_qwenperf.gate.setups.differences`) is "not comparable" naming the fields.
 A column holding a single suite run and one holding a single bench setup share a table,
 so that their pair says why it is not comparable instead of "missing".
 
@@ -78,7 +78,7 @@ from pytest_qwenperf.core.verdict import Judgement, Verdict
 from pytest_qwenperf.gate import sources
 from pytest_qwenperf.gate.diagnosis import Diagnosis, diagnose
 from pytest_qwenperf.gate.judge import judge_against_run, judge_run
-from pytest_qwenperf.gate.sources import BENCH_KEY, Result, RunKey, Setup
+from pytest_qwenperf.gate.setups import BENCH_KEY, Result, RunKey, Setup, SourceError, differences
 
 _FIRST = tuple(name for name, info in METRICS.items() if info.row == "first")
 _NOT_JUDGED = tuple(info for info in METRICS.values() if info.row != "none" and not info.gated)
@@ -146,7 +146,7 @@ def load_runs(path: Path) -> RunSet:
     """Read one column, a results file or a directory of them; :class:`CompareError` names the file, the field and what was expected."""
     try:
         read = sources.read(Path(path))
-    except sources.SourceError as exc:
+    except SourceError as exc:
         raise CompareError(str(exc)) from None
     results = read.runs
     by_key: dict[RunKey, list[Result]] = {}
@@ -260,7 +260,7 @@ def _judged(
         return {} if reference is None else _missing(reference, path, key)
     if reference is None:
         return {j.metric: j for j in judge_run(None, run)}
-    apart = sources.differences(*setups)
+    apart = differences(*setups)
     if apart:
         run = msgspec.structs.replace(run, identity=msgspec.structs.replace(run.identity, workload_fingerprint=_APART))
     judgements = judge_against_run(reference, run)

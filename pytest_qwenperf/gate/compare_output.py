@@ -19,7 +19,7 @@ from pytest_qwenperf.gate.compare_profiles import profiles_json, render_profiles
 from pytest_qwenperf.gate.diagnosis import RANKING, Diagnosis
 from pytest_qwenperf.gate.judge import environment_notes
 from pytest_qwenperf.gate.pareto import ParetoPoint, by_rung, frontier
-from pytest_qwenperf.gate.sources import BENCH_KEY
+from pytest_qwenperf.gate.setups import BENCH_KEY
 
 if TYPE_CHECKING:
     from matplotlib.figure import Figure

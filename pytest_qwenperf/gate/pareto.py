@@ -33,7 +33,7 @@ from pytest_qwenperf.core import parallel
 from pytest_qwenperf.core.formats import show
 from pytest_qwenperf.core.run import MISSING, Run
 from pytest_qwenperf.gate.compare import CompareError, RunSet
-from pytest_qwenperf.gate.sources import Result
+from pytest_qwenperf.gate.setups import Result
 
 Rung = tuple[str, str]
 """A rung of the ladder: (suite, config), a compared group's key without its workload."""
@@ -135,16 +135,16 @@ def devices_of(run: Run, where: str) -> Devices:
 
 def _on_cpu(run: Run, where: str) -> bool:
     """The engine's device where the run recorded the engine config (a GPU host without NVML
-    reports its hardware as ``cpu``), else the hardware kind."""
-    environment, hardware = run.context.environment, run.context.hardware
+    reports its machine as ``cpu``), else the machine's kind."""
+    environment, machine = run.context.environment, run.context.machine
     device = environment.engine.get("device_config.device") if environment else None
     if device is not None:
         return device == '"cpu"'  # engine values are JSON text
-    if hardware is None or hardware.kind is None:
+    if machine is None or machine.kind is None:
         raise CompareError(
-            f"{where}: context.hardware.kind: expected 'cpu' or a GPU kind (no engine config tells the device either), got {MISSING}"
+            f"{where}: context.machine.kind: expected 'cpu' or a GPU kind (no engine config tells the device either), got {MISSING}"
         )
-    return hardware.kind == "cpu"
+    return machine.kind == "cpu"
 
 
 def gpus_per_server(argv: Sequence[str], where: str) -> int:

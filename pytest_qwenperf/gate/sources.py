@@ -1,5 +1,7 @@
-"""The result files ``qwenperf compare`` reads, as runs: one reader per format, and what a bench
-result measured (its :class:`Setup`).
+"""The result files ``qwenperf compare`` reads, as runs: which format a file is, and the readers of
+this project's own formats and ``vllm bench serve``'s (GuideLLM's and AIPerf's are
+:mod:`~pytest_qwenperf.gate.tool_results`; what a bench result measured, its :class:`Setup`, is
+:mod:`~pytest_qwenperf.gate.setups`).
 
 A column is a file or a directory: every ``*.json`` file in it, but the ``*.pytorch.json``
 files ``vllm bench serve`` writes beside its results when ``SAVE_TO_PYTORCH_BENCHMARK_FORMAT``
@@ -14,6 +16,8 @@ is set (the same result in another shape). The formats:
   (no schema key; told by its ``model_id`` or ``backend``): one result of one command line each. They name
   no suite config and no argv, so what they measured is their :class:`Setup`, compared field
   by field, and all of them share one key (:data:`BENCH_KEY`): a column holds one setup.
+* a GuideLLM benchmark report and an AIPerf profile export: bench results as well, read by
+  :mod:`~pytest_qwenperf.gate.tool_results`.
 
 What ``vllm bench serve --save-result`` saves (vLLM 0.32, read off a real run): ``model_id``,
 ``num_prompts``, ``request_rate`` (``"inf"`` for none), ``burstiness``, ``max_concurrency``,
@@ -37,29 +41,24 @@ An unknown field differs from every known value (:meth:`Setup.differences`): a d
 across columns: two results of the same command line (the common case, two ad-hoc runs before
 and after an upgrade) record the same nothing, and the table's title says which fields were
 not recorded, so the assumption is in view.
-
-Kept as one module though over 400 lines: the readers share the column rules (what a
-directory holds, which files are skipped) and the :class:`Setup` two of them fill; each
-reader is short.
 """
 
 from __future__ import annotations
 
-import hashlib
 import json
 import math
 from collections.abc import Mapping
-from dataclasses import dataclass, fields
+from dataclasses import dataclass
 from pathlib import Path
-from typing import Annotated, Any, Literal, TypeVar
+from typing import Annotated, Any, Literal
 
 import msgspec
 
-from pytest_qwenperf.core import schema
 from pytest_qwenperf.core.bench import BenchResult
 from pytest_qwenperf.core.canary import Canary, CanaryJudgement
 from pytest_qwenperf.core.formats import BENCH_SCHEMA, SESSION_SCHEMA, show
-from pytest_qwenperf.core.identity import Count, Text
+from pytest_qwenperf.core.identity import Text
+from pytest_qwenperf.core.machine import upgraded
 from pytest_qwenperf.core.metrics import find
 from pytest_qwenperf.core.run import (
     MISSING,
@@ -67,142 +66,39 @@ from pytest_qwenperf.core.run import (
     Number,
     Run,
     RunContext,
-    RunIdentity,
     RunJsonError,
     ServerCounters,
     TokenCheck,
     decode_run,
 )
+from pytest_qwenperf.core.schema import Count
 from pytest_qwenperf.core.textfiles import read_text
 from pytest_qwenperf.core.verdict import Judgement
 from pytest_qwenperf.gate.diagnosis import Diagnosis
-
-T = TypeVar("T")
-RunKey = tuple[str, str, str]  # suite, config id, workload id
-BENCH_KEY: RunKey = ("bench", "", "")
-"""The key of every bench result: the columns' bench results meet on it, whatever their setups."""
-GREEDY = "greedy"
-SUITE_RUN = "a qwenperf suite run"
+from pytest_qwenperf.gate.setups import (
+    GREEDY,
+    Result,
+    RunKey,
+    Setup,
+    SourceError,
+    bench_result,
+    convert,
+    fault,
+    mean_of,
+)
+from pytest_qwenperf.gate.tool_results import is_aiperf, is_guidellm, read_aiperf, read_guidellm
 
 EXPECTED = (
     f'a qwenperf session JSON ({{"schema": "{SESSION_SCHEMA}", "runs": [...]}}, from --qwenperf-json), '
     'a pytest-benchmark JSON ({"benchmarks": [{"extra_info": {"qwenperf": <run>}}, ...]}), '
-    f'a qwenperf bench --json result ({{"schema": "{BENCH_SCHEMA}", ...}}) '
-    'or a vllm bench serve --save-result result ({"model_id": ..., "completed": ..., ...})'
+    f'a qwenperf bench --json result ({{"schema": "{BENCH_SCHEMA}", ...}}), '
+    'a vllm bench serve --save-result result ({"model_id": ..., "completed": ..., ...}), '
+    'a GuideLLM benchmark report ({"metadata": {"guidellm_version": ...}, "benchmarks": [...]}) '
+    'or an AIPerf profile export ({"aiperf_version": ..., "request_throughput": {...}, ...})'
 )
 
 
-class SourceError(ValueError):
-    """A file that is none of the formats, or holds a wrong field; the message names the file, the field and what was expected."""
-
-
-# ------------------------------------------------------------------ setups
-
-_UNKNOWN = {
-    "dataset": "vllm bench serve saves no dataset name: record it with --metadata dataset_name=NAME",
-    "input_len": "no request completed",
-    "output_len": "no request completed",
-    "sampling": "vllm bench serve saves no temperature, and without --temperature the server samples with its own "
-    "default: record it with --metadata temperature=T",
-}
-
-
-@dataclass(frozen=True)
-class Setup:
-    """What a bench result measured, a text per field, the lengths as numbers; None where its file
-    cannot tell (``_UNKNOWN`` says why)."""
-
-    client: str  # the command that measured it
-    model: str
-    dataset: str | None
-    input_len: float | None  # tokens per completed request, the mean that was realised
-    output_len: float | None
-    load: str
-    sampling: str | None
-
-    def differences(self, other: Setup) -> tuple[str, ...]:
-        """``"field: 'mine' vs 'other'"`` for every field that differs; an unknown differs from any known
-        value. The lengths differ only by more than :data:`LENGTH_TOLERANCE`, and say by how much."""
-        found = []
-        for name in (f.name for f in fields(self)):
-            mine, theirs = getattr(self, name), getattr(other, name)
-            if name in LENGTHS and mine is not None and theirs is not None:
-                apart = abs(mine - theirs) / max(mine, theirs) if max(mine, theirs) else 0.0
-                if apart > LENGTH_TOLERANCE:
-                    found.append(
-                        f"{name}: {mine:.1f} vs {theirs:.1f} tokens per request, {apart:.1%} apart "
-                        f"(repeats of one setup are within {LENGTH_TOLERANCE:.0%})"
-                    )
-            elif mine != theirs:
-                found.append(f"{name}: {_shown(name, mine)} vs {_shown(name, theirs)}")
-        return tuple(found)
-
-    def describe(self) -> str:
-        """One line for a table's title; fields not recorded are named, since matching them is an assumption."""
-        lengths = f"{_length(self.input_len)} in / {_length(self.output_len)} out tokens per request"
-        parts = [self.model, self.dataset or "dataset not recorded", lengths, self.load, self.sampling or "sampling not recorded"]
-        return f"{' · '.join(parts)} ({self.client})"
-
-    def as_json(self) -> dict[str, str | None]:
-        """Every field as text (the lengths to one decimal), as ``qwenperf-compare/1`` holds a setup."""
-        return {f.name: _length(getattr(self, f.name)) if f.name in LENGTHS else getattr(self, f.name) for f in fields(self)}
-
-    def digest(self) -> str:
-        """What tells setups apart in a run's identity: every field but the realised lengths, which
-        repeats of one setup do not share exactly (:meth:`differences` holds them to a tolerance)."""
-        named = {name: value for name, value in self.as_json().items() if name not in LENGTHS}
-        return hashlib.sha256(json.dumps(named, sort_keys=True).encode()).hexdigest()[:16]
-
-
-LENGTHS = ("input_len", "output_len")
-LENGTH_TOLERANCE = 0.01
-"""How far apart the realised mean lengths of repeats of one setup may be. A random workload's
-repeats with different seeds (the usual way to make them independent) realise different means:
-three ``vllm bench serve`` runs of one random 128-token workload differed by 0.08 %. One per cent
-is ten times that, and far below any change of workload that matters (128 vs 256 tokens: 50 %)."""
-
-
-def _length(value: float | None) -> str | None:
-    return None if value is None else f"{value:.1f}"
-
-
-def _shown(name: str, value: str | float | None) -> str:
-    if value is None:
-        return f"unknown ({_UNKNOWN[name]})"
-    return repr(_length(value) if isinstance(value, float) else value)
-
-
-def differences(reference: Setup | None, run: Setup | None) -> tuple[str, ...]:
-    """Why a run is no verdict on the reference (``reference`` vs ``run``); None stands for a
-    suite run, which its run identity matches instead. A suite run and a bench result never
-    match: one is identified by its config's vLLM argv, the other by its command line."""
-    if reference is not None and run is not None:
-        return reference.differences(run)
-    if reference is None and run is None:
-        return ()
-    kinds = [SUITE_RUN if s is None else s.client for s in (reference, run)]
-    found = [f"source: {kinds[0]!r} vs {kinds[1]!r} (a suite run is identified by its config's vLLM argv, a bench result by its options)"]
-    sampling = [GREEDY if s is None else s.sampling for s in (reference, run)]
-    if sampling[0] != sampling[1] or None in sampling:
-        found.append(f"sampling: {_shown('sampling', sampling[0])} vs {_shown('sampling', sampling[1])}")
-    return tuple(found)
-
-
 # ------------------------------------------------------------------ results
-
-
-@dataclass(frozen=True)
-class Result:
-    """One run read from a file: a suite run, or a bench result with its :class:`Setup`."""
-
-    file: Path
-    run: Run
-    setup: Setup | None = None
-
-    @property
-    def key(self) -> RunKey:
-        identity = self.run.identity
-        return BENCH_KEY if self.setup is not None else (identity.suite, identity.config, identity.workload)
 
 
 class Verdicts(msgspec.Struct, frozen=True, kw_only=True):
@@ -271,6 +167,10 @@ def _read(path: Path) -> Results:
         return Results((_qwenperf_bench(path, data),))
     if isinstance(data, dict) and "schema" not in data and any(key in data for key in _SERVE_MARKS):
         return Results((_vllm_bench_serve(path, data),))
+    if is_guidellm(data):
+        return Results(read_guidellm(path, data))
+    if is_aiperf(data):
+        return Results(read_aiperf(path, data))
     canaries = _canaries(path, data)
     runs = []
     for where, data_of_run in _suite_runs(path, data, bool(canaries)):
@@ -278,7 +178,7 @@ def _read(path: Path) -> Results:
             runs.append(Result(path, decode_run(data_of_run, where)))
         except RunJsonError as exc:
             raise SourceError(str(exc)) from None
-    verdicts = _convert(path, _session_part(data, "verdicts", "canary_verdicts"), _SessionVerdicts)
+    verdicts = convert(path, _session_part(data, "verdicts", "canary_verdicts"), _SessionVerdicts)
     return Results(tuple(runs), canaries, verdicts.verdicts, verdicts.canary_verdicts)
 
 
@@ -298,7 +198,9 @@ class _SessionVerdicts(msgspec.Struct, frozen=True, kw_only=True):
 def _canaries(path: Path, data: object) -> tuple[Canary, ...]:
     if not (isinstance(data, dict) and data.get("schema") == SESSION_SCHEMA):
         return ()
-    return _convert(path, {"canaries": data.get("canaries", [])}, _SessionCanaries).canaries
+    answers = data.get("canaries", [])
+    answers = [upgraded(answer) for answer in answers] if isinstance(answers, list) else answers
+    return convert(path, {"canaries": answers}, _SessionCanaries).canaries
 
 
 def _session_part(data: object, *keys: str) -> dict[str, object]:
@@ -333,51 +235,23 @@ def _suite_runs(path: Path, data: object, answered: bool = False) -> list[tuple[
     raise SourceError(f"{path}: (top level): expected {EXPECTED}")
 
 
-def _convert(path: Path, data: object, shape: type[T]) -> T:
-    return schema.convert(data, shape, lambda m: SourceError(f"{path}: {m.text(show=show, absent=MISSING)}"), null=True)
-
-
-def _fault(path: Path, field: str, expected: str, got: str) -> SourceError:
-    """``file: field: expected ..., got ...`` as :mod:`~pytest_qwenperf.core.schema` words it; ``got`` as shown."""
-    return SourceError(f"{path}: {field}: expected {expected}, got {got}")
-
-
-def _mean(total: float | None, completed: float | None) -> float | None:
-    return total / completed if total is not None and completed else None
-
-
-def _bench_run(path: Path, setup: Setup, metrics: dict[str, Number], **blocks: Any) -> Result:
-    """A bench result as a run whose identity is its setup's digest."""
-    digest = setup.digest()
-    identity = RunIdentity(
-        suite=BENCH_KEY[0],
-        config=setup.client,
-        argv=(),
-        model=setup.model,
-        workload=setup.dataset or "unknown",
-        workload_fingerprint=digest,
-        hardware="not recorded",
-    )
-    return Result(path, Run(identity=identity, metrics=metrics, **blocks), setup)
-
-
 # ------------------------------------------------------------------ qwenperf bench --json
 
 
 def _qwenperf_bench(path: Path, data: object) -> Result:
     """Greedy (the load generator sends temperature 0); the load is the arrival as the file names it."""
-    bench = _convert(path, data, BenchResult)
+    bench = convert(path, data, BenchResult)
     failed = bench.metrics.get("failed")
     if failed is None or not math.isfinite(failed) or failed < 0:
         got = show(failed) if "failed" in bench.metrics else MISSING
-        raise _fault(path, "metrics.failed", "a finite, non-negative number", got)
+        raise fault(path, "metrics.failed", "a finite, non-negative number", got)
     completed = bench.metrics.get("completed")
     setup = Setup(
         client="qwenperf bench",
         model=bench.identity.model,
         dataset=f"{bench.identity.workload} (fingerprint {bench.identity.workload_fingerprint})",
-        input_len=_mean(bench.metrics.get("total_input_tokens"), completed),
-        output_len=_mean(bench.metrics.get("total_output_tokens"), completed),
+        input_len=mean_of(bench.metrics.get("total_input_tokens"), completed),
+        output_len=mean_of(bench.metrics.get("total_output_tokens"), completed),
         load=bench.identity.arrival,
         sampling=GREEDY,
     )
@@ -387,7 +261,7 @@ def _qwenperf_bench(path: Path, data: object) -> Result:
         started=bench.context.started,
         environment=bench.context.environment,
     )
-    return _bench_run(
+    return bench_result(
         path,
         setup,
         dict(bench.metrics),
@@ -433,20 +307,20 @@ class _VllmBenchServe(msgspec.Struct, frozen=True, kw_only=True):
 def _vllm_bench_serve(path: Path, data: Mapping[str, Any]) -> Result:
     """Its metrics under their own names (every number the registry knows as a client metric),
     ``failed`` counted when the file has none; the setup as the module docstring says."""
-    bench = _convert(path, data, _VllmBenchServe)
+    bench = convert(path, data, _VllmBenchServe)
     failed = bench.failed if bench.failed is not None else max(bench.num_prompts - bench.completed, 0)
     metrics: dict[str, Number] = {name: value for name, value in data.items() if _client_metric(name) and _finite(value)}
     setup = Setup(
         client="vllm bench serve",
         model=bench.model_id,
         dataset=f"{bench.dataset_name}, {bench.num_prompts} prompts" if bench.dataset_name else None,
-        input_len=_mean(bench.total_input_tokens, bench.completed),
-        output_len=_mean(bench.total_output_tokens, bench.completed),
+        input_len=mean_of(bench.total_input_tokens, bench.completed),
+        output_len=mean_of(bench.total_output_tokens, bench.completed),
         load=_load(bench),
         sampling=_sampling(path, bench.temperature),
     )
     checks = TokenCheck(matches=None, detail="vllm bench serve does not check its token totals against the server's")
-    return _bench_run(path, setup, metrics | {"failed": failed}, context=RunContext(), token_check=checks, client=ClientLoad())
+    return bench_result(path, setup, metrics | {"failed": failed}, context=RunContext(), token_check=checks, client=ClientLoad())
 
 
 def _client_metric(name: str) -> bool:
@@ -473,7 +347,7 @@ def _sampling(path: Path, temperature: str | float | None) -> str | None:
     try:
         value = float(temperature)
     except ValueError:
-        raise _fault(path, "temperature", expected, show(temperature)) from None
+        raise fault(path, "temperature", expected, show(temperature)) from None
     if not (math.isfinite(value) and value >= 0):
-        raise _fault(path, "temperature", expected, show(temperature))
+        raise fault(path, "temperature", expected, show(temperature))
     return GREEDY if value == 0 else f"temperature={value:g}"

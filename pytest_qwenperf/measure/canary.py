@@ -20,13 +20,11 @@ from collections.abc import Sequence
 from concurrent.futures import ThreadPoolExecutor
 from typing import Any
 
-import msgspec
-
 from pytest_qwenperf.core.apikey import ApiKey
 from pytest_qwenperf.core.canary import CANARY, EXACT, Canary, CanaryFloor, CanaryOutput, definition_digest, fingerprint
 from pytest_qwenperf.core.http import http_post_json
 from pytest_qwenperf.core.identity import Identity, argv_digest
-from pytest_qwenperf.core.run import RunHardware, context_of
+from pytest_qwenperf.core.run import context_of
 from pytest_qwenperf.serving.hardware import detect
 from pytest_qwenperf.serving.server import Server
 from pytest_qwenperf.suite.config import ServingConfig
@@ -126,7 +124,7 @@ def canary_of(
         workload_fingerprint=definition_digest(PROMPTS, max_tokens),
     )
     version = server.info[0].version if server.info else None
-    context = context_of(version, msgspec.convert(hardware.as_dict(), RunHardware), started)
+    context = context_of(version, hardware.machine(), started)
     return Canary(
         identity=identity,
         context=context,

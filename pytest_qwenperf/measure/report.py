@@ -124,7 +124,7 @@ class SessionReport:
         carry what they took (``elapsed_s``, None where not measured), beside what they were planned to take."""
         return {
             "schema": SCHEMA,
-            "hardware": detect().as_dict(),
+            "machine": msgspec.to_builtins(detect().machine()),
             "boots": dict(servers.boots),
             "boot_seconds": dict(servers.boot_seconds),
             "turns": asdict(servers.turns) if servers.turns is not None else None,

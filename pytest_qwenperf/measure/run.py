@@ -23,7 +23,6 @@ from pytest_qwenperf.core.run import (
     Loss,
     Run,
     RunContext,
-    RunHardware,
     RunIdentity,
     ServerCounters,
     TokenCheck,
@@ -80,7 +79,7 @@ def build_run(
         ),
         context=RunContext(
             vllm_version=servers[0].version if servers else None,
-            hardware=msgspec.convert(hardware.as_dict(), RunHardware),
+            machine=hardware.machine(),
             servers=tuple(info.as_dict() for info in servers),
             replicas=config.replicas,
             routing=config.routing,
@@ -121,7 +120,7 @@ def _environment(servers: Sequence[ServerInfo], hardware: Hardware) -> Environme
         reported,
         gpu_name=reported.gpu_name or hardware.gpu_name or None,
         gpu_count=reported.gpu_count or hardware.gpu_count or None,
-        driver=reported.driver or hardware.driver_version or None,
+        driver=reported.driver or hardware.driver or None,
     )
 
 

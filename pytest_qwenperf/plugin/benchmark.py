@@ -147,19 +147,10 @@ def _no_work() -> None:
 
 @pytest.hookimpl(optionalhook=True)
 def pytest_benchmark_update_machine_info(machine_info: dict[str, Any]) -> None:
-    """GPU, driver, CUDA, CPU and vLLM: what the figures depend on beyond what pytest-benchmark records."""
-    hw = detect()
+    """The machine's record (GPU, driver, CUDA, CPU: ``core.machine.Machine``, spelled as every result
+    spells it) and vLLM: what the figures depend on beyond what pytest-benchmark records."""
     distribution, version = installed_vllm() or (None, None)
-    machine_info.update(
-        gpu_name=hw.gpu_name,
-        gpu_count=hw.gpu_count,
-        gpu_driver=hw.driver_version,
-        cuda_version=hw.cuda_version,
-        cpu_model=hw.cpu_model,
-        cpu_count=hw.cpu_count,
-        vllm_distribution=distribution,
-        vllm_version=version,
-    )
+    machine_info.update(msgspec.structs.asdict(detect().machine()), vllm_distribution=distribution, vllm_version=version)
 
 
 @pytest.hookimpl(optionalhook=True)

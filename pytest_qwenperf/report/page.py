@@ -25,7 +25,7 @@ from pytest_qwenperf.gate.compare_profiles import SHOWN
 from pytest_qwenperf.gate.diagnosis import Diagnosis
 from pytest_qwenperf.gate.history_store import HistoryStore
 from pytest_qwenperf.gate.pareto import points_of
-from pytest_qwenperf.gate.sources import BENCH_KEY, RunKey
+from pytest_qwenperf.gate.setups import BENCH_KEY, RunKey
 from pytest_qwenperf.history.report import Series, read_series
 from pytest_qwenperf.report import charts
 

@@ -13,6 +13,7 @@ from dataclasses import dataclass, replace
 from functools import cache
 from types import MappingProxyType
 
+from pytest_qwenperf.core.machine import Machine
 from pytest_qwenperf.telemetry.nvml import nvml_text
 
 # NVML product names → suite hardware ids, most specific first.
@@ -29,13 +30,15 @@ _GPU_KINDS = (
 
 @dataclass(frozen=True)
 class Hardware:
-    """What a run executed on; ``kind`` is ``cpu`` or a GPU family such as ``b200``."""
+    """This machine as detected: what a run executes on (``kind`` is ``cpu`` or a GPU kind such as
+    ``b200``), with what placing its processes needs (the CPUs it may use, their flags) beside the
+    record results keep (:meth:`machine`)."""
 
     kind: str
     gpu_name: str | None = None
     gpu_count: int = 0
-    driver_version: str | None = None
-    cuda_version: str | None = None
+    driver: str | None = None
+    cuda: str | None = None
     cpu_model: str = ""
     cpu_ids: frozenset[int] = frozenset()  # CPUs this process may run on
     cpu_flags: frozenset[str] = frozenset()  # /proc/cpuinfo flags (avx512f, amx_tile, ...)
@@ -54,20 +57,21 @@ class Hardware:
 
     def describe(self) -> str:
         if self.gpu_count:
-            return f"{self.gpu_count}x {self.gpu_name} (driver {self.driver_version})"
+            return f"{self.gpu_count}x {self.gpu_name} (driver {self.driver})"
         return f"CPU only: {self.cpu_model or 'unknown CPU'}, {self.cpu_count} cores"
 
-    def as_dict(self) -> dict[str, object]:
-        return {
-            "kind": self.kind,
-            "id": self.id,
-            "gpu_name": self.gpu_name,
-            "gpu_count": self.gpu_count,
-            "driver_version": self.driver_version,
-            "cuda_version": self.cuda_version,
-            "cpu_model": self.cpu_model,
-            "cpu_count": self.cpu_count,
-        }
+    def machine(self) -> Machine:
+        """The record every result keeps of this machine (:mod:`pytest_qwenperf.core.machine`)."""
+        return Machine(
+            kind=self.kind,
+            id=self.id,
+            gpu_name=self.gpu_name,
+            gpu_count=self.gpu_count,
+            driver=self.driver,
+            cuda=self.cuda,
+            cpu_model=self.cpu_model,
+            cpu_count=self.cpu_count,
+        )
 
 
 GPU_FAMILIES = MappingProxyType({"hopper": ("h100", "h200", "gh200")})
@@ -109,7 +113,7 @@ def detect() -> Hardware:
         return cpu
     names, driver, cuda = gpus
     return replace(
-        cpu, kind=gpu_kind(names[0]), gpu_name=names[0], gpu_count=len(names), driver_version=driver, cuda_version=cuda
+        cpu, kind=gpu_kind(names[0]), gpu_name=names[0], gpu_count=len(names), driver=driver, cuda=cuda
     )
 
 

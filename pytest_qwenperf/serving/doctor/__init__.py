@@ -30,6 +30,6 @@ def run_doctor(options: DoctorOptions) -> DoctorReport:
     return DoctorReport(
         (*scan.checks, *load, *host, *software),
         suite=str(options.suite.path) if options.suite else None,
-        hardware=hw.as_dict(),
-        hardware_description=hw.describe(),
+        machine=hw.machine(),
+        machine_description=hw.describe(),
     )

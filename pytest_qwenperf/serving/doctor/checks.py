@@ -8,7 +8,10 @@ from dataclasses import dataclass, field
 from types import MappingProxyType
 from typing import Literal
 
+import msgspec
+
 from pytest_qwenperf.core.formats import json_safe
+from pytest_qwenperf.core.machine import Machine
 from pytest_qwenperf.core.tables import format_table
 
 DOCTOR_SCHEMA = "qwenperf-doctor/1"
@@ -71,12 +74,12 @@ def per_gpu(group: str, name: str, readings: Iterable[tuple[int, Reading]]) -> l
 
 @dataclass(frozen=True)
 class DoctorReport:
-    """Every check of one doctor run, on the hardware it ran on, for a suite (or none)."""
+    """Every check of one doctor run, on the machine it ran on, for a suite (or none)."""
 
     checks: tuple[Check, ...]
     suite: str | None  # the suite file's path
-    hardware: Mapping[str, object]  # ``Hardware.as_dict()``
-    hardware_description: str
+    machine: Machine
+    machine_description: str
 
     @property
     def status(self) -> Status:
@@ -96,7 +99,7 @@ class DoctorReport:
         return {
             "schema": DOCTOR_SCHEMA,
             "suite": self.suite,
-            "hardware": dict(self.hardware),
+            "machine": msgspec.to_builtins(self.machine),
             "status": self.status,
             "counts": self.counts(),
             "checks": [json_safe(c.as_json()) for c in self.checks],
@@ -107,7 +110,7 @@ class DoctorReport:
         suite = f", suite {self.suite}" if self.suite else ", no suite"
         counts = ", ".join(f"{n} {status}" for status, n in self.counts().items())
         lines = [
-            f"qwenperf doctor: {self.hardware_description}{suite}",
+            f"qwenperf doctor: {self.machine_description}{suite}",
             "",
             *format_table(("group", "check", "status", "figure", "advice"), rows),
         ]
@@ -119,7 +122,7 @@ class DoctorReport:
         cells = [(c.group, c.title, f"**{c.status.upper()}**" if c.status != "ok" else "ok", c.figure, c.advice) for c in order]
         suite = f" for `{self.suite}`" if self.suite else ""
         counts = ", ".join(f"{n} {status}" for status, n in self.counts().items())
-        lines = [f"### qwenperf doctor{suite}: {self.status}", "", f"{self.hardware_description}; {counts}", ""]
+        lines = [f"### qwenperf doctor{suite}: {self.status}", "", f"{self.machine_description}; {counts}", ""]
         lines += ["| group | check | status | figure | advice |", "| --- | --- | --- | --- | --- |"]
         lines += ["| " + " | ".join(_cell(text) for text in row) + " |" for row in cells]
         return "\n".join(lines)

@@ -80,7 +80,7 @@ def _no_gpu(suite: Suite | None, why: str) -> GpuScan:
 def _driver(hw: Hardware) -> Check:
     """The GPUs, driver and CUDA versions as hardware detection read them through NVML."""
     count = hw.gpu_count
-    figure = f"{count} GPU{'s' if count > 1 else ''}, driver {hw.driver_version}, CUDA {hw.cuda_version}"
+    figure = f"{count} GPU{'s' if count > 1 else ''}, driver {hw.driver}, CUDA {hw.cuda}"
     return Check(GROUP, "NVML", "ok", figure)
 
 
