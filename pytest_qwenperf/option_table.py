@@ -241,6 +241,17 @@ OPTIONS: tuple[Option, ...] = (
         commands=("bench",),
         notes={PLUGIN: f"(default: {DEFAULT_HISTORY} under the rootdir; see qwenperf history)", "bench": "(default: none)"},
     ),
+    Option(
+        "llmd-report",
+        "also write each measured run as an llm-d Benchmark Report (version 0.2, JSON) into this folder, one file per run "
+        "named by its config, workload and start (never one written before); what a run does not record is left out, "
+        "not guessed (see docs/interchange.md)",
+        type=Path,
+        metavar="DIR",
+        ini=Ini(note="(a path relative to the rootdir)"),
+        commands=("bench",),
+        notes={PLUGIN: "With a candidate, the launcher's runs go into DIR/reference/."},
+    ),
     Option("no-history", "record the session's runs in no history store", action="store_true", ini=Ini(type="bool")),
     Option(
         "allow-invalid",

@@ -31,7 +31,7 @@ import msgspec
 
 from pytest_qwenperf.cli.bench_output import ProgressBar, print_summary, show_progress
 from pytest_qwenperf.core.apikey import ApiKey, ApiKeyError, resolve_api_key
-from pytest_qwenperf.core.files import unwritable, write_atomically
+from pytest_qwenperf.core.files import unwritable, unwritable_folder, write_atomically
 from pytest_qwenperf.core.formats import json_safe
 from pytest_qwenperf.core.options import (
     fraction,
@@ -43,6 +43,7 @@ from pytest_qwenperf.core.options import (
 from pytest_qwenperf.core.profile import OperatorProfile
 from pytest_qwenperf.core.summary import GoodputSLO
 from pytest_qwenperf.gate.history_store import HistoryError, HistoryStore
+from pytest_qwenperf.gate.llmd_report import llmd_bench_report, write_llmd_report
 from pytest_qwenperf.gate.sources import bench_run
 from pytest_qwenperf.loadgen.arrivals import Arrival, ClosedLoop, Distribution, OpenLoop
 from pytest_qwenperf.loadgen.client import DEFAULT_TIMEOUT_S, LoadOptions, run_load_sync
@@ -138,6 +139,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     out.add_argument("--detailed", action="store_true", help="with --json: per-request records too")
     BY_NAME["history"].add(out.add_argument, "bench")
     BY_NAME["profile"].add(out.add_argument, "bench")
+    BY_NAME["llmd-report"].add(out.add_argument, "bench")
     out.add_argument("--progress", choices=("auto", "on", "off"), default="auto", help="progress bar (auto: when stderr is a terminal and not in CI)")
     out.add_argument(
         "--max-failed-fraction",
@@ -153,6 +155,8 @@ def run(args: argparse.Namespace) -> int:
         raise BenchError(f"--json {args.json}: the file exists; choose another path (results are never overwritten)")
     if args.json is not None and (why := unwritable(args.json)):  # before the probes and the run, not after
         raise BenchError(f"--json {args.json}: cannot write the result there: {why}")
+    if args.llmd_report is not None and (why := unwritable_folder(args.llmd_report)):
+        raise BenchError(f"--llmd-report {args.llmd_report}: cannot write the report there: {why}")
     if args.history is not None:
         HistoryStore.open(args.history).close()  # a store that cannot be opened fails before the run, not after
     plan = plan_from_args(args)
@@ -194,6 +198,9 @@ def run(args: argparse.Namespace) -> int:
         args.json.parent.mkdir(parents=True, exist_ok=True)
         write_atomically(args.json, text)
         print(f"result written to {args.json}")
+    if args.llmd_report is not None:
+        written = write_llmd_report(args.llmd_report, llmd_bench_report(result), f"bench--{result.identity.workload}")
+        print(f"llm-d Benchmark Report written to {written}")
     if args.history is not None:
         with HistoryStore.open(args.history) as store:
             store.append([bench_run(json.loads(text))], source="qwenperf bench")  # the result as its file holds it

@@ -141,7 +141,7 @@ def _guidellm_result(path: Path, report: _GuideLLMReport, benchmark: _GuideLLMBe
         input_len=mean_of(prompt_tokens, completed),
         output_len=mean_of(output_tokens, completed),
         load=_guidellm_load(benchmark.config.get("strategy")),
-        sampling=None,
+        sampling=_guidellm_sampling(report, benchmark),
     )
     checks = TokenCheck(matches=None, detail=f"{client} does not check its token totals against the server's")
     return bench_result(path, setup, _known(metrics), context=RunContext(), token_check=checks, client=ClientLoad())
@@ -163,11 +163,30 @@ def _guidellm_model(report: _GuideLLMReport, benchmark: _GuideLLMBenchmark) -> s
 
 
 def _guidellm_data(report: _GuideLLMReport) -> str | None:
-    """The report's data sources as given (version 2: ``config.spec.data``; 1: ``args.data``)."""
+    """The report's data sources as given (version 2: ``config.spec.data``, tables of a ``kind`` and its
+    settings; version 1: ``args.data``, texts)."""
     data = _dig(report.config, "spec", "data") or report.args.get("data")
     if not data:
         return None
-    return ", ".join(sorted(str(item) for item in data)) if isinstance(data, list) else str(data)
+    return ", ".join(_source(item) for item in (data if isinstance(data, list) else [data]))
+
+
+def _source(item: object) -> str:
+    """``json_file path=/data/prompts.jsonl``: a data source's kind and its non-empty settings."""
+    if not isinstance(item, dict):
+        return str(item)
+    settings = " ".join(f"{key}={value}" for key, value in item.items() if key != "kind" and value not in (None, {}, []))
+    return f"{item.get('kind', 'data')} {settings}".strip()
+
+
+def _guidellm_sampling(report: _GuideLLMReport, benchmark: _GuideLLMBenchmark) -> str | None:
+    """The temperature its backend's ``extras`` put in every request body; None where none was set
+    (GuideLLM then sends none, and the server samples with its own default)."""
+    for backend in (benchmark.config.get("backend"), _dig(report.config, "spec", "backend")):
+        temperature = _dig(backend, "extras", "body", "temperature")
+        if isinstance(temperature, (int, float)) and not isinstance(temperature, bool):
+            return _temperature(temperature)
+    return None
 
 
 def _guidellm_load(strategy: object) -> str:
@@ -288,8 +307,12 @@ def _aiperf_model(config: Mapping[str, Any]) -> str | None:
 
 
 def _aiperf_dataset(config: Mapping[str, Any]) -> str | None:
-    found = config.get("input") or config.get("dataset") or config.get("datasets")
-    return None if not found else msgspec.json.encode(found).decode()
+    """Its datasets (``datasets``: a file's format and path, or a synthetic one's settings)."""
+    found = config.get("datasets")
+    if not found:
+        return None
+    tables = [item if not isinstance(item, dict) else {"kind": item.get("type"), **{k: v for k, v in item.items() if k not in ("name", "type")}} for item in found]
+    return ", ".join(_source(table) for table in tables)
 
 
 def _aiperf_load(config: Mapping[str, Any]) -> str:
@@ -307,14 +330,20 @@ def _aiperf_load(config: Mapping[str, Any]) -> str:
 
 
 def _aiperf_sampling(config: Mapping[str, Any]) -> str | None:
-    extra = _dig(config, "input", "extra") or _dig(config, "endpoint", "extra")
+    """The temperature ``--extra-inputs temperature:T`` put in every request body (``endpoint.extra``);
+    None where none was set (the server then samples with its own default)."""
+    extra = _dig(config, "endpoint", "extra")
     temperature = extra.get("temperature") if isinstance(extra, dict) else None
-    if temperature is None:
-        return None
-    return GREEDY if float(temperature) == 0 else f"temperature={float(temperature):g}"
+    if isinstance(temperature, (int, float)) and not isinstance(temperature, bool):
+        return _temperature(temperature)
+    return None
 
 
 # ------------------------------------------------------------------ shared
+
+
+def _temperature(value: float) -> str:
+    return GREEDY if value == 0 else f"temperature={value:g}"
 
 
 def _dig(node: object, *keys: str) -> Any:

@@ -18,9 +18,11 @@ from pathlib import Path
 
 import pytest
 
+from pytest_qwenperf import __version__
 from pytest_qwenperf.gate.compare import CompareError, load_runs
 from pytest_qwenperf.gate.history_store import HistoryError, HistoryStore
 from pytest_qwenperf.gate.judge import losses
+from pytest_qwenperf.gate.llmd_report import llmd_report, write_llmd_report
 from pytest_qwenperf.gate.update import update_baselines
 from pytest_qwenperf.history.report import Series
 from pytest_qwenperf.measure.report import ServersSpent, SessionReport, write_session_json
@@ -293,6 +295,8 @@ def pytest_sessionfinish(session: pytest.Session) -> None:
         reference = reference_path(settings)
         if report.reference is not None and reference is not None:
             _write_results(config, report.reference, reference, launcher)
+    if settings is not None and settings.llmd_report is not None and report is not None:
+        _write_llmd_reports(config, report, settings.llmd_report)
     if settings is not None and settings.history is not None and report is not None and report.runs:
         _record_history(session, settings.history, report)
     if settings is not None and settings.html_path is not None and report is not None and report.runs:
@@ -387,6 +391,19 @@ def _write_results(config: pytest.Config, report: SessionReport, path: Path, poo
     if reporter is not None:
         note = f" (previous file kept as {kept})" if kept else ""
         reporter.write_line(f"qwenperf: results written to {path}{note}")
+
+
+def _write_llmd_reports(config: pytest.Config, report: SessionReport, folder: Path) -> None:
+    """Each run's llm-d Benchmark Report into ``folder`` (the launcher's, with a candidate, into ``folder/reference``)."""
+    sides = [(report, folder)] + ([(report.reference, folder / "reference")] if report.reference is not None else [])
+    written = [
+        write_llmd_report(where, llmd_report(run, tool_version=__version__), f"{run.config_key}--{run.identity.workload}")
+        for side, where in sides
+        for run in side.runs
+    ]
+    reporter = config.pluginmanager.get_plugin("terminalreporter")
+    if reporter is not None and written:
+        reporter.write_line(f"qwenperf: {len(written)} llm-d Benchmark Report(s) written to {folder}")
 
 
 def _fail_on_leftovers(session: pytest.Session) -> None:

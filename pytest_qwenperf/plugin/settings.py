@@ -73,6 +73,7 @@ class QwenperfSettings:
     progress: ProgressSetting = field(default_factory=ProgressSetting)  # each point's live progress on the terminal
     profile: bool = False  # servers boot with vLLM's profiler; each point gets one extra, unmeasured, profiled repeat
     vllm_cache: Path | None = None  # where booted servers keep vLLM's compile and model-info caches; None: vLLM's default
+    llmd_report: Path | None = None  # the folder each run's llm-d Benchmark Report goes into; None: none written
 
 
 @dataclass(frozen=True)
@@ -115,7 +116,8 @@ def resolve_settings(config: pytest.Config) -> QwenperfSettings:
         endpoint_sets=config.getoption("qwenperf_endpoints_file"),
         suites=tuple(config.getoption("qwenperf_suite")) or _ini_suites(config),
         json_path=config.getoption("qwenperf_json"),
-        html_path=_html_path(config),
+        html_path=_rooted(config, "qwenperf_html"),
+        llmd_report=_rooted(config, "qwenperf_llmd_report"),
         server_cpus=config.getoption("qwenperf_server_cpus"),
         client_cpus=config.getoption("qwenperf_client_cpus"),
         repeats=_resolve(config, "qwenperf_repeats", whole_number(1), None),
@@ -137,12 +139,12 @@ def resolve_settings(config: pytest.Config) -> QwenperfSettings:
     return settings
 
 
-def _html_path(config: pytest.Config) -> Path | None:
-    """The option as given (relative to the working directory, as --qwenperf-json), else the ini key under the rootdir."""
-    given = config.getoption("qwenperf_html")
+def _rooted(config: pytest.Config, name: str) -> Path | None:
+    """A path option as given (relative to the working directory, as --qwenperf-json), else its ini key under the rootdir."""
+    given = config.getoption(name)
     if given is not None:
         return Path(given)
-    ini = config.getini("qwenperf_html")
+    ini = config.getini(name)
     return config.rootpath / ini if ini else None
 
 
@@ -207,6 +209,8 @@ def _check_outputs(settings: QwenperfSettings) -> None:
         raise pytest.UsageError(f"--qwenperf-html {settings.html_path} (or ini qwenperf_html): cannot write the report there: {why}")
     if settings.json_path is not None and (why := unwritable(settings.json_path)):
         raise pytest.UsageError(f"--qwenperf-json {settings.json_path}: cannot write the results there: {why}")
+    if settings.llmd_report is not None and (why := unwritable_folder(settings.llmd_report)):
+        raise pytest.UsageError(f"--qwenperf-llmd-report {settings.llmd_report} (or ini qwenperf_llmd_report): cannot write reports there: {why}")
     profiles = profiles_path(settings)
     if profiles is not None and (why := unwritable_folder(profiles)):
         raise pytest.UsageError(f"--qwenperf-profile: cannot keep the traces beside --qwenperf-json, in {profiles}: {why}")
