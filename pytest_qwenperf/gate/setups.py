@@ -11,12 +11,15 @@ from __future__ import annotations
 
 import hashlib
 import json
+import math
+from collections.abc import Mapping
 from dataclasses import dataclass, fields
 from pathlib import Path
 from typing import Any, TypeVar
 
 from pytest_qwenperf.core import schema
 from pytest_qwenperf.core.formats import show
+from pytest_qwenperf.core.metrics import find
 from pytest_qwenperf.core.run import MISSING, Number, Run, RunIdentity
 
 T = TypeVar("T")
@@ -188,3 +191,18 @@ def bench_result(path: Path, setup: Setup, metrics: dict[str, Number], **blocks:
         hardware="not recorded",
     )
     return Result(path, Run(identity=identity, metrics=metrics, **blocks), setup)
+
+
+def sampling(temperature: float) -> str:
+    """A setup's sampling for the temperature a tool sent: :data:`GREEDY` for 0, else ``temperature=T``."""
+    return GREEDY if temperature == 0 else f"temperature={temperature:g}"
+
+
+def client_metrics(values: Mapping[str, object]) -> dict[str, Number]:
+    """The finite numbers among ``values`` whose names the registry knows as client metrics (``metrics.<name>``)."""
+    found: dict[str, Number] = {}
+    for name, value in values.items():
+        info = find(name)
+        if isinstance(value, (int, float)) and not isinstance(value, bool) and math.isfinite(value) and info and info.path == ("metrics", name):
+            found[name] = value
+    return found

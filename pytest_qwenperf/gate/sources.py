@@ -59,11 +59,9 @@ from pytest_qwenperf.core.canary import Canary, CanaryJudgement
 from pytest_qwenperf.core.formats import BENCH_SCHEMA, SESSION_SCHEMA, show
 from pytest_qwenperf.core.identity import Text
 from pytest_qwenperf.core.machine import upgraded
-from pytest_qwenperf.core.metrics import find
 from pytest_qwenperf.core.run import (
     MISSING,
     ClientLoad,
-    Number,
     Run,
     RunContext,
     RunJsonError,
@@ -82,9 +80,11 @@ from pytest_qwenperf.gate.setups import (
     Setup,
     SourceError,
     bench_result,
+    client_metrics,
     convert,
     fault,
     mean_of,
+    sampling,
 )
 from pytest_qwenperf.gate.tool_results import is_aiperf, is_guidellm, read_aiperf, read_guidellm
 
@@ -309,7 +309,7 @@ def _vllm_bench_serve(path: Path, data: Mapping[str, Any]) -> Result:
     ``failed`` counted when the file has none; the setup as the module docstring says."""
     bench = convert(path, data, _VllmBenchServe)
     failed = bench.failed if bench.failed is not None else max(bench.num_prompts - bench.completed, 0)
-    metrics: dict[str, Number] = {name: value for name, value in data.items() if _client_metric(name) and _finite(value)}
+    metrics = client_metrics(data)
     setup = Setup(
         client="vllm bench serve",
         model=bench.model_id,
@@ -321,15 +321,6 @@ def _vllm_bench_serve(path: Path, data: Mapping[str, Any]) -> Result:
     )
     checks = TokenCheck(matches=None, detail="vllm bench serve does not check its token totals against the server's")
     return bench_result(path, setup, metrics | {"failed": failed}, context=RunContext(), token_check=checks, client=ClientLoad())
-
-
-def _client_metric(name: str) -> bool:
-    info = find(name)
-    return info is not None and info.path == ("metrics", name)
-
-
-def _finite(value: object) -> bool:
-    return isinstance(value, (int, float)) and not isinstance(value, bool) and math.isfinite(value)
 
 
 def _load(bench: _VllmBenchServe) -> str:
@@ -350,4 +341,4 @@ def _sampling(path: Path, temperature: str | float | None) -> str | None:
         raise fault(path, "temperature", expected, show(temperature)) from None
     if not (math.isfinite(value) and value >= 0):
         raise fault(path, "temperature", expected, show(temperature))
-    return GREEDY if value == 0 else f"temperature={value:g}"
+    return sampling(value)

@@ -29,7 +29,6 @@ its noise (``docs/compare.md``).
 
 from __future__ import annotations
 
-import math
 from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
@@ -38,9 +37,18 @@ import msgspec
 
 from pytest_qwenperf.core import schema
 from pytest_qwenperf.core.formats import show
-from pytest_qwenperf.core.metrics import find
 from pytest_qwenperf.core.run import MISSING, ClientLoad, Number, RunContext, TokenCheck
-from pytest_qwenperf.gate.setups import GREEDY, Result, Setup, SourceError, bench_result, convert, fault, mean_of
+from pytest_qwenperf.gate.setups import (
+    Result,
+    Setup,
+    SourceError,
+    bench_result,
+    client_metrics,
+    convert,
+    fault,
+    mean_of,
+    sampling,
+)
 
 # ------------------------------------------------------------------ GuideLLM
 
@@ -123,7 +131,6 @@ def _guidellm_result(path: Path, report: _GuideLLMReport, benchmark: _GuideLLMBe
     metrics: dict[str, Number] = {
         "completed": completed,
         "failed": m.request_totals.errored,
-        "incomplete": m.request_totals.incomplete,
         "duration": benchmark.duration,
         "request_throughput": m.requests_per_second.successful.mean,
         "output_throughput": m.output_tokens_per_second.successful.mean,
@@ -183,9 +190,9 @@ def _guidellm_sampling(report: _GuideLLMReport, benchmark: _GuideLLMBenchmark) -
     """The temperature its backend's ``extras`` put in every request body; None where none was set
     (GuideLLM then sends none, and the server samples with its own default)."""
     for backend in (benchmark.config.get("backend"), _dig(report.config, "spec", "backend")):
-        temperature = _dig(backend, "extras", "body", "temperature")
-        if isinstance(temperature, (int, float)) and not isinstance(temperature, bool):
-            return _temperature(temperature)
+        found = _sampling(_dig(backend, "extras", "body", "temperature"))
+        if found is not None:
+            return found
     return None
 
 
@@ -229,7 +236,7 @@ def read_aiperf(path: Path, data: Mapping[str, Any]) -> tuple[Result, ...]:
     metric = {name: _aiperf_metric(path, data, name) for name in _AIPERF_READ if name in data}
     for needed in ("request_count", "request_throughput", "output_token_throughput"):
         if needed not in metric:
-            raise fault(path, needed, "an AIPerf metric ({'unit': ..., 'avg': ...})", "nothing (the field is missing)")
+            raise fault(path, needed, "an AIPerf metric ({'unit': ..., 'avg': ...})", MISSING)
     completed = metric["request_count"].avg
     failed = metric["error_request_count"].avg if "error_request_count" in metric else 0.0
     metrics: dict[str, Number] = {
@@ -332,18 +339,17 @@ def _aiperf_load(config: Mapping[str, Any]) -> str:
 def _aiperf_sampling(config: Mapping[str, Any]) -> str | None:
     """The temperature ``--extra-inputs temperature:T`` put in every request body (``endpoint.extra``);
     None where none was set (the server then samples with its own default)."""
-    extra = _dig(config, "endpoint", "extra")
-    temperature = extra.get("temperature") if isinstance(extra, dict) else None
-    if isinstance(temperature, (int, float)) and not isinstance(temperature, bool):
-        return _temperature(temperature)
-    return None
+    return _sampling(_dig(config, "endpoint", "extra", "temperature"))
 
 
 # ------------------------------------------------------------------ shared
 
 
-def _temperature(value: float) -> str:
-    return GREEDY if value == 0 else f"temperature={value:g}"
+def _sampling(temperature: object) -> str | None:
+    """The setup's sampling for a temperature a file recorded; None where it recorded no number."""
+    if isinstance(temperature, (int, float)) and not isinstance(temperature, bool):
+        return sampling(temperature)
+    return None
 
 
 def _dig(node: object, *keys: str) -> Any:
@@ -355,14 +361,5 @@ def _dig(node: object, *keys: str) -> Any:
 
 
 def _known(metrics: Mapping[str, Number]) -> dict[str, Number]:
-    """The figures the registry knows as client metrics, finite; ``failed`` always."""
-    return {
-        name: value
-        for name, value in metrics.items()
-        if name == "failed" or (_registered(name) and isinstance(value, (int, float)) and math.isfinite(value))
-    }
-
-
-def _registered(name: str) -> bool:
-    info = find(name)
-    return info is not None and info.path == ("metrics", name)
+    """The figures the registry knows as client metrics, finite (:func:`~pytest_qwenperf.gate.setups.client_metrics`); ``failed`` always."""
+    return client_metrics(metrics) | {"failed": metrics["failed"]}
