@@ -26,7 +26,7 @@ from dataclasses import dataclass
 import numpy as np
 
 from pytest_qwenperf.core.sequential import SequentialPlan
-from pytest_qwenperf.core.verdict import DECIDED, DEFAULT_CONFIDENCE, UNDECIDED, Judgement, Verdict, judge
+from pytest_qwenperf.core.verdict import DECIDED, DEFAULT_CONFIDENCE, UNDECIDED, Hearing, Judgement, Side, Verdict, judge
 
 
 @dataclass(frozen=True)
@@ -71,7 +71,8 @@ def _follow(case: Case, baseline: list[float], current: list[float]) -> tuple[Ve
     """The final verdict of one draw and the repeats it took."""
 
     def judged(n: int, confidence: float) -> Judgement:
-        return judge("output_throughput", baseline, current[:n], direction="higher", tolerance=case.tolerance, confidence=confidence)
+        sides = Side(tuple(baseline)), Side(tuple(current[:n]))
+        return judge(Hearing("output_throughput", *sides, direction="higher", tolerance=case.tolerance, confidence=confidence))
 
     judgement, taken = follow(case.plan, judged)
     return judgement.verdict, taken

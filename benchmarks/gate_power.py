@@ -81,7 +81,7 @@ from pytest_qwenperf.core.metrics import Direction, metric
 from pytest_qwenperf.core.run import Run
 from pytest_qwenperf.core.sequential import SequentialPlan
 from pytest_qwenperf.core.stats import centre
-from pytest_qwenperf.core.verdict import DEFAULT_CONFIDENCE, Judgement, judge
+from pytest_qwenperf.core.verdict import DEFAULT_CONFIDENCE, Hearing, Judgement, Side, judge
 from pytest_qwenperf.gate.judge import losses
 from pytest_qwenperf.measure.method import Method, repeats
 from pytest_qwenperf.measure.observe import ClientSetup
@@ -474,7 +474,8 @@ def _looked(
     plan = SequentialPlan(DEFAULT_CONFIDENCE, len(b_side), len(b_side), least if least and least < len(b_side) else None)
 
     def judged(n: int, confidence: float) -> Judgement:
-        return judge(name, a_side, b_side[:n], direction=direction, tolerance=tolerance, unit=unit, confidence=confidence)
+        sides = Side(tuple(a_side)), Side(tuple(b_side[:n]))
+        return judge(Hearing(name, *sides, direction=direction, tolerance=tolerance, unit=unit, confidence=confidence))
 
     return follow(plan, judged)
 

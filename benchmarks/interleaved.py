@@ -46,7 +46,7 @@ from typing import Any
 from pytest_qwenperf.core.files import write_atomically
 from pytest_qwenperf.core.metrics import metric
 from pytest_qwenperf.core.sequential import SequentialPlan
-from pytest_qwenperf.core.verdict import DEFAULT_CONFIDENCE, judge
+from pytest_qwenperf.core.verdict import DEFAULT_CONFIDENCE, Hearing, Side, judge
 
 ROOT = Path(__file__).resolve().parents[1]
 SUITE = ROOT / "perf_tests" / "suites" / "cpu.toml"
@@ -140,9 +140,10 @@ def judged(session: Mapping[str, Any], name: str, tolerance: float, plan: Sequen
     """The candidate against the reference on ``name``, at the confidence of the session's last look;
     ``skip``: leave out each side's first repeats (the first after the servers booted)."""
     info = metric(name)
-    ref, cand = (list(session[s]["samples"][name])[skip:] for s in ("reference", "candidate"))
+    ref, cand = (tuple(session[s]["samples"][name])[skip:] for s in ("reference", "candidate"))
     confidence = plan.confidence_at(len(cand) + skip)
-    j = judge(name, ref, cand, direction=info.direction, tolerance=tolerance, unit=info.unit, confidence=confidence)
+    sides = Side(ref), Side(cand)
+    j = judge(Hearing(name, *sides, direction=info.direction, tolerance=tolerance, unit=info.unit, confidence=confidence))
     logs = [statistics.stdev(math.log(v) for v in side) if len(side) > 1 else None for side in (ref, cand)]
     return {"verdict": j.verdict, "ratio": j.ratio, "mde": j.mde, "repeats": len(cand), "log_sd": logs}
 

@@ -9,9 +9,9 @@ import pytest
 from pytest_qwenperf.core.run import Run
 from pytest_qwenperf.suite.config import ServingConfig
 
-#: vLLM caches whole blocks of its own size and must compute a prompt's last token, so it can hit
-#: a little less than the trace's 512-token blocks allow, never more; below this share of it, the
-#: cache lost blocks the trace shares (evicted, or the prompts did not share what they should).
+#: The cacheable share is counted in the server's own cache blocks, short of each prompt's last
+#: token, as vLLM caches (``TraceReplay.kv_block``); below this share of it, the cache lost blocks
+#: the trace shares (evicted, or the prompts did not share what they should).
 HIT_SHARE_FLOOR = 0.8
 
 

@@ -230,16 +230,31 @@ OPTIONS: tuple[Option, ...] = (
         "the baselines folder",
         type=Path,
         ini=Ini(note="(relative to the rootdir)"),
-        commands=("baseline",),
-        notes={PLUGIN: "(default: baselines/ under the rootdir)", "baseline": "(default: baselines)"},
+        commands=("baseline", "compare", "bisect"),
+        notes={
+            PLUGIN: "(default: baselines/ under the rootdir)",
+            "baseline": "(default: baselines)",
+            "compare": "(with it, every FILE is judged against its own reference, as a session judges it: its stored "
+            "baseline there, else its recent valid runs in --history; no FILE is a reference)",
+            "bisect": "(with it, the good release is judged at every step against its own reference: its stored baseline "
+            "there, else its recent valid runs in --history; a machine on which the good release is itself slow is named)",
+        },
     ),
     Option(
         "history",
-        "record the runs in this history store: an SQLite file (created if absent) or a postgresql:// URL",
+        "the history store: an SQLite file or a postgresql:// URL",
         metavar="STORE",
         ini=Ini(note="(a path relative to the rootdir, or a URL)"),
-        commands=("bench",),
-        notes={PLUGIN: f"(default: {DEFAULT_HISTORY} under the rootdir; see qwenperf history)", "bench": "(default: none)"},
+        commands=("bench", "compare", "bisect"),
+        notes={
+            PLUGIN: f"The session records its runs in it (created if absent) and judges a run without a stored baseline "
+            f"against its recent valid runs there (default: {DEFAULT_HISTORY} under the rootdir; see qwenperf history).",
+            "bench": "Record the run in it (created if absent; default: none).",
+            "compare": "With --baselines: a run without a stored baseline is judged against its recent valid runs there "
+            "(read only).",
+            "bisect": "With --baselines: the good release without a stored baseline is judged against its recent valid "
+            "runs there (read only).",
+        },
     ),
     Option(
         "llmd-report",

@@ -23,7 +23,7 @@ from pathlib import Path
 import psycopg
 import psycopg.sql
 
-from pytest_qwenperf.serving.process import Launch, ManagedProcess
+from pytest_qwenperf.serving.process import Launch, ManagedProcess, ProcessSpec
 
 SUPERUSER = "qwenperf"
 
@@ -93,10 +93,10 @@ def start_postgres() -> PostgresServer:
         argv += ["-c", "fsync=off"]  # a throwaway cluster: crash safety of the server itself is not under test
         return Launch(tuple(_as_owner(argv, owner)), folder / "postgres.log", {})
 
-    process = ManagedProcess(
+    process = ManagedProcess(ProcessSpec(
         "PostgreSQL", lambda: _probe(process), lambda code, after: f"postgres exited with {code} after {after:.1f} s",
         host="127.0.0.1", port=None, ready_timeout_s=60, poll_interval_s=0.2,
-    )  # fmt: skip
+    ))  # fmt: skip
     server = PostgresServer(process, folder)
     try:
         process.start(launch)

@@ -18,7 +18,7 @@ import tempfile
 from dataclasses import dataclass
 from pathlib import Path
 
-from pytest_qwenperf.serving.process import Launch, ManagedProcess
+from pytest_qwenperf.serving.process import Launch, ManagedProcess, ProcessSpec
 
 STARTED = "Ray runtime started"
 """What ``ray start`` prints once its node is up."""
@@ -74,10 +74,10 @@ def _node(name: str, folder: Path, argv: list[str]) -> ManagedProcess:
         env = {"RAY_USAGE_STATS_ENABLED": "0", "PYTHONUNBUFFERED": "1"}
         return Launch((ray_command(), "start", *common, *(a.format(port=port) for a in argv)), log, env)
 
-    process = ManagedProcess(
+    process = ManagedProcess(ProcessSpec(
         f"Ray {name}", probe, lambda code, after: f"ray start ({name}) exited with {code} after {after:.1f} s",
         host="127.0.0.1", port=None, ready_timeout_s=120, poll_interval_s=0.5,
-    )  # fmt: skip
+    ))  # fmt: skip
     process.start(launch)
     return process
 

@@ -15,7 +15,8 @@ from pytest_qwenperf.core.formats import json_safe
 from pytest_qwenperf.core.identity import Context
 from pytest_qwenperf.core.machine import Machine
 from pytest_qwenperf.core.metrics import metric
-from pytest_qwenperf.core.run import Run, RunJsonError, decode_run
+from pytest_qwenperf.core.run import Run
+from pytest_qwenperf.core.run_json import RunJsonError, decode_run
 from pytest_qwenperf.core.summary import RunSummary, TokenCrossCheck
 from pytest_qwenperf.gate.baseline import (
     SCHEMA,

@@ -12,7 +12,7 @@ from pathlib import Path
 
 import pytest
 
-from pytest_qwenperf.core.run import decode_run
+from pytest_qwenperf.core.run_json import decode_run
 from pytest_qwenperf.plugin.benchmark import (
     GROUP_UNIT,
     flat_metrics,
@@ -37,7 +37,7 @@ INNER = """
 import json
 from pathlib import Path
 
-from pytest_qwenperf.core.run import decode_run
+from pytest_qwenperf.core.run_json import decode_run
 from pytest_qwenperf.plugin.benchmark import record, record_run
 
 SPEC = json.loads(Path("spec.json").read_text())
@@ -165,7 +165,7 @@ TABLE = """
 import json
 from pathlib import Path
 
-from pytest_qwenperf.core.run import decode_run
+from pytest_qwenperf.core.run_json import decode_run
 from pytest_qwenperf.plugin.benchmark import GROUP_UNIT, record, record_run
 
 SPEC = json.loads(Path("spec.json").read_text())

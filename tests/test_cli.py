@@ -127,9 +127,9 @@ def test_bench_output_len_overrides_each_jsonl_lines_and_otherwise_leaves_them(t
     parser = argparse.ArgumentParser()
     bench.add_arguments(parser)
     base = ["--endpoint", "http://127.0.0.1:9", "--dataset-name", "jsonl", "--dataset-path", str(prompts), "--num-prompts", "2"]
-    given = bench._workload(parser.parse_args([*base, "--output-len", "5"])).build(None)
+    given = bench._workload(parser.parse_args([*base, "--output-len", "5"]), ()).build(None)
     assert [spec.max_tokens for spec in given] == [5, 5]
-    own = bench._workload(parser.parse_args(base)).build(None)
+    own = bench._workload(parser.parse_args(base), ()).build(None)
     assert [spec.max_tokens for spec in own] == [7, 9]
-    random = bench._workload(parser.parse_args(["--endpoint", "http://127.0.0.1:9", "--num-prompts", "2"]))
+    random = bench._workload(parser.parse_args(["--endpoint", "http://127.0.0.1:9", "--num-prompts", "2"]), ())
     assert random.output_len == bench.DEFAULT_OUTPUT_LEN == 128  # type: ignore[attr-defined]

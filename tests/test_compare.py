@@ -12,7 +12,7 @@ import pytest
 
 from pytest_qwenperf.cli.main import main
 from pytest_qwenperf.core.canary import Canary, CanaryFloor
-from pytest_qwenperf.core.verdict import format_mde, judge
+from pytest_qwenperf.core.verdict import Hearing, Side, format_mde, judge
 from tests.test_baseline import make_run
 from tests.test_canary import make_canary
 
@@ -116,7 +116,10 @@ def test_every_judged_cell_with_a_spread_shows_its_mde(tmp_path: Path, capsys: p
     old = benchmark_file(tmp_path / "old.json", [make_run(total=t) for t in before])
     new = benchmark_file(tmp_path / "new.json", [make_run(version="0.33.0", total=t) for t in tight])
     noisy = benchmark_file(tmp_path / "noisy.json", [make_run(version="0.34.0", total=t) for t in wide])
-    passed, underpowered = (judge("total_token_throughput", before, after, direction="higher", tolerance=0.05) for after in (tight, wide))
+    passed, underpowered = (
+        judge(Hearing("total_token_throughput", Side(before), Side(after), direction="higher", tolerance=0.05))
+        for after in (tight, wide)
+    )
     assert passed.verdict == "pass" and underpowered.verdict == "underpowered"
     assert passed.mde is not None and underpowered.mde is not None
     status, out, _ = compare(capsys, old, new, noisy, "--metric", "total_token_throughput")
@@ -259,9 +262,8 @@ def test_a_missing_file_exits_2(tmp_path: Path, capsys: pytest.CaptureFixture[st
 
 
 def test_compare_needs_two_files(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
-    with pytest.raises(SystemExit) as exited:
-        main(["compare", str(session_file(tmp_path / "one.json", [make_run()]))])
-    assert exited.value.code == 2
+    status, _, err = compare(capsys, session_file(tmp_path / "one.json", [make_run()]))
+    assert status == 2 and "compare needs a REFERENCE and at least one FILE" in err
 
 
 # ---------------------------------------------------------------- canary answers

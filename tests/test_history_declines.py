@@ -13,7 +13,8 @@ from pathlib import Path
 import msgspec
 import pytest
 
-from pytest_qwenperf.core.run import Run, decode_run
+from pytest_qwenperf.core.run import Run
+from pytest_qwenperf.core.run_json import decode_run
 from pytest_qwenperf.gate.history_store import HistoryStore
 from tests.stream_source import stream_source
 from tests.test_max_repeats import write_suite

@@ -9,7 +9,8 @@ import msgspec
 import pytest
 
 from pytest_qwenperf.core.environment import Environment
-from pytest_qwenperf.core.run import Loss, Run, decode_run
+from pytest_qwenperf.core.run import Loss, Run
+from pytest_qwenperf.core.run_json import decode_run
 from pytest_qwenperf.gate.baseline import Baseline, BaselineError
 from pytest_qwenperf.gate.history_store import HistoryStore
 from pytest_qwenperf.gate.judge import judge_against_run, judge_run, render_judgements

@@ -21,7 +21,8 @@ import pytest
 from pytest_qwenperf.core.bench import BenchContext, BenchIdentity, BenchResult
 from pytest_qwenperf.core.parallel import expert_parallel
 from pytest_qwenperf.core.records import RequestRecord
-from pytest_qwenperf.core.run import ClientLoad, Run, TokenCheck, decode_run
+from pytest_qwenperf.core.run import ClientLoad, Run, TokenCheck
+from pytest_qwenperf.core.run_json import decode_run
 from pytest_qwenperf.core.summary import TokenCrossCheck, summarize
 from pytest_qwenperf.gate.llmd_report import NAMESPACE, llmd_bench_report, llmd_report
 from pytest_qwenperf.loadgen.arrivals import ClosedLoop

@@ -10,7 +10,7 @@ import msgspec
 import pytest
 
 from pytest_qwenperf.core.machine import Machine, upgraded_context
-from pytest_qwenperf.core.run import decode_run
+from pytest_qwenperf.core.run_json import decode_run
 from pytest_qwenperf.gate.baseline import load_baseline
 from pytest_qwenperf.serving.hardware import Hardware, detect
 from tests.test_baseline import make_run

@@ -12,8 +12,10 @@ from typing import Any, cast
 import msgspec
 import pytest
 
+from pytest_qwenperf.core.combine import pooled
 from pytest_qwenperf.core.formats import json_safe
-from pytest_qwenperf.core.run import Run, RunJsonError, decode_run, pooled
+from pytest_qwenperf.core.run import Run
+from pytest_qwenperf.core.run_json import RunJsonError, decode_run
 from pytest_qwenperf.core.sequential import SequentialPlan
 from pytest_qwenperf.core.verdict import Judgement
 from pytest_qwenperf.gate.baseline import Baseline, BaselineError, PooledBaseline, baseline_from_run, load_baseline, save_baseline

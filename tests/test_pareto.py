@@ -11,7 +11,7 @@ from typing import Any
 
 import pytest
 
-from pytest_qwenperf.core.run import decode_run
+from pytest_qwenperf.core.run_json import decode_run
 from pytest_qwenperf.gate.compare import CompareError, compare, load_runs
 from pytest_qwenperf.gate.compare_output import pareto_figure
 from pytest_qwenperf.gate.pareto import Devices, ParetoPoint, devices_of, frontier, points_of

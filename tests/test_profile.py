@@ -21,7 +21,7 @@ import pytest
 
 from pytest_qwenperf.cli.main import main
 from pytest_qwenperf.core.profile import OperatorProfile, OperatorShare, OperatorTable, TraceError, share_changes, summarize
-from pytest_qwenperf.core.run import decode_run
+from pytest_qwenperf.core.run_json import decode_run
 from pytest_qwenperf.measure import run as run_module
 from pytest_qwenperf.measure import sequential
 from pytest_qwenperf.measure.method import Method, repeats

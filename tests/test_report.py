@@ -21,7 +21,7 @@ from pytest_qwenperf.core.canary import EXACT, judge_canary
 from pytest_qwenperf.core.formats import SESSION_SCHEMA
 from pytest_qwenperf.core.profile import OperatorProfile, OperatorShare, OperatorTable
 from pytest_qwenperf.core.timeline import SERIES, Timeline
-from pytest_qwenperf.core.verdict import Judgement, judge
+from pytest_qwenperf.core.verdict import Hearing, Judgement, Side, judge
 from pytest_qwenperf.gate.compare import load_runs
 from pytest_qwenperf.gate.diagnosis import Cause, Diagnosis
 from pytest_qwenperf.gate.history_store import HistoryStore
@@ -86,7 +86,8 @@ def test_one_session_shows_the_verdicts_it_decided_regressions_and_invalid_runs_
 
 
 def test_the_verdict_table_shows_the_interval_each_verdict_was_decided_on(tmp_path: Path) -> None:
-    judgement = judge("output_throughput", [100.0, 102.0, 98.0], [90.0, 92.0, 88.0], direction="higher", tolerance=0.05, unit="tok/s")
+    before, after = Side((100.0, 102.0, 98.0)), Side((90.0, 92.0, 88.0))
+    judgement = judge(Hearing("output_throughput", before, after, direction="higher", tolerance=0.05, unit="tok/s"))
     assert judgement.verdict == "regression" and judgement.interval is not None and judgement.ratio is not None
     low, high = judgement.interval
     assert math.sqrt(low * high) == pytest.approx(judgement.ratio)  # symmetric about the ratio on the log scale

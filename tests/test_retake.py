@@ -18,8 +18,9 @@ import msgspec
 import pytest
 
 from benchmarks.validity import competitor
+from pytest_qwenperf.core.combine import combined
 from pytest_qwenperf.core.records import RequestRecord
-from pytest_qwenperf.core.run import Loss, Run, combined
+from pytest_qwenperf.core.run import Loss, Run
 from pytest_qwenperf.core.sequential import SequentialPlan
 from pytest_qwenperf.core.validity import ValidityLimits
 from pytest_qwenperf.gate.judge import losses
@@ -125,10 +126,12 @@ needs_two_cores = pytest.mark.skipif(len(os.sched_getaffinity(0)) < 2, reason="n
 
 @needs_two_cores
 def test_a_load_run_shared_with_a_busy_process_is_measured_again_and_the_quiet_one_kept(tmp_path: Path) -> None:
-    run, progress = measured_with_competitor(tmp_path, retakes=2, quiet_after_first=True)
-    assert progress.told == ["cpu-contention"]
-    assert not losses(run), run.conditions  # the retake found the core quiet: a valid run
-    assert [loss.reason for loss in run.retaken] == ["cpu-contention"]
+    # More retakes than one quiet take needs: a machine that other work keeps busy for a moment (a
+    # shared runner) may spoil the first retake too, and that is what retakes are for.
+    run, progress = measured_with_competitor(tmp_path, retakes=5, quiet_after_first=True)
+    assert progress.told[:1] == ["cpu-contention"] and set(progress.told) == {"cpu-contention"}
+    assert not losses(run), run.conditions  # a retake found the core quiet: a valid run
+    assert [loss.reason for loss in run.retaken] == progress.told  # every spoiled take is named
     assert "shared with other busy processes" in run.retaken[0].detail
     assert "retaken" in msgspec.json.decode(msgspec.json.encode(run))  # the JSON keeps it
 

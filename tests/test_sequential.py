@@ -19,7 +19,7 @@ from hypothesis import strategies as st
 from benchmarks.early_stop import Case, simulate
 from pytest_qwenperf.core.metrics import Direction
 from pytest_qwenperf.core.sequential import EARLY_SHARE, SequentialPlan
-from pytest_qwenperf.core.verdict import UNDECIDED, judge
+from pytest_qwenperf.core.verdict import UNDECIDED, Hearing, Side, judge
 
 
 def _false_alarms(
@@ -29,11 +29,12 @@ def _false_alarms(
     rng = np.random.default_rng(seed)
     alarms = 0
     for _ in range(trials):
-        baseline = list(np.exp(rng.normal(0.0, sigma, n_base)))
-        current = list(np.exp(rng.normal(0.0, sigma, plan.most)))
+        baseline = Side(tuple(np.exp(rng.normal(0.0, sigma, n_base))))
+        current = tuple(np.exp(rng.normal(0.0, sigma, plan.most)))
         for n in range(plan.first, plan.most + 1):
             confidence = plan.confidence if naive else plan.confidence_at(n)
-            verdict = judge("m", baseline, current[:n], direction=direction, tolerance=0.0, confidence=confidence).verdict
+            hearing = Hearing("m", baseline, Side(current[:n]), direction=direction, tolerance=0.0, confidence=confidence)
+            verdict = judge(hearing).verdict
             if verdict == "regression":
                 alarms += 1
             if verdict not in UNDECIDED:

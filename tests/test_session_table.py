@@ -9,7 +9,7 @@ import msgspec
 
 from pytest_qwenperf.core.run import PROMPT_LENGTHS, Decline, Loss, ServerCounters, TraceReplay
 from pytest_qwenperf.core.tables import format_duration
-from pytest_qwenperf.core.verdict import judge
+from pytest_qwenperf.core.verdict import Hearing, Side, judge
 from pytest_qwenperf.measure.report import SessionReport
 from pytest_qwenperf.measure.session_table import noise_line, session_table
 from pytest_qwenperf.suite.config import load_suite
@@ -21,19 +21,16 @@ def test_the_noise_line_compares_the_spread_and_the_mde_with_the_tolerance() -> 
     report = SessionReport()
     assert noise_line(report) is None  # nothing judged: nothing to say
     quiet = night(20, 5_000.0, config="base")  # repeats ±1 %
-    tight = judge(
-        "output_throughput", [5_000.0, 5_010.0, 4_990.0], [5_000.0, 5_050.0, 4_950.0], direction="higher", tolerance=0.10
-    )
+    now = Side((5_000.0, 5_050.0, 4_950.0))
+    tight = judge(Hearing("output_throughput", Side((5_000.0, 5_010.0, 4_990.0)), now, direction="higher", tolerance=0.10))
     report.add(quiet, (tight,))
     line = noise_line(report)
     assert line is not None and line.startswith("runner noise, output_throughput: repeats spread 1.0% (median CV)")
     assert "how far sessions differ is not known (no reference of 3 or more runs)" in line
     assert line.endswith("against a tolerance of 10%: 0 of 1 point(s) could not see a change of the tolerance's size")
 
-    sessions = [5_000.0 * f for level in (1.0, 1.2, 0.9) for f in (level * 0.99, level, level * 1.01)]
-    wide = judge(
-        "output_throughput", sessions, [5_000.0, 5_050.0, 4_950.0], direction="higher", tolerance=0.10, sessions=[3, 3, 3]
-    )
+    sessions = Side(tuple(5_000.0 * f for level in (1.0, 1.2, 0.9) for f in (level * 0.99, level, level * 1.01)), (3, 3, 3))
+    wide = judge(Hearing("output_throughput", sessions, now, direction="higher", tolerance=0.10))
     report.add(night(21, 5_000.0, config="ctx-short"), (wide,))
     line = noise_line(report)
     assert line is not None and "sessions differ by 15.7% (SD, 1 history reference(s))" in line

@@ -6,7 +6,7 @@ from __future__ import annotations
 import msgspec
 import pytest
 
-from pytest_qwenperf.core.run import decode_run
+from pytest_qwenperf.core.run_json import decode_run
 from pytest_qwenperf.core.summary import QUANTILES, latency_quantiles, summarize
 from pytest_qwenperf.core.timeline import MAX_BINS, MIN_BIN_S, Timeline
 from pytest_qwenperf.measure.timeline import timeline

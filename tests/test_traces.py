@@ -23,9 +23,9 @@ from pytest_qwenperf.suite.tiny_model import ensure_tiny_model
 from pytest_qwenperf.suite.traces import (
     BLOCK_TOKENS,
     SyntheticShape,
+    Trace,
     TraceEntry,
     TraceError,
-    cacheable_share,
     prompt_ids,
     read_trace,
     send_offsets,
@@ -121,8 +121,8 @@ def test_prompts_have_exactly_the_traced_length_and_share_exactly_their_shared_b
 def test_the_cacheable_share_counts_tokens_of_blocks_sent_before() -> None:
     entries = [TraceEntry(0, 1_024, 1, (1, 2)), TraceEntry(1, 700, 1, (1, 3)), TraceEntry(2, 600, 1, (1, 2))]
     # second: block 1 seen (512 of 700); third: blocks 1 and 2 seen (512 + 88 of 600)
-    assert cacheable_share(entries) == pytest.approx((512 + 600) / (1_024 + 700 + 600))
-    assert cacheable_share([TraceEntry(0, 10, 1)]) == 0.0
+    assert Trace(tuple(entries)).cacheable_share() == pytest.approx((512 + 600) / (1_024 + 700 + 600))
+    assert Trace((TraceEntry(0, 10, 1),)).cacheable_share() == 0.0
 
 
 def test_the_synthetic_trace_is_bursty_long_tailed_shares_prefixes_and_reads_back(tmp_path: Path) -> None:
@@ -139,7 +139,7 @@ def test_the_synthetic_trace_is_bursty_long_tailed_shares_prefixes_and_reads_bac
     assert inputs[int(0.99 * len(inputs))] > 4 * statistics.median(inputs)  # a long tail
     assert all(len(e.hash_ids) == math.ceil(e.input_length / BLOCK_TOKENS) for e in entries)
     assert {e.hash_ids[0] for e in entries} == set(range(shape.prefixes))  # each opens with a shared prefix
-    assert 0.1 < cacheable_share(entries) < 0.9
+    assert 0.1 < Trace(tuple(entries)).cacheable_share() < 0.9
     path = tmp_path / "synthetic.jsonl"
     write_jsonl(entries, path)
     assert read_trace(path) == entries

@@ -15,9 +15,10 @@ from pathlib import Path
 import msgspec
 import pytest
 
-from pytest_qwenperf.core.run import Run, pooled
+from pytest_qwenperf.core.combine import pooled
+from pytest_qwenperf.core.run import Run
 from pytest_qwenperf.core.stats import t_quantile
-from pytest_qwenperf.core.verdict import Judgement, judge
+from pytest_qwenperf.core.verdict import Hearing, Judgement, Side, judge
 from pytest_qwenperf.gate.baseline import PooledBaseline, baseline_from_run
 from pytest_qwenperf.gate.judge import judge_run
 from tests.test_baseline import make_run, run_of
@@ -44,9 +45,8 @@ def pooled_sd(*sides: Sequence[float]) -> float:
 
 def judged(baseline: Sequence[float], now: Sequence[float], sessions: Sequence[int], counts: Sequence[int] | None) -> Judgement:
     """Output tok/s, 5 % tolerance, the baseline's ``sessions`` and the run's ``counts``."""
-    return judge(
-        "output_throughput", baseline, now, direction="higher", tolerance=0.05, sessions=sessions, current_sessions=counts
-    )
+    sides = Side(tuple(baseline), tuple(sessions)), Side(tuple(now), None if counts is None else tuple(counts))
+    return judge(Hearing("output_throughput", *sides, direction="higher", tolerance=0.05))
 
 
 def test_one_run_session_is_the_prediction_interval_for_a_new_session() -> None:
@@ -116,16 +116,16 @@ def test_an_aa_of_three_sessions_against_three_false_alarms_at_most_at_the_rate_
     alone, blind to the sessions, raise it many times as often."""
     rng = random.Random(38)
 
-    def side() -> list[float]:
-        return [math.exp(level + rng.gauss(0, 0.02)) for level in (rng.gauss(0, 0.10) for _ in range(3)) for _ in range(3)]
+    def side() -> tuple[float, ...]:
+        return tuple(math.exp(level + rng.gauss(0, 0.02)) for level in (rng.gauss(0, 0.10) for _ in range(3)) for _ in range(3))
 
     draws, alarms, blind = 2_000, 0, 0
     for i in range(draws):
         baseline, now = side(), side()
-        j = judge("m", baseline, now, direction="higher", tolerance=0.0, sessions=[3, 3, 3], current_sessions=[3, 3, 3])
+        j = judge(Hearing("m", Side(baseline, (3, 3, 3)), Side(now, (3, 3, 3)), direction="higher", tolerance=0.0))
         alarms += j.verdict == "regression"
         if i < 200:
-            blind += judge("m", baseline, now, direction="higher", tolerance=0.0).verdict == "regression"
+            blind += judge(Hearing("m", Side(baseline), Side(now), direction="higher", tolerance=0.0)).verdict == "regression"
     margin = 3 * math.sqrt(0.025 * 0.975 / draws)  # three binomial SDs: 1.0 %
     assert 0.01 < alarms / draws <= 0.025 + margin, alarms  # 3.15 % here; 2.5 % over 40,000: exact, not merely wide
     assert blind / 200 > 0.1, blind

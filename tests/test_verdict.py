@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import math
+from collections.abc import Sequence
 from typing import Any
 
 import pytest
@@ -11,7 +12,7 @@ from hypothesis import strategies as st
 
 from pytest_qwenperf.core.stats import centre, centre_interval
 from pytest_qwenperf.core.summary import Direction
-from pytest_qwenperf.core.verdict import Judgement, SessionSpread, judge, session_spread, t_quantile
+from pytest_qwenperf.core.verdict import Hearing, Judgement, SessionSpread, Side, judge, session_spread, t_quantile
 from pytest_qwenperf.gate.baseline import baseline_from_run
 from pytest_qwenperf.gate.judge import judge_against_run, judge_run, render_judgements
 from tests.test_baseline import make_run, run_of
@@ -30,11 +31,18 @@ def _samples(value: float, factors: list[float]) -> list[float]:
     return [value * f for f in factors]
 
 
+def judge_samples(
+    metric: str, before: Sequence[float], after: Sequence[float], *, direction: Direction, tolerance: float, unit: str = ""
+) -> Judgement:
+    """:func:`judge` on one session a side."""
+    return judge(Hearing(metric, Side(tuple(before)), Side(tuple(after)), direction=direction, tolerance=tolerance, unit=unit))
+
+
 @given(samples=st.lists(st.floats(min_value=0.0, max_value=1e9), min_size=1, max_size=10), direction=directions, tolerance=tolerances)
 def test_identical_samples_never_point_at_a_change(samples: list[float], direction: Direction, tolerance: float) -> None:
     """However wide their spread: a file compared with itself is never noisy (nothing points at a change), but a
     spread too wide to see a change of the tolerance's size is said to be so."""
-    j = judge("m", samples, list(samples), direction=direction, tolerance=tolerance)
+    j = judge_samples("m", samples, list(samples), direction=direction, tolerance=tolerance)
     assert j.verdict in ("pass", "underpowered"), j.detail
     assert (j.verdict == "underpowered") == (j.mde is not None and j.mde > tolerance), j.detail
 
@@ -48,7 +56,7 @@ def test_identical_samples_never_point_at_a_change(samples: list[float], directi
 def test_the_point_estimate_decides_between_pass_and_a_change_significance_and_the_mde_the_rest(
     before: list[float], after: list[float], direction: Direction, tolerance: float
 ) -> None:
-    j = judge("m", before, after, direction=direction, tolerance=tolerance)
+    j = judge_samples("m", before, after, direction=direction, tolerance=tolerance)
     assert j.ratio is not None
     worse = j.ratio < 1 - tolerance if direction == "higher" else j.ratio > 1 + tolerance
     better = j.ratio > 1 + tolerance if direction == "higher" else j.ratio < 1 - tolerance
@@ -83,9 +91,9 @@ def test_a_uniform_change_beyond_tolerance_and_noise_always_regresses(
     before = _samples(value, data.draw(st.lists(noise, min_size=n_base, max_size=n_base)))
     factor = (1 - tolerance) * 0.8 * (1 - margin) if direction == "higher" else (1 + tolerance) / 0.8 / (1 - margin)
     after = _samples(value * factor, data.draw(st.lists(noise, min_size=n_now, max_size=n_now)))
-    judgement = judge("m", before, after, direction=direction, tolerance=tolerance)
+    judgement = judge_samples("m", before, after, direction=direction, tolerance=tolerance)
     assert judgement.verdict == "regression", judgement.detail
-    better = judge("m", after, before, direction=direction, tolerance=tolerance)
+    better = judge_samples("m", after, before, direction=direction, tolerance=tolerance)
     assert better.verdict == "improvement", better.detail
 
 
@@ -97,13 +105,13 @@ def test_a_uniform_change_beyond_tolerance_and_noise_always_regresses(
 def test_direction_is_respected(before: list[float], after: list[float], tolerance: float) -> None:
     """A latency decrease or a throughput increase is never a regression, whatever the spread."""
     assume(centre(after) < centre(before))
-    assert judge("p99_ttft_ms", before, after, direction="lower", tolerance=tolerance).verdict != "regression"
-    assert judge("total_token_throughput", after, before, direction="higher", tolerance=tolerance).verdict != "regression"
+    assert judge_samples("p99_ttft_ms", before, after, direction="lower", tolerance=tolerance).verdict != "regression"
+    assert judge_samples("total_token_throughput", after, before, direction="higher", tolerance=tolerance).verdict != "regression"
 
 
 @given(before=st.lists(values, min_size=1, max_size=5), after=st.lists(values, min_size=1, max_size=5), tolerance=tolerances)
 def test_metrics_without_a_better_direction_always_pass(before: list[float], after: list[float], tolerance: float) -> None:
-    assert judge("duration", before, after, direction="none", tolerance=tolerance).verdict == "pass"
+    assert judge_samples("duration", before, after, direction="none", tolerance=tolerance).verdict == "pass"
 
 
 def _changed(run: dict[str, Any], field: str) -> dict[str, Any]:
@@ -154,27 +162,28 @@ def test_the_interval_of_a_centre_is_students_t_on_log_values() -> None:
 
 
 def test_a_clear_slowdown_over_repeats_is_a_regression_with_its_interval() -> None:
-    j = judge("total_token_throughput", [100, 101, 99, 100.5], [90, 91, 89.5, 90.2], direction="higher", tolerance=0.05, unit="tok/s")
+    before, after = [100, 101, 99, 100.5], [90, 91, 89.5, 90.2]
+    j = judge_samples("total_token_throughput", before, after, direction="higher", tolerance=0.05, unit="tok/s")
     assert j.verdict == "regression"
     assert j.ratio == pytest.approx(0.901, abs=1e-3)
     assert "95% interval 0.888–0.913" in j.detail and "Welch" in j.detail
 
 
 def test_a_change_beyond_the_tolerance_that_the_spread_cannot_confirm_is_noisy() -> None:
-    j = judge("total_token_throughput", [100, 110, 90], [90, 99, 81], direction="higher", tolerance=0.05)
+    j = judge_samples("total_token_throughput", [100, 110, 90], [90, 99, 81], direction="higher", tolerance=0.05)
     assert j.verdict == "noisy" and j.ratio == pytest.approx(0.9)
     assert "worse than the tolerance, but the noise cannot confirm it: -10.0%" in j.detail
     assert j.mde is not None and j.mde > 0.1 and "MDE" in j.detail
 
 
 def test_a_small_change_with_a_wide_spread_is_underpowered_and_states_its_interval() -> None:
-    j = judge("total_token_throughput", [100, 110, 90], [97, 106.7, 87.3], direction="higher", tolerance=0.05)
+    j = judge_samples("total_token_throughput", [100, 110, 90], [97, 106.7, 87.3], direction="higher", tolerance=0.05)
     assert j.verdict == "underpowered" and j.ratio == pytest.approx(0.97)
     assert "could not have seen a change of the tolerance's size" in j.detail and "-3.0%" in j.detail
     assert "95% interval 0.7" in j.detail  # reaches far below the 0.950 bound: said, not hidden
-    better = judge("total_token_throughput", [90, 99, 81], [100, 110, 90], direction="higher", tolerance=0.05)
+    better = judge_samples("total_token_throughput", [90, 99, 81], [100, 110, 90], direction="higher", tolerance=0.05)
     assert better.verdict == "underpowered" and "+11.1%" in better.detail
-    tight = judge("total_token_throughput", [100, 101, 99], [97, 98, 96], direction="higher", tolerance=0.05)
+    tight = judge_samples("total_token_throughput", [100, 101, 99], [97, 98, 96], direction="higher", tolerance=0.05)
     assert tight.verdict == "pass" and "within tolerance: -3.0%" in tight.detail
     assert tight.mde is not None and 0.02 < tight.mde < 0.05
 
@@ -184,30 +193,30 @@ def test_the_mde_is_the_smallest_change_the_interval_tells_from_none() -> None:
     import math
 
     before = [100.0, 102.0, 98.0, 101.0]
-    higher = judge("m", before, before, direction="higher", tolerance=0.2)
-    lower = judge("m", before, before, direction="lower", tolerance=0.2)
+    higher = judge_samples("m", before, before, direction="higher", tolerance=0.2)
+    lower = judge_samples("m", before, before, direction="lower", tolerance=0.2)
     assert higher.mde is not None and lower.mde is not None
     h = -math.log(1 - higher.mde)
     assert lower.mde == pytest.approx(math.exp(h) - 1)
     # Moving a copy of the samples by just more than the MDE makes the change significant; by just less, not.
     scaled = [a * (1 - higher.mde) for a in before]
-    assert judge("m", before, [s * 0.999 for s in scaled], direction="higher", tolerance=0.0).verdict == "regression"
-    assert judge("m", before, [s * 1.001 for s in scaled], direction="higher", tolerance=0.0).verdict == "noisy"
+    assert judge_samples("m", before, [s * 0.999 for s in scaled], direction="higher", tolerance=0.0).verdict == "regression"
+    assert judge_samples("m", before, [s * 1.001 for s in scaled], direction="higher", tolerance=0.0).verdict == "noisy"
 
 
-def sessions_at(levels: list[float], spread: float = 0.01) -> tuple[list[float], list[int]]:
+def sessions_at(levels: list[float], spread: float = 0.01) -> tuple[tuple[float, ...], tuple[int, ...]]:
     """Three repeats a session around each session's level (±``spread``), and the counts per session."""
-    samples = [level * f for level in levels for f in (1 - spread, 1.0, 1 + spread)]
-    return samples, [3] * len(levels)
+    samples = tuple(level * f for level in levels for f in (1 - spread, 1.0, 1 + spread))
+    return samples, (3,) * len(levels)
 
 
 def test_a_reference_whose_sessions_differ_widens_the_interval_to_predict_a_new_session() -> None:
     """Tight repeats, sessions 15 % apart: the repeats alone would call an ordinary session a
     regression; the spread between the reference's sessions says it cannot tell."""
-    noisy, counts = sessions_at([100.0, 118.0, 95.0, 110.0, 102.0])
-    now = [92.0 * f for f in (0.99, 1.0, 1.01)]  # -13 % from the centre: one more session of this runner
-    alone = judge("output_throughput", noisy, now, direction="higher", tolerance=0.10)
-    judged = judge("output_throughput", noisy, now, direction="higher", tolerance=0.10, sessions=counts)
+    noisy = Side(*sessions_at([100.0, 118.0, 95.0, 110.0, 102.0]))
+    now = Side(tuple(92.0 * f for f in (0.99, 1.0, 1.01)))  # -13 % from the centre: one more session of this runner
+    alone = judge(Hearing("output_throughput", Side(noisy.samples), now, direction="higher", tolerance=0.10))
+    judged = judge(Hearing("output_throughput", noisy, now, direction="higher", tolerance=0.10))
     assert alone.verdict == "regression"  # a false alarm: the repeats cannot see how far sessions wander
     assert judged.verdict == "noisy" and judged.mde is not None and judged.mde > 0.2
     assert "a new session predicted from the baseline's 5 sessions (SD 8.9%), 4 df" in judged.detail
@@ -215,72 +224,74 @@ def test_a_reference_whose_sessions_differ_widens_the_interval_to_predict_a_new_
 
 
 def test_a_reference_whose_sessions_agree_still_sees_a_slowdown_beyond_the_tolerance() -> None:
-    quiet, counts = sessions_at([100.0, 101.0, 99.5, 100.5, 99.0])
-    slowed = [81.0 * f for f in (0.99, 1.0, 1.01)]  # -19 %: a server held to 85 % of a core
-    judged = judge("output_throughput", quiet, slowed, direction="higher", tolerance=0.10, sessions=counts)
+    quiet = Side(*sessions_at([100.0, 101.0, 99.5, 100.5, 99.0]))
+    slowed = Side(tuple(81.0 * f for f in (0.99, 1.0, 1.01)))  # -19 %: a server held to 85 % of a core
+    judged = judge(Hearing("output_throughput", quiet, slowed, direction="higher", tolerance=0.10))
     assert judged.verdict == "regression" and judged.mde is not None and judged.mde < 0.10
-    same = judge("output_throughput", quiet, [100.2, 99.1, 101.0], direction="higher", tolerance=0.10, sessions=counts)
+    same = judge(Hearing("output_throughput", quiet, Side((100.2, 99.1, 101.0)), direction="higher", tolerance=0.10))
     assert same.verdict == "pass"
 
 
 def test_fewer_than_three_sessions_leave_the_repeats_to_decide() -> None:
     two, counts = sessions_at([100.0, 120.0])
-    with_counts = judge("output_throughput", two, [90.0, 91.0, 89.0], direction="higher", tolerance=0.10, sessions=counts)
-    without = judge("output_throughput", two, [90.0, 91.0, 89.0], direction="higher", tolerance=0.10)
+    now = Side((90.0, 91.0, 89.0))
+    with_counts = judge(Hearing("output_throughput", Side(two, counts), now, direction="higher", tolerance=0.10))
+    without = judge(Hearing("output_throughput", Side(two), now, direction="higher", tolerance=0.10))
     assert with_counts == without
     with pytest.raises(ValueError, match=r"sessions \[3, 3, 2\] do not divide the 9 samples"):
-        judge("output_throughput", [100.0] * 9, [90.0] * 3, direction="higher", tolerance=0.1, sessions=[3, 3, 2])
+        judge(Hearing("output_throughput", Side((100.0,) * 9, (3, 3, 2)), Side((90.0,) * 3), direction="higher", tolerance=0.1))
 
 
 def test_two_single_sessions_are_judged_on_the_runners_known_spread_between_sessions() -> None:
     """One session a side, tight repeats: the repeats alone call an 11 % gap a regression and
     say how far sessions differ is unknown. On a runner whose history shows sessions 10 % apart
     the same pair cannot tell (never a pass), and on one 2 % apart a 20 % slowdown still fails."""
-    reference = [5700.0, 5697.0, 5690.0]
-    aa = [5074.0, 5044.0, 5060.0]  # -11 %, as an A/A pair of sessions on the 2-vCPU runner
-    slowed = [4560.0, 4570.0, 4550.0]  # -20 %
-    alone = judge("output_throughput", reference, aa, direction="higher", tolerance=0.10)
+    reference = Side((5700.0, 5697.0, 5690.0))
+    aa = Side((5074.0, 5044.0, 5060.0))  # -11 %, as an A/A pair of sessions on the 2-vCPU runner
+    slowed = Side((4560.0, 4570.0, 4550.0))  # -20 %
+    alone = judge(Hearing("output_throughput", reference, aa, direction="higher", tolerance=0.10))
     assert alone.verdict == "regression" and "how far sessions differ is unknown" in alone.detail
     wandering = session_spread(*sessions_at([100.0, 112.0, 95.0, 108.0, 90.0, 104.0, 99.0]))
     quiet = session_spread(*sessions_at([100.0, 102.0, 99.0, 101.0, 98.0, 100.5, 99.5]))
     assert wandering is not None and quiet is not None and wandering.sessions == quiet.sessions == 7
     assert 0.07 < wandering.fraction < 0.09 and quiet.fraction < 0.015
     for now in (aa, slowed):
-        judged = judge("output_throughput", reference, now, direction="higher", tolerance=0.10, runner=wandering)
+        judged = judge(Hearing("output_throughput", reference, now, direction="higher", tolerance=0.10, runner=wandering))
         assert judged.verdict in ("noisy", "underpowered"), judged
         assert judged.mde is not None and judged.mde > 0.10 and judged.between == pytest.approx(wandering.fraction)
         assert "this runner's sessions differing by SD" in judged.detail
-    caught = judge("output_throughput", reference, slowed, direction="higher", tolerance=0.10, runner=quiet)
+    caught = judge(Hearing("output_throughput", reference, slowed, direction="higher", tolerance=0.10, runner=quiet))
     assert caught.verdict == "regression" and caught.mde is not None and caught.mde < 0.10
     # The baseline's own sessions, where there are enough, win over the runner's.
-    own, counts = sessions_at([100.0, 101.0, 99.0])
-    tight = judge("output_throughput", own, [80.0, 80.5, 79.5], direction="higher", tolerance=0.10, sessions=counts, runner=wandering)
+    own = Side(*sessions_at([100.0, 101.0, 99.0]))
+    slower = Side((80.0, 80.5, 79.5))
+    tight = judge(Hearing("output_throughput", own, slower, direction="higher", tolerance=0.10, runner=wandering))
     assert tight.verdict == "regression" and "predicted from the baseline's 3 sessions" in tight.detail
     assert session_spread([100.0, 101.0], [1, 1]) is None
     assert SessionSpread(log_sd=0.0, sessions=3).fraction == 0.0
 
 
 def test_one_sample_each_side_is_decided_on_the_tolerance_alone_and_says_so() -> None:
-    worse = judge("p99_ttft_ms", [100.0], [126.0], direction="lower", tolerance=0.25)
-    within = judge("p99_ttft_ms", [100.0], [124.0], direction="lower", tolerance=0.25)
+    worse = judge_samples("p99_ttft_ms", [100.0], [126.0], direction="lower", tolerance=0.25)
+    within = judge_samples("p99_ttft_ms", [100.0], [124.0], direction="lower", tolerance=0.25)
     assert (worse.verdict, within.verdict) == ("regression", "pass")
     assert "one sample on each side" in worse.detail and "tolerance alone" in worse.detail
 
 
 def test_a_published_single_figure_borrows_the_runs_spread() -> None:
-    j = judge("total_token_throughput", [95_317.0], [80_000.0, 80_500.0, 79_700.0], direction="higher", tolerance=0.05)
+    j = judge_samples("total_token_throughput", [95_317.0], [80_000.0, 80_500.0, 79_700.0], direction="higher", tolerance=0.05)
     assert j.verdict == "regression"
     assert "the baseline has one sample; its spread is taken from the other side's" in j.detail and "2.0 df" in j.detail
 
 
 def test_a_hit_rate_that_drops_to_zero_is_a_regression() -> None:
-    j = judge("prefix_cache_hit_rate", [0.88, 0.87, 0.88], [0.0, 0.0, 0.0], direction="higher", tolerance=0.05)
+    j = judge_samples("prefix_cache_hit_rate", [0.88, 0.87, 0.88], [0.0, 0.0, 0.0], direction="higher", tolerance=0.05)
     assert j.verdict == "regression" and j.ratio == 0.0 and "ratio alone" in j.detail
-    assert judge("prefix_cache_hit_rate", [0.0], [0.0], direction="higher", tolerance=0.05).verdict == "pass"
+    assert judge_samples("prefix_cache_hit_rate", [0.0], [0.0], direction="higher", tolerance=0.05).verdict == "pass"
 
 
 def test_a_zero_baseline_gives_no_ratio() -> None:
-    j = judge("spec_decode_acceptance_rate", [0.0], [0.5], direction="higher", tolerance=0.1)
+    j = judge_samples("spec_decode_acceptance_rate", [0.0], [0.5], direction="higher", tolerance=0.1)
     assert (j.verdict, j.ratio) == ("not-comparable", None)
 
 
@@ -290,14 +301,14 @@ def test_a_zero_baseline_gives_no_ratio() -> None:
         ({"tolerance": 1.0}, r"m: tolerance must be a fraction in \[0, 1\), got 1.0"),
         ({"tolerance": -0.1}, r"m: tolerance must be a fraction in \[0, 1\), got -0.1"),
         ({"confidence": 1.0}, r"m: confidence must be in \(0, 1\), got 1.0"),
-        ({"baseline_samples": []}, "m: no baseline samples"),
-        ({"current_samples": [-1.0]}, "m: current samples must be finite and non-negative"),
+        ({"baseline": Side(())}, "m: no baseline samples"),
+        ({"current": Side((-1.0,))}, "m: current samples must be finite and non-negative"),
     ],
 )
 def test_invalid_parameters_are_rejected(bad: dict[str, Any], message: str) -> None:
-    arguments: dict[str, Any] = {"baseline_samples": [1.0], "current_samples": [1.0], "tolerance": 0.05, **bad}
+    fields: dict[str, Any] = {"baseline": Side((1.0,)), "current": Side((1.0,)), "tolerance": 0.05, **bad}
     with pytest.raises(ValueError, match=message):
-        judge("m", direction="higher", **arguments)
+        Hearing("m", direction="higher", **fields)
 
 
 def test_judge_run_against_a_baseline_uses_the_stored_tolerance() -> None:
@@ -376,8 +387,8 @@ def test_a_metric_the_baseline_lacks_has_no_baseline_and_one_only_the_baseline_h
 
 def test_the_table_shows_each_judgement_and_the_detail_of_what_did_not_pass() -> None:
     judgements = [
-        judge("total_token_throughput", [95_317.0], [80_000.0], direction="higher", tolerance=0.05, unit="tok/s"),
-        judge("p99_tpot_ms", [46.0], [46.5], direction="lower", tolerance=0.1, unit="ms"),
+        judge_samples("total_token_throughput", [95_317.0], [80_000.0], direction="higher", tolerance=0.05, unit="tok/s"),
+        judge_samples("p99_tpot_ms", [46.0], [46.5], direction="lower", tolerance=0.1, unit="ms"),
     ]
     text = render_judgements(judgements)
     lines = text.splitlines()

@@ -36,8 +36,10 @@ from pytest_qwenperf.core.formats import json_safe
 from pytest_qwenperf.core.options import (
     fraction,
     measured_window,
+    positive_factor,
     positive_rate,
     positive_seconds,
+    seconds,
     whole_number,
 )
 from pytest_qwenperf.core.profile import OperatorProfile
@@ -45,7 +47,7 @@ from pytest_qwenperf.core.summary import GoodputSLO
 from pytest_qwenperf.gate.history_store import HistoryError, HistoryStore
 from pytest_qwenperf.gate.llmd_report import llmd_bench_report, write_llmd_report
 from pytest_qwenperf.gate.sources import bench_run
-from pytest_qwenperf.loadgen.arrivals import Arrival, ClosedLoop, Distribution, OpenLoop
+from pytest_qwenperf.loadgen.arrivals import Arrival, ClosedLoop, Distribution, OpenLoop, Replay
 from pytest_qwenperf.loadgen.client import DEFAULT_TIMEOUT_S, LoadOptions, run_load_sync
 from pytest_qwenperf.loadgen.ray_workers import RayUnavailable, WorkerLost, connect
 from pytest_qwenperf.loadgen.request import RequestSpec
@@ -62,6 +64,7 @@ from pytest_qwenperf.serving.server import (
     describe,
     probe_ready,
 )
+from pytest_qwenperf.suite.traces import FITS
 from pytest_qwenperf.suite.workloads import KINDS, Workload, workload_from_dict
 
 _AT_LEAST_0, _AT_LEAST_1 = whole_number(0), whole_number(1)
@@ -74,6 +77,7 @@ class BenchError(Exception):
 HELP = "drive a workload against running servers and report vllm-bench-serve-style metrics"
 DESCRIPTION = "Load-test already-running OpenAI-compatible vLLM servers with the suite's load generator."
 DEFAULT_OUTPUT_LEN = 128  # vllm bench serve's --random-output-len default
+DEFAULT_PROMPTS = 1000  # vllm bench serve's --num-prompts default
 ERRORS: tuple[type[Exception], ...] = (BenchError, HistoryError)
 
 
@@ -91,7 +95,9 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 
     work = parser.add_argument_group("workload")
     work.add_argument("--dataset-name", default="random", choices=sorted(KINDS), help="default: %(default)s")
-    work.add_argument("--dataset-path", help="JSON-lines file of prompts or conversations (--dataset-name jsonl)")
+    work.add_argument(
+        "--dataset-path", help="JSON-lines file of prompts or conversations (jsonl), or a Mooncake .jsonl or .csv trace (trace)"
+    )
     work.add_argument("--input-len", "--random-input-len", type=_AT_LEAST_1, default=1024, help="prompt tokens (default %(default)s)")
     work.add_argument(
         "--output-len",
@@ -100,11 +106,29 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         help=f"output tokens (default {DEFAULT_OUTPUT_LEN}; jsonl: each line's output_len unless given)",
     )
     work.add_argument("--range-ratio", "--random-range-ratio", type=float, default=0.0, help="lengths vary within +-ratio")
-    work.add_argument("--num-prompts", type=_AT_LEAST_1, default=1000, help="measured requests (default %(default)s)")
+    work.add_argument(
+        "--num-prompts", type=_AT_LEAST_1, help=f"measured requests (default {DEFAULT_PROMPTS}; trace: every request of the window)"
+    )
     work.add_argument("--num-prefixes", type=_AT_LEAST_1, default=4, help="shared-prefix: distinct prefixes")
     work.add_argument("--prefix-len", type=_AT_LEAST_1, default=512, help="shared-prefix: tokens per prefix")
     work.add_argument("--suffix-len", type=_AT_LEAST_1, default=64, help="shared-prefix: tokens after the prefix")
     work.add_argument("--prompt", help="fixed: the prompt text")
+    work.add_argument("--turns", type=_AT_LEAST_1, default=4, help="conversation: turns per conversation (default %(default)s)")
+    work.add_argument(
+        "--turn-input-len", type=_AT_LEAST_1, default=64, help="conversation: tokens of each later user message (default %(default)s)"
+    )
+    work.add_argument("--think-time", type=seconds, default=0.0, help="conversation: seconds between a reply and the next turn")
+    trace = parser.add_argument_group("trace (--dataset-name trace)")
+    trace.add_argument("--time-scale", type=positive_factor, help="replay at the traced times times this (0.5: twice as fast; default 1)")
+    trace.add_argument("--trace-start", type=seconds, default=0.0, metavar="S", help="replay from S seconds after the first request")
+    trace.add_argument("--trace-span", type=positive_seconds, metavar="S", help="replay S seconds of the trace (default: to the end)")
+    trace.add_argument(
+        "--trace-fit",
+        choices=FITS,
+        help="fit every request into the context (--trace-context, else the server's max_model_len): scale all lengths and "
+        "blocks by one power of two, or cap the ones too long; send times and shared blocks stay (see docs/capacity-and-traces.md)",
+    )
+    trace.add_argument("--trace-context", type=whole_number(2), metavar="TOKENS", help="the context --trace-fit fits to")
     work.add_argument("--endpoint-type", choices=("completions", "chat"), default="completions", help="default: %(default)s")
     work.add_argument("--seed", type=int, default=0)
 
@@ -278,7 +302,7 @@ def plan_from_args(args: argparse.Namespace) -> BenchPlan:
     except ApiKeyError as exc:
         raise BenchError(str(exc)) from None
     servers = _servers(args.endpoint, args.model, api_key)
-    workload = _workload(args)
+    workload = _workload(args, servers)
     tokenizer = _tokenizer(args.tokenizer, servers[0], needed=workload.kind in ("random", "shared-prefix"))
     try:
         requests = workload.build(tokenizer)
@@ -320,9 +344,13 @@ def _servers(endpoints: Sequence[str], model: str | None, api_key: ApiKey | None
     return servers
 
 
-def _workload(args: argparse.Namespace) -> Workload:
+def _workload(args: argparse.Namespace, servers: Sequence[ServerInfo]) -> Workload:
     kind = args.dataset_name
-    count = args.num_prompts + args.warmup  # as in vllm bench serve, --num-prompts counts measured requests
+    if kind != "trace" and (given := [flag for flag, value in _TRACE_FLAGS if getattr(args, value) not in (None, 0.0)]):
+        raise BenchError(f"{', '.join(given)}: only a trace has them (--dataset-name trace)")
+    if kind == "trace":
+        return _trace(args, servers)
+    count = (args.num_prompts or DEFAULT_PROMPTS) + args.warmup  # as in vllm bench serve, --num-prompts counts measured requests
     output_len = DEFAULT_OUTPUT_LEN if args.output_len is None else args.output_len
     fields: dict[str, object] = {"kind": kind}
     if kind == "random":
@@ -332,6 +360,9 @@ def _workload(args: argparse.Namespace) -> Workload:
         per_prefix = math.ceil(count / args.num_prefixes)
         fields |= {"num_prefixes": args.num_prefixes, "prompts_per_prefix": per_prefix, "prefix_len": args.prefix_len}
         fields |= {"suffix_len": args.suffix_len, "output_len": output_len, "seed": args.seed}
+    elif kind == "conversation":
+        fields |= {"conversations": math.ceil(count / args.turns), "turns": args.turns, "first_input_len": args.input_len}
+        fields |= {"turn_input_len": args.turn_input_len, "output_len": output_len, "think_time_s": args.think_time, "seed": args.seed}
     elif kind == "fixed":
         if args.prompt is None:
             raise BenchError("--dataset-name fixed needs --prompt TEXT")
@@ -344,6 +375,35 @@ def _workload(args: argparse.Namespace) -> Workload:
             fields["output_len"] = args.output_len
     try:
         return workload_from_dict(fields, source=f"--dataset-name {kind}")
+    except ValueError as exc:
+        raise BenchError(str(exc)) from None
+
+
+_TRACE_FLAGS = (("--time-scale", "time_scale"), ("--trace-start", "trace_start"), ("--trace-span", "trace_span"),
+                ("--trace-fit", "trace_fit"), ("--trace-context", "trace_context"))  # fmt: skip
+
+
+def _trace(args: argparse.Namespace, servers: Sequence[ServerInfo]) -> Workload:
+    """A trace's window (``--trace-start``, ``--trace-span``, then ``--num-prompts`` and ``--warmup``
+    of it), fitted with ``--trace-fit`` to ``--trace-context``, else to the servers' context."""
+    if args.dataset_path is None:
+        raise BenchError("--dataset-name trace needs --dataset-path FILE (a Mooncake .jsonl or a .csv trace)")
+    if args.trace_context is not None and args.trace_fit is None:
+        raise BenchError("--trace-context is the context --trace-fit fits to: give --trace-fit too")
+    context = args.trace_context
+    if args.trace_fit is not None and context is None:
+        context = min((s.max_model_len for s in servers if s.max_model_len), default=None)
+        if context is None:
+            raise BenchError("--trace-fit: the server does not say its max_model_len; give --trace-context TOKENS")
+    fields: dict[str, object] = {"kind": "trace", "path": args.dataset_path, "seed": args.seed, "start_s": args.trace_start}
+    if args.num_prompts is not None:
+        fields["num_prompts"] = args.num_prompts + args.warmup
+    if args.trace_span is not None:
+        fields["span_s"] = args.trace_span
+    if args.trace_fit is not None:
+        fields |= {"fit": args.trace_fit, "fit_context": context}
+    try:
+        return workload_from_dict(fields, source="--dataset-name trace")
     except ValueError as exc:
         raise BenchError(str(exc)) from None
 
@@ -376,6 +436,10 @@ def _check_lengths(requests: Sequence[RequestSpec], servers: Sequence[ServerInfo
 
 
 def _arrival(args: argparse.Namespace, measured: int) -> Arrival:
+    if args.dataset_name == "trace" and args.request_rate is None and args.max_concurrency is None:
+        return Replay(args.time_scale or 1.0)  # at the traced times, unless a loop is asked for
+    if args.time_scale is not None:
+        raise BenchError("--time-scale replays a trace at its times: without --request-rate and --max-concurrency")
     if args.request_rate is None:
         if args.constant_rate or args.burstiness != 1.0:
             raise BenchError("--constant-rate and --burstiness need --request-rate")

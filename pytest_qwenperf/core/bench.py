@@ -17,7 +17,7 @@ from pytest_qwenperf.core.environment import Environment
 from pytest_qwenperf.core.formats import BENCH_SCHEMA
 from pytest_qwenperf.core.identity import Text
 from pytest_qwenperf.core.profile import OperatorProfile
-from pytest_qwenperf.core.run import ClientLoad, Loss, Number, TokenCheck, WorkerClock
+from pytest_qwenperf.core.run import ClientLoad, Loss, Number, ServerCounters, TokenCheck, TraceReplay, WorkerClock
 
 
 class BenchIdentity(msgspec.Struct, frozen=True, kw_only=True):
@@ -43,6 +43,10 @@ class BenchContext(msgspec.Struct, frozen=True, kw_only=True):
 
 class BenchServer(msgspec.Struct, frozen=True, kw_only=True):
     deltas: dict[str, float | None] = msgspec.field(default_factory=dict)
+
+    @property
+    def prefix_cache_hit_rate(self) -> float | None:
+        return ServerCounters.of(self.deltas).prefix_cache_hit_rate
 
 
 class FailureReason(msgspec.Struct, frozen=True, kw_only=True):
@@ -89,6 +93,15 @@ class BenchResult(msgspec.Struct, frozen=True, kw_only=True):
     conditions: tuple[Loss, ...] = ()
     requests: tuple[BenchRequest, ...] | None = None
     profile: OperatorProfile | None = None  # ``--profile``: operators by self time in one more, unmeasured run
+    trace: TraceReplay | None = None  # a trace's replay: what it is held against
+
+    @property
+    def failed_requests(self) -> int:
+        return int(self.metrics.get("failed") or 0)
+
+    @property
+    def prefix_cache_hit_rate(self) -> float | None:
+        return self.server.prefix_cache_hit_rate
 
     def as_json(self) -> dict[str, Any]:
         """The file's document: every block, ``requests`` only when the result has them."""

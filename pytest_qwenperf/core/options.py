@@ -46,6 +46,25 @@ def positive_seconds(value: str) -> float:
     return _positive(value, "seconds")
 
 
+def seconds(value: str) -> float:
+    """A finite number of seconds >= 0 (an offset, a pause)."""
+    try:
+        number = float(value)
+    except ValueError:
+        number = math.nan
+    if not (math.isfinite(number) and number >= 0):
+        raise argparse.ArgumentTypeError(f"expected a finite number of seconds >= 0, got {value!r}")
+    return number
+
+
+def positive_factor(value: str) -> float:
+    """A finite factor > 0 (0.5: half)."""
+    number = _positive(value, "times")
+    if not math.isfinite(number):
+        raise argparse.ArgumentTypeError(f"expected a finite factor, got {value!r}")
+    return number
+
+
 def positive_minutes(value: str) -> float:
     return _positive(value, "minutes")
 

@@ -1,10 +1,12 @@
 """One measured run, typed: what :func:`~pytest_qwenperf.measure.run.measure` returns, what the
 verdicts, baselines, the session report, pytest-benchmark and ``qwenperf compare`` take.
 
-Its encoded form is a run's JSON: an entry of ``runs`` in the session JSON
-(``qwenperf-session/1``), ``extra_info["qwenperf"]`` of a pytest-benchmark JSON. Decoding a
-file's run (:func:`decode_run`) checks what a schema states, then what it cannot
-(:func:`_check`); a run built in memory is taken as it is.
+This module is the record and what it says of itself (its gated samples, the values it lost, its
+baseline identity), with the reasons a run's numbers are no verdict (:class:`Loss`, the reason
+codes). Its encoded form is a run's JSON: an entry of ``runs`` in the session JSON
+(``qwenperf-session/1``), ``extra_info["qwenperf"]`` of a pytest-benchmark JSON, read by
+:func:`~pytest_qwenperf.core.run_json.decode_run`; runs are combined into one by
+:mod:`~pytest_qwenperf.core.combine`. A run built in memory is taken as it is.
 
 ``telemetry`` and ``context.servers`` stay JSON objects: their producers live above the core.
 
@@ -16,15 +18,13 @@ from __future__ import annotations
 import json
 import math
 from collections.abc import Mapping, Sequence
-from typing import Any
+from typing import Any, Protocol
 
 import msgspec
 
-from pytest_qwenperf.core import schema
 from pytest_qwenperf.core.environment import Environment
-from pytest_qwenperf.core.formats import show
 from pytest_qwenperf.core.identity import Context, Identity, Text, argv_digest
-from pytest_qwenperf.core.machine import Machine, upgraded
+from pytest_qwenperf.core.machine import Machine
 from pytest_qwenperf.core.metrics import CAPACITY_GATED, GATED, find, gate_order
 from pytest_qwenperf.core.profile import OperatorProfile
 from pytest_qwenperf.core.schema import Count
@@ -33,10 +33,6 @@ from pytest_qwenperf.core.verdict import SessionSpread
 
 Number = int | float | None
 """A metric's value as a run holds it: null (or NaN, in memory) where it was not measured."""
-
-
-class RunJsonError(ValueError):
-    """A run's JSON lacks a field or holds a wrong one; the message names where, the field and what was expected."""
 
 
 class RunIdentity(msgspec.Struct, frozen=True, kw_only=True):
@@ -217,15 +213,31 @@ class Scaling(msgspec.Struct, frozen=True, kw_only=True):
         return {int(n): figures.efficiency for n, figures in self.replicas.items() if figures.efficiency}
 
 
+class Replayed(Protocol):
+    """What a trace's run tells of its replay: a suite's :class:`Run` or a ``qwenperf bench`` result."""
+
+    @property
+    def metrics(self) -> Mapping[str, Number]: ...
+    @property
+    def conditions(self) -> Sequence[Loss]: ...
+    @property
+    def failed_requests(self) -> int: ...
+    @property
+    def prefix_cache_hit_rate(self) -> float | None: ...
+
+
 class TraceReplay(msgspec.Struct, frozen=True, kw_only=True):
     """A trace's run, for what its replay is held against. The send lag is in ``metrics``
     (``p50/p99_scheduling_lag_ms``; a replay that fell behind is ``client-bound``) and prompt lengths
     other than the trace's are a condition (``prompt-lengths``)."""
 
-    cacheable_share: float  # of the trace's prompt tokens, in blocks an earlier request sent: against ``server.prefix_cache_hit_rate``
+    cacheable_share: float  # of the prompt tokens sent, in blocks an earlier request sent: against the prefix-cache hit rate
     time_scale: float | None = None  # the replay's; None: sent by a loop, not at the traced times
+    kv_block: int | None = None  # the server's cache block in tokens, the share counted in whole ones (None: not known)
+    fit: str | None = None  # how the trace was fitted to the model's context (None: sent as traced)
+    traced_cacheable_share: float | None = None  # with a fit: the share as traced, before it
 
-    def describe(self, run: Run) -> str:
+    def describe(self, run: Replayed) -> str:
         """One line on ``run``, this trace's run: when its requests went against the trace, whether
         their prompt and output lengths were the trace's, and the cache the trace allowed against
         the cache the server hit."""
@@ -238,10 +250,13 @@ class TraceReplay(msgspec.Struct, frozen=True, kw_only=True):
         off = [loss.detail for loss in run.conditions if loss.reason == PROMPT_LENGTHS]
         if run.failed_requests:
             off.append(f"{run.failed_requests} request(s) failed or ended short of the traced output length")
-        lengths = "; ".join(off) or "prompt and output lengths as traced (the server's counts)"
-        hit_rate = run.server.prefix_cache_hit_rate
+        traced = "as traced" if self.fit is None else f"as fitted ({self.fit})"
+        lengths = "; ".join(off) or f"prompt and output lengths {traced} (the server's counts)"
+        hit_rate = run.prefix_cache_hit_rate
         hits = "prefix caching off or not counted" if hit_rate is None else f"the server hit {hit_rate:.1%}"
-        return f"{when}; {lengths}; {self.cacheable_share:.1%} of prompt tokens could hit a prefix cache, {hits}"
+        before = "" if self.traced_cacheable_share is None else f" ({self.traced_cacheable_share:.1%} as traced)"
+        blocks = "" if self.kv_block is None else f" of {self.kv_block}-token blocks"
+        return f"{when}; {lengths}; {self.cacheable_share:.1%} of prompt tokens could hit a prefix cache{blocks}{before}, {hits}"
 
 
 class CapacityProbe(msgspec.Struct, frozen=True, kw_only=True):
@@ -313,9 +328,13 @@ class Run(msgspec.Struct, frozen=True, kw_only=True):
         return f"{self.identity.suite}/{self.identity.config}" if self.identity.suite else self.identity.config
 
     @property
+    def prefix_cache_hit_rate(self) -> float | None:
+        return self.server.prefix_cache_hit_rate
+
+    @property
     def failed_requests(self) -> int:
         """Requests that failed in any repeat: ``metrics`` is the median repeat's alone."""
-        failed = _number(self.metrics.get("failed")) or 0.0
+        failed = finite_number(self.metrics.get("failed")) or 0.0
         repeats = (self.samples or {}).get("failed")
         if repeats:
             failed = max(failed, math.fsum(v for v in repeats if v is not None))
@@ -334,7 +353,7 @@ class Run(msgspec.Struct, frozen=True, kw_only=True):
         """The finite number at the metric's registry path (``metrics.<name>``, ``telemetry.gpu...``);
         None where the run has none."""
         info = find(name)
-        return None if info is None else _number(_leaf(self, info.path))
+        return None if info is None else finite_number(_leaf(self, info.path))
 
     def sessions_of(self, name: str, samples: int) -> tuple[int, ...]:
         """How many of the run's ``samples`` samples of ``name`` each session measured: one session
@@ -365,61 +384,19 @@ class Run(msgspec.Struct, frozen=True, kw_only=True):
                 continue
             if name in repeats:
                 values = repeats[name]
-                gaps = [i for i, v in enumerate(values) if _number(v) is None]
+                gaps = [i for i, v in enumerate(values) if finite_number(v) is None]
                 if gaps:
                     lost[name] = f"samples.{name}[{gaps[0]}] is {json.dumps(values[gaps[0]])}"
                 else:
                     found[name] = tuple(float(v) for v in values if v is not None)
                 continue
             leaf = _leaf(self, info.path)
-            value = _number(leaf)
+            value = finite_number(leaf)
             if value is not None:
                 found[name] = (value,)
             elif leaf is None or isinstance(leaf, float):  # a null or a NaN: named without a number
                 lost[name] = f"{'.'.join(info.path)} is {json.dumps(leaf)}"
         return {name: found[name] for name in gate_order(found)}, {name: lost[name] for name in gate_order(lost)}
-
-
-def combined(parts: Sequence[Run], chosen: Run, samples: Mapping[str, tuple[float | None, ...]], unit: str) -> Run:
-    """``chosen`` standing for all ``parts`` with ``samples``: the one way runs are combined, the
-    repeats of a point as much as the files ``qwenperf compare`` pools. Whatever makes any part
-    invalid survives into the whole: each condition (once, with how many of the ``unit``s had it),
-    every part's failed requests, the first token mismatch and every client-bound reason; and every
-    part's load runs measured again, with the conditions that spoiled them."""
-    by_reason: dict[str, list[Loss]] = {}
-    for part in parts:
-        for loss in part.conditions:
-            by_reason.setdefault(loss.reason, []).append(loss)
-    many = len(parts) > 1
-    conditions = tuple(
-        Loss(reason=reason, detail=f"{found[0].detail} (in {len(found)} of {len(parts)} {unit})" if many else found[0].detail)
-        for reason, found in by_reason.items()
-    )
-    bound = "; ".join(dict.fromkeys(part.client.bound for part in parts if part.client.bound)) or None
-    tokens = next((part.token_check for part in parts if part.token_check.matches is False), chosen.token_check)
-    return msgspec.structs.replace(
-        chosen,
-        client=msgspec.structs.replace(chosen.client, bound=bound),
-        token_check=tokens,
-        conditions=conditions,
-        retaken=tuple(loss for part in parts for loss in part.retaken),
-        samples={**samples, "failed": tuple(float(part.failed_requests) for part in parts)},
-    )
-
-
-def pooled(parts: Sequence[Run], chosen: Run, unit: str) -> Run:
-    """``parts``, each a session (or sessions already pooled), as one run whose samples are all of
-    theirs, ``chosen`` standing for them (see :func:`combined`): a part without a number for a
-    metric the others have is a null among the samples, so the lost value stays visible.
-    :attr:`Run.sessions` says how many samples each session gave, for the verdicts."""
-    gated = [part.gated_samples() for part in parts]
-    names = {name for part, found in zip(parts, gated, strict=True) for name in (*found, *part.lost_values())}
-    samples = {name: tuple(s for found in gated for s in found.get(name, (None,))) for name in names}
-    sessions = {
-        name: tuple(n for part, found in zip(parts, gated, strict=True) for n in part.sessions_of(name, len(found.get(name, (None,)))))
-        for name in names
-    }
-    return msgspec.structs.replace(combined(parts, chosen, samples, unit), sessions=sessions)
 
 
 def context_of(vllm_version: str | None, machine: Machine | None, date: str | None, environment: Environment | None = None) -> Context:
@@ -434,8 +411,6 @@ def context_of(vllm_version: str | None, machine: Machine | None, date: str | No
 
 
 _ABSENT = object()
-MISSING = "nothing (the field is missing)"
-"""What a message says a missing field got."""
 
 
 def _leaf(node: object, path: Sequence[str]) -> object:
@@ -450,51 +425,8 @@ def _leaf(node: object, path: Sequence[str]) -> object:
     return node
 
 
-def _number(value: object) -> float | None:
+def finite_number(value: object) -> float | None:
     """A finite number as a float; None for anything else (null, NaN, an infinity, absent)."""
     if isinstance(value, (int, float)) and not isinstance(value, bool) and math.isfinite(value):
         return float(value)
     return None
-
-
-# ------------------------------------------------------------------ decoding
-
-
-def decode_run(data: object, where: str = "run") -> Run:
-    """A run from parsed JSON; :class:`RunJsonError` names ``where``, the field and what was expected.
-    A run written before the machine had one record is read too (:func:`~pytest_qwenperf.core.machine.upgraded`)."""
-    run = schema.convert(upgraded(data), Run, lambda m: RunJsonError(f"{where}: {m.text(show=show, absent=MISSING)}"), null=True)
-    fault = _check(run)
-    if fault:
-        raise RunJsonError(f"{where}: {fault}")
-    return run
-
-
-def _check(run: Run) -> str | None:
-    """What a schema cannot say about a run: the failed requests, the samples of a gated metric
-    that has no gap, the tolerances (``field: expected ..., got ...``); None when all hold."""
-    failed = run.metrics.get("failed", _ABSENT)
-    number = _number(failed)
-    if number is None or number < 0:
-        return _fault("metrics.failed", "a finite, non-negative number", failed)
-    for name, values in (run.samples or {}).items():
-        info = find(name)
-        checked = name == "failed" or (info is not None and info.gated and all(v is not None and math.isfinite(v) for v in values))
-        if not checked:
-            continue
-        if not values:
-            return _fault(f"samples.{name}", "a non-empty list of finite, non-negative numbers", list(values))
-        for i, v in enumerate(values):
-            if v is None or not math.isfinite(v) or v < 0:
-                return _fault(f"samples.{name}[{i}]", "a finite, non-negative number", v)
-    for name, fraction in (run.tolerances or {}).items():
-        info = find(name)
-        if info is None or not info.gated:
-            return _fault(f"tolerances.{name}", "a gated metric (" + ", ".join(GATED) + ")", name)
-        if not (math.isfinite(fraction) and 0 <= fraction < 1):
-            return _fault(f"tolerances.{name}", "a fraction in [0, 1)", fraction)
-    return None
-
-
-def _fault(field: str, expected: str, got: object) -> str:
-    return f"{field}: expected {expected}, got {MISSING if got is _ABSENT else show(got)}"

@@ -88,7 +88,7 @@ import itertools
 import math
 import statistics
 from collections.abc import Sequence
-from dataclasses import dataclass
+from dataclasses import KW_ONLY, dataclass
 from typing import ClassVar, Literal
 
 import msgspec
@@ -248,8 +248,7 @@ def sessions_known(baseline: int, current: int) -> bool:
 
 
 def _session_means(samples: Sequence[float], sessions: Sequence[int] | None) -> list[float]:
-    """The mean log of each session's samples (``sessions``: how many each measured, in order;
-    None: one session); all samples positive."""
+    """The mean log of each session's samples (``sessions`` as :attr:`Side.sessions`); all samples positive."""
     counts = sessions or (len(samples),)
     if sum(counts) != len(samples) or min(counts) < 1:
         raise ValueError(f"sessions {list(counts)} do not divide the {len(samples)} samples")
@@ -259,8 +258,8 @@ def _session_means(samples: Sequence[float], sessions: Sequence[int] | None) -> 
 
 
 def session_spread(samples: Sequence[float], sessions: Sequence[int] | None) -> SessionSpread | None:
-    """How far the sessions that measured ``samples`` (``sessions``: how many each measured, in
-    order) differ; None with fewer than :data:`MIN_SESSIONS` of them or a sample of zero."""
+    """How far the sessions that measured ``samples`` (``sessions`` as :attr:`Side.sessions`) differ;
+    None with fewer than :data:`MIN_SESSIONS` of them or a sample of zero."""
     if not sessions or len(sessions) < MIN_SESSIONS or min(samples) <= 0:
         return None
     means = _session_means(samples, sessions)
@@ -274,23 +273,17 @@ def _pooled_sd(sides: Sequence[Sequence[float]]) -> float:
     return math.sqrt(squares / (sum(map(len, sides)) - len(sides)))
 
 
-def _log_interval(
-    baseline: Sequence[float],
-    current: Sequence[float],
-    confidence: float,
-    sessions: tuple[Sequence[int] | None, Sequence[int] | None],
-    runner: SessionSpread | None,
-) -> _Interval:
+def _log_interval(baseline: Side, current: Side, confidence: float, runner: SessionSpread | None) -> _Interval:
     """The wider of Welch's interval on the repeats and, where it is known how far sessions differ
-    (both sides' own sessions, else the runner's), the two-sample interval on session means
-    (``sessions``: the baseline's counts and the run's; see the module docstring)."""
-    repeats = _repeats_interval(baseline, current, confidence)
-    if min(*baseline, *current) <= 0:
+    (both sides' own sessions, else the runner's), the two-sample interval on session means (see
+    the module docstring)."""
+    repeats = _repeats_interval(baseline.samples, current.samples, confidence)
+    if min(*baseline.samples, *current.samples) <= 0:
         return repeats
-    k_b, k_c = (len(counts) if counts else 1 for counts in sessions)
+    k_b, k_c = (len(side.sessions) if side.sessions else 1 for side in (baseline, current))
     log_sd: float
     if sessions_known(k_b, k_c):
-        means = [_session_means(samples, counts) for samples, counts in zip((baseline, current), sessions, strict=True)]
+        means = [_session_means(side.samples, side.sessions) for side in (baseline, current)]
         log_sd, df = _pooled_sd(means), k_b + k_c - 2
         sd = f"{math.expm1(log_sd):.1%}"
         if k_c == 1:
@@ -360,30 +353,44 @@ def _check(metric: str, samples: Sequence[float], side: str) -> None:
         raise ValueError(f"{metric}: {side} samples must be finite and non-negative, got {list(samples)}")
 
 
-def judge(
-    metric: str,
-    baseline_samples: Sequence[float],
-    current_samples: Sequence[float],
-    *,
-    direction: Direction,
-    tolerance: float,
-    unit: str = "",
-    confidence: float = DEFAULT_CONFIDENCE,
-    sessions: Sequence[int] | None = None,
-    current_sessions: Sequence[int] | None = None,
-    runner: SessionSpread | None = None,
-) -> Judgement:
-    """The verdict on one metric (the rule is in the module docstring). ``sessions``: how many
-    of ``baseline_samples`` each session measured, in order; None: one session.
-    ``current_sessions``: the same of ``current_samples``. ``runner``: how far this runner's
-    sessions differ, known from its history, for sides of too few sessions to show it."""
-    _check(metric, baseline_samples, "baseline")
-    _check(metric, current_samples, "current")
-    if not 0 <= tolerance < 1:
-        raise ValueError(f"{metric}: tolerance must be a fraction in [0, 1), got {tolerance}")
-    if not 0 < confidence < 1:
-        raise ValueError(f"{metric}: confidence must be in (0, 1), got {confidence}")
-    base, now = centre(baseline_samples), centre(current_samples)
+@dataclass(frozen=True)
+class Side:
+    """One side of a :class:`Hearing`, the baseline's or the run's: a metric's samples and the sessions
+    that measured them."""
+
+    samples: tuple[float, ...]  # one value per repeat, finite and non-negative
+    sessions: tuple[int, ...] | None = None  # how many of ``samples`` each session measured, in order; None: one session
+
+
+@dataclass(frozen=True)
+class Hearing:
+    """What :func:`judge` decides on: one metric, its two sides, and the rule's settings. The samples
+    and the settings are checked here, so a hearing that exists can be judged."""
+
+    metric: str
+    baseline: Side
+    current: Side
+    _: KW_ONLY
+    direction: Direction
+    tolerance: float  # the fraction of the baseline a run may be worse by, in [0, 1)
+    unit: str = ""
+    confidence: float = DEFAULT_CONFIDENCE  # of the interval, in (0, 1)
+    runner: SessionSpread | None = None  # how far this runner's sessions differ (its history), for sides of too few sessions
+
+    def __post_init__(self) -> None:
+        _check(self.metric, self.baseline.samples, "baseline")
+        _check(self.metric, self.current.samples, "current")
+        if not 0 <= self.tolerance < 1:
+            raise ValueError(f"{self.metric}: tolerance must be a fraction in [0, 1), got {self.tolerance}")
+        if not 0 < self.confidence < 1:
+            raise ValueError(f"{self.metric}: confidence must be in (0, 1), got {self.confidence}")
+
+
+def judge(hearing: Hearing) -> Judgement:
+    """The verdict on one metric (the rule is in the module docstring)."""
+    metric, direction, tolerance = hearing.metric, hearing.direction, hearing.tolerance
+    unit, confidence = hearing.unit, hearing.confidence
+    base, now = centre(hearing.baseline.samples), centre(hearing.current.samples)
 
     between: float | None = None
     bounds: tuple[float, float] | None = None
@@ -402,7 +409,7 @@ def judge(
     ratio = now / base
     if direction == "none":
         return verdict("pass", "not gated: neither direction is better", ratio)
-    interval = _log_interval(baseline_samples, current_samples, confidence, (sessions, current_sessions), runner)
+    interval = _log_interval(hearing.baseline, hearing.current, confidence, hearing.runner)
     between = interval.between
     sign = 1 if direction == "higher" else -1  # log ratio times sign: positive is better
     change = sign * (math.log(ratio) if ratio > 0 else -math.inf)

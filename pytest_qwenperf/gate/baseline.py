@@ -45,7 +45,8 @@ from pytest_qwenperf.core.formats import show
 from pytest_qwenperf.core.identity import Context, Identity, Text, slug
 from pytest_qwenperf.core.machine import upgraded
 from pytest_qwenperf.core.metrics import GATED, Direction, find, gate_order
-from pytest_qwenperf.core.run import MISSING, Run, RunJsonError
+from pytest_qwenperf.core.run import Run
+from pytest_qwenperf.core.run_json import MISSING, RunJsonError
 from pytest_qwenperf.core.stats import centre
 from pytest_qwenperf.core.textfiles import read_text
 from pytest_qwenperf.gate.diagnosis import Evidence, evidence_values
@@ -242,7 +243,7 @@ def project_commit() -> str | None:
 def baseline_from_run(run: Run, *, source: str, git_commit: str | None = None) -> Baseline:
     """A measured baseline holding ``run``'s gated metrics, with the tolerances the run
     carries (its suite's ``tolerances`` table) or the defaults (no checks: see :func:`write_baseline`),
-    and the sessions of a pooled run (:func:`~pytest_qwenperf.core.run.pooled`)."""
+    and the sessions of a pooled run (:func:`~pytest_qwenperf.core.combine.pooled`)."""
     tolerances = run.tolerances or {}
     samples = run.gated_samples()
     if not samples:

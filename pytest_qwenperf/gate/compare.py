@@ -70,9 +70,10 @@ from typing import get_args
 import msgspec
 
 from pytest_qwenperf.core.canary import Canary, CanaryJudgement, judge_canary
+from pytest_qwenperf.core.combine import pooled
 from pytest_qwenperf.core.metrics import METRICS, gate_order, metric
 from pytest_qwenperf.core.profile import OperatorProfile
-from pytest_qwenperf.core.run import Run, pooled
+from pytest_qwenperf.core.run import Run
 from pytest_qwenperf.core.stats import centre
 from pytest_qwenperf.core.verdict import Judgement, Verdict
 from pytest_qwenperf.gate import sources

@@ -25,6 +25,7 @@ if TYPE_CHECKING:
     from matplotlib.figure import Figure
 
 SCHEMA = "qwenperf-compare/1"
+REFERENCES_SCHEMA = "qwenperf-compare-references/1"  # --baselines: each point against its own reference
 
 _ON_THE_NUMBERS: tuple[Verdict, ...] = ("pass", "regression", "improvement", "noisy", "underpowered")
 """Verdicts decided on the numbers: theirs is the MDE a cell shows (an invalid run's spread is no power)."""
@@ -168,11 +169,7 @@ def as_json(comparison: Comparison, pareto: Sequence[ParetoPoint] | None = None)
     labels = comparison.labels
 
     def judgement(label: str, j: Judgement | None) -> dict[str, object] | None:
-        if j is None:
-            return None
-        numbers = {key: getattr(j, key) for key in ("baseline", "now", "ratio", "tolerance", "direction", "between")} | {"mde": _mde(j)}
-        numbers["interval"] = None if j.interval is None else list(j.interval)
-        return {"file": label, "verdict": j.verdict, "reason": j.reason or None, "detail": j.detail} | numbers
+        return None if j is None else {"file": label} | judgement_json(j)
 
     document = {
         "schema": SCHEMA,
@@ -228,6 +225,13 @@ def _canary_json(label: str, j: CanaryJudgement | None) -> dict[str, object] | N
         "first_mismatch": None if found is None else found.first_mismatch,
     }
     return {"file": label, "verdict": j.verdict, "detail": j.detail} | figures | {"floor": msgspec.to_builtins(j.floor)}
+
+
+def judgement_json(j: Judgement) -> dict[str, object]:
+    """One verdict as :func:`as_json` writes it (``metric`` added, for lists without rows)."""
+    numbers = {key: getattr(j, key) for key in ("baseline", "now", "ratio", "tolerance", "direction", "between")} | {"mde": _mde(j)}
+    numbers["interval"] = None if j.interval is None else list(j.interval)
+    return {"metric": j.metric, "verdict": j.verdict, "reason": j.reason or None, "detail": j.detail} | numbers
 
 
 def _where(group: Group) -> dict[str, object]:

@@ -62,7 +62,7 @@ from pytest_qwenperf.core.environment import Environment
 from pytest_qwenperf.core.metrics import metric
 from pytest_qwenperf.core.run import Run, session_counts
 from pytest_qwenperf.core.stats import centre
-from pytest_qwenperf.core.verdict import Judgement, SessionSpread, format_value, judge
+from pytest_qwenperf.core.verdict import Hearing, Judgement, SessionSpread, Side, format_value, judge
 
 Kind = Literal["engine-config", "environment", "canary", "telemetry", "latency-shape", "plugin"]
 """``plugin``: a cause a plugin's ``pytest_qwenperf_causes`` hook added, after the ranked ones."""
@@ -368,16 +368,16 @@ def _judged(
     counts: tuple[Figure, ...],
 ) -> _Move:
     """A move decided by the verdict rule on the repeats' spread (either direction is a move)."""
-    j = judge(
+    hearing = Hearing(
         quantity.name,
-        before,
-        after,
+        Side(before, reference.sessions_of(quantity.name, len(before))),
+        Side(after),
         direction="higher",
         tolerance=REPEATS_MOVE,
         unit=quantity.unit,
-        sessions=reference.sessions_of(quantity.name, len(before)),
         runner=_runner(reference, run, quantity.name),
     )
+    j = judge(hearing)
     # Both centres are positive and there is a spread, so the verdict has a ratio and an MDE.
     assert j.baseline is not None and j.now is not None and j.ratio is not None and j.mde is not None
     half = -math.log1p(-j.mde) if j.mde < 1 else math.inf  # the interval's half-width, log scale

@@ -46,7 +46,8 @@ from typing import Any, Protocol, Self
 import msgspec
 
 from pytest_qwenperf.core.identity import Identity
-from pytest_qwenperf.core.run import Run, decode_run
+from pytest_qwenperf.core.run import Run
+from pytest_qwenperf.core.run_json import decode_run
 from pytest_qwenperf.gate.judge import losses
 
 MIGRATIONS: tuple[tuple[str, ...], ...] = (

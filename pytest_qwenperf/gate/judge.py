@@ -19,8 +19,10 @@ from pytest_qwenperf.core.verdict import (
     DEFAULT_CONFIDENCE,
     MIN_SESSIONS,
     UNDECIDED,
+    Hearing,
     Judgement,
     SessionSpread,
+    Side,
     Verdict,
     judge,
     sessions_known,
@@ -111,18 +113,17 @@ def judge_run(baseline: Baseline | None, run: Run, *, confidence: float = DEFAUL
             judgements.append(_invalid(_unjudged(name, stored, samples, "invalid", "", ratio=True), (loss,)))
         else:
             counts = run.sessions_of(name, len(samples))  # one session unless the run pooled several
-            judged = judge(
+            hearing = Hearing(
                 name,
-                stored.samples,
-                samples,
+                Side(stored.samples, stored.sessions),
+                Side(samples, counts),
                 direction=stored.direction,
                 tolerance=stored.tolerance,
                 unit=stored.unit,
                 confidence=confidence,
-                sessions=stored.sessions,
-                current_sessions=counts,
                 runner=run.runner_noise.get(name),
             )
+            judged = judge(hearing)
             judgements.append(_few_sessions(judged, baseline, stored, len(counts)))
     named = reference_name(baseline, run) if baseline is not None else ""
     return tuple(dataclasses.replace(j, environment=allowed, reference=named) for j in judgements)

@@ -31,7 +31,8 @@ from dataclasses import dataclass
 
 from pytest_qwenperf.core import parallel
 from pytest_qwenperf.core.formats import show
-from pytest_qwenperf.core.run import MISSING, Run
+from pytest_qwenperf.core.run import Run
+from pytest_qwenperf.core.run_json import MISSING
 from pytest_qwenperf.gate.compare import CompareError, RunSet
 from pytest_qwenperf.gate.setups import Result
 

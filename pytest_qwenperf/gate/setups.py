@@ -20,7 +20,8 @@ from typing import Any, TypeVar
 from pytest_qwenperf.core import schema
 from pytest_qwenperf.core.formats import show
 from pytest_qwenperf.core.metrics import find
-from pytest_qwenperf.core.run import MISSING, Number, Run, RunIdentity
+from pytest_qwenperf.core.run import Number, Run, RunIdentity
+from pytest_qwenperf.core.run_json import MISSING
 
 T = TypeVar("T")
 RunKey = tuple[str, str, str]  # suite, config id, workload id

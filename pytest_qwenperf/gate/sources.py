@@ -59,16 +59,8 @@ from pytest_qwenperf.core.canary import Canary, CanaryJudgement
 from pytest_qwenperf.core.formats import BENCH_SCHEMA, SESSION_SCHEMA, show
 from pytest_qwenperf.core.identity import Text
 from pytest_qwenperf.core.machine import upgraded
-from pytest_qwenperf.core.run import (
-    MISSING,
-    ClientLoad,
-    Run,
-    RunContext,
-    RunJsonError,
-    ServerCounters,
-    TokenCheck,
-    decode_run,
-)
+from pytest_qwenperf.core.run import ClientLoad, Run, RunContext, ServerCounters, TokenCheck
+from pytest_qwenperf.core.run_json import MISSING, RunJsonError, decode_run
 from pytest_qwenperf.core.schema import Count
 from pytest_qwenperf.core.textfiles import read_text
 from pytest_qwenperf.core.verdict import Judgement

@@ -37,7 +37,8 @@ import msgspec
 
 from pytest_qwenperf.core import schema
 from pytest_qwenperf.core.formats import show
-from pytest_qwenperf.core.run import MISSING, ClientLoad, Number, RunContext, TokenCheck
+from pytest_qwenperf.core.run import ClientLoad, Number, RunContext, TokenCheck
+from pytest_qwenperf.core.run_json import MISSING
 from pytest_qwenperf.gate.setups import (
     Result,
     Setup,

@@ -35,6 +35,8 @@ class Step:
     ratio: float | None = None  # now / good
     tolerance: float | None = None
     repeats: int = 0  # load runs per side
+    good_check: str = ""  # the good release's run of this step against its own reference (empty: not checked)
+    good_slow: bool = False  # ... judged a regression there: this machine is slow even on the good release
 
 
 @dataclass(frozen=True)

@@ -33,14 +33,19 @@ def render(found: Bisection, title: str, *, markdown: bool = False) -> str:
     lines += [f"{len(found.versions)} versions: {' → '.join(found.versions)}; good and now: {shown}{unit}", ""]
     lines += format_table(HEADER, [_row(i, s) for i, s in enumerate(found.steps, 1)], markdown=markdown)
     lines += ["", f"**{answer(found)}**" if markdown else answer(found)]
+    slow = [str(i) for i, step in enumerate(found.steps, 1) if step.good_slow]
+    if slow:
+        warning = f"the good release {found.versions[0]} was itself slower than its reference at step(s) {', '.join(slow)}: this machine may not show what the reference saw"
+        lines += ["", f"**{warning}**" if markdown else warning]
     for i, step in enumerate(found.steps, 1):
         if not step.table:
             continue
         heading = f"step {i}: {step.version} against {found.versions[0]}"
+        table = f"{step.table}\n{step.good_check}" if step.good_check else step.table
         if markdown:
-            lines += ["", f"<details><summary>{heading}</summary>", "", step.table, "", "</details>"]
+            lines += ["", f"<details><summary>{heading}</summary>", "", table, "", "</details>"]
         else:
-            lines += ["", heading, step.table]
+            lines += ["", heading, table]
     return "\n".join(lines)
 
 

@@ -5,7 +5,7 @@ Which runs: those the history store holds of the run's identity (hardware, model
 argv, workload), valid, whose environment matches the run's in every field the suite's
 ``must_match`` names; after the latest confirmed change point of any gated metric's series (the
 reference never reaches back across a step the history has confirmed, for the better or the
-worse); the last ``window`` of them. Pooled (:func:`~pytest_qwenperf.core.run.pooled`), they are a
+worse); the last ``window`` of them. Pooled (:func:`~pytest_qwenperf.core.combine.pooled`), they are a
 baseline like a stored one, named ``history: 5 runs, 2026-11-20 → 25, vLLM 0.32.0``, and judged
 with the same verdict rule.
 """
@@ -19,14 +19,18 @@ from pathlib import Path
 
 import msgspec
 
+from pytest_qwenperf.core.combine import pooled
 from pytest_qwenperf.core.environment import must_match_violations
 from pytest_qwenperf.core.metrics import GATED
-from pytest_qwenperf.core.run import Run, pooled
-from pytest_qwenperf.core.verdict import SessionSpread, session_spread
+from pytest_qwenperf.core.run import Run
+from pytest_qwenperf.core.verdict import Judgement, SessionSpread, session_spread
 from pytest_qwenperf.gate.baseline import Baseline, BaselineError, PooledBaseline, baseline_from_run, find_baseline
+from pytest_qwenperf.gate.compare import RunSet
 from pytest_qwenperf.gate.history_store import HistoryError, HistoryStore, SeriesPoint, is_url
-from pytest_qwenperf.gate.judge import environment_differences
+from pytest_qwenperf.gate.judge import environment_differences, judge_run, reference_name
+from pytest_qwenperf.gate.setups import RunKey
 from pytest_qwenperf.history.changes import change_points
+from pytest_qwenperf.suite.config import HISTORY_WINDOW
 
 
 @dataclass(frozen=True)
@@ -64,14 +68,29 @@ class HistoryReference:
         return baseline_from_run(pooled(self.runs, self.runs[-1], "runs of the history"), source=source, git_commit=git_commit)
 
 
-def reference_of(baselines: Path, history: str | None, run: Run, window: int) -> Baseline | None:
-    """What ``run`` is judged against: its stored baseline in ``baselines``, else its history
-    reference in the store ``history`` (None: no store), else nothing. A baseline or store that
-    cannot be read raises."""
-    stored = find_baseline(baselines, run.identity.baseline())
-    if stored is not None or history is None:
-        return stored
-    return history_baseline(history, run, window)
+@dataclass(frozen=True)
+class References:
+    """Where a run's reference is looked for: its stored baseline in ``baselines``, else its
+    history reference, the last ``window`` valid runs in the store ``history`` (None: no store),
+    else nothing. The one choice behind the session's verdicts, ``qwenperf compare --baselines``
+    and ``qwenperf bisect``'s check of the good release."""
+
+    baselines: Path
+    history: str | None = None
+    window: int = HISTORY_WINDOW
+
+    def of(self, run: Run) -> Baseline | None:
+        """What ``run`` is judged against (None: nothing). A baseline or store that cannot be read raises
+        :class:`~pytest_qwenperf.gate.baseline.BaselineError`."""
+        stored = find_baseline(self.baselines, run.identity.baseline())
+        if stored is not None or self.history is None:
+            return stored
+        return history_baseline(self.history, run, self.window)
+
+    def judged(self, run: Run) -> tuple[str, tuple[Judgement, ...]]:
+        """``run``'s verdicts against :meth:`of` (``no-baseline`` without one) and the reference's name (empty: none)."""
+        reference = self.of(run)
+        return (reference_name(reference, run) if reference is not None else ""), judge_run(reference, run)
 
 
 def history_baseline(where: str, run: Run, window: int) -> Baseline | None:
@@ -147,3 +166,23 @@ def gated_series(runs: Sequence[Run]) -> Iterator[tuple[str, list[int], list[Ser
             SeriesPoint(str(i), runs[i].context.started, "", runs[i].context.vllm_version, samples[i][name]) for i in valued
         ]
         yield name, valued, points
+
+
+@dataclass(frozen=True)
+class Judged:
+    """One point of a results file judged against its own reference: its verdicts (``no-baseline``
+    where it has none) and the reference's name (empty: none)."""
+
+    path: Path
+    key: RunKey
+    reference: str
+    judgements: tuple[Judgement, ...]
+
+
+def judged_files(sets: Sequence[RunSet], references: References) -> list[Judged]:
+    """Every point of ``sets`` (``qwenperf compare --baselines``) judged as a session judges it."""
+    found = []
+    for run_set in sets:
+        for key, run in run_set.runs.items():
+            found.append(Judged(run_set.path, key, *references.judged(run)))
+    return found

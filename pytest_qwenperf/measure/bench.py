@@ -19,17 +19,17 @@ from pytest_qwenperf.core.bench import (
     FailureReason,
 )
 from pytest_qwenperf.core.records import RequestRecord
-from pytest_qwenperf.core.run import ClientLoad, TokenCheck
+from pytest_qwenperf.core.run import ClientLoad, TokenCheck, TraceReplay
 from pytest_qwenperf.core.summary import GoodputSLO, inter_token_latencies
 from pytest_qwenperf.core.validity import ValidityLimits
 from pytest_qwenperf.core.window import windowed_fingerprint
-from pytest_qwenperf.loadgen.arrivals import Arrival
+from pytest_qwenperf.loadgen.arrivals import Arrival, Replay
 from pytest_qwenperf.loadgen.client import LoadOptions
 from pytest_qwenperf.loadgen.request import RequestSpec
 from pytest_qwenperf.measure.observe import ClientSetup, Observation
 from pytest_qwenperf.measure.validity import conditions
 from pytest_qwenperf.serving.server import ServerInfo
-from pytest_qwenperf.suite.workloads import Workload
+from pytest_qwenperf.suite.workloads import TraceWorkload, Workload, trace_replay
 
 _MESSAGE_CHARS = 160  # a failure message is cut to this many characters
 
@@ -104,7 +104,15 @@ def bench_result(plan: BenchPlan, seen: Observation, *, detailed: bool, max_fail
         telemetry=seen.telemetry.as_json(),
         conditions=conditions(seen.telemetry, ValidityLimits()) + seen.record_losses(),
         requests=tuple(_request(r, origin) for r in seen.load.records if not r.warmup) if detailed else None,
+        trace=_trace(plan),
     )
+
+
+def _trace(plan: BenchPlan) -> TraceReplay | None:
+    """What a trace's replay is held against, as in a suite's run; None for the other workloads."""
+    if not isinstance(plan.workload, TraceWorkload):
+        return None
+    return trace_replay(plan.workload, plan.arrival.time_scale if isinstance(plan.arrival, Replay) else None, plan.servers[0].kv_block)
 
 
 def _request(record: RequestRecord, origin: float) -> BenchRequest:

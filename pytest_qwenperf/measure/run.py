@@ -16,6 +16,7 @@ from types import MappingProxyType
 import msgspec
 
 from pytest_qwenperf.core.apikey import redact_argv
+from pytest_qwenperf.core.combine import combined
 from pytest_qwenperf.core.environment import Environment
 from pytest_qwenperf.core.http import http_post
 from pytest_qwenperf.core.run import (
@@ -27,7 +28,6 @@ from pytest_qwenperf.core.run import (
     ServerCounters,
     TokenCheck,
     TraceReplay,
-    combined,
 )
 from pytest_qwenperf.core.summary import latency_quantiles
 from pytest_qwenperf.core.validity import RETAKEN
@@ -52,8 +52,7 @@ from pytest_qwenperf.serving.hardware import Hardware, detect
 from pytest_qwenperf.serving.server import Server, ServerError, ServerInfo
 from pytest_qwenperf.suite import embedded
 from pytest_qwenperf.suite.config import ServingConfig, SuiteWorkload
-from pytest_qwenperf.suite.traces import cacheable_share
-from pytest_qwenperf.suite.workloads import TraceWorkload
+from pytest_qwenperf.suite.workloads import TraceWorkload, trace_replay
 
 
 def build_run(
@@ -97,18 +96,18 @@ def build_run(
         samples={},
         tolerances=dict(method.tolerances),
         conditions=conditions(seen.telemetry, method.validity) + seen.record_losses(),
-        trace=_trace(workload),
+        trace=_trace(workload, servers),
         timeline=seen.timeline,
         distributions=latency_quantiles(seen.load.records),
     )
 
 
-def _trace(workload: SuiteWorkload) -> TraceReplay | None:
-    """What a trace's replay is held against; None for the other workloads."""
+def _trace(workload: SuiteWorkload, servers: Sequence[ServerInfo]) -> TraceReplay | None:
+    """What a trace's replay is held against, in the first server's cache blocks; None for the other workloads."""
     if not isinstance(workload.workload, TraceWorkload):
         return None
     scale = workload.arrival.time_scale if isinstance(workload.arrival, Replay) else None
-    return TraceReplay(cacheable_share=cacheable_share(workload.workload.entries()), time_scale=scale)
+    return trace_replay(workload.workload, scale, servers[0].kv_block if servers else None)
 
 
 def _environment(servers: Sequence[ServerInfo], hardware: Hardware) -> Environment | None:
@@ -149,7 +148,7 @@ def measure(server: Server, config: ServingConfig, workload: SuiteWorkload, meth
 
     The result is the repeat with the median total token throughput, carrying every
     repeat's figures in ``samples`` (what verdicts weigh the noise with); whatever makes a
-    repeat invalid makes the result so (:func:`~pytest_qwenperf.core.run.combined`). The
+    repeat invalid makes the result so (:func:`~pytest_qwenperf.core.combine.combined`). The
     method's tolerances and must-match fields travel with the result. Each load run starts
     with an empty prefix cache where the server allows a reset (see :func:`reset_prefix_caches`),
     so a run does not hit on the prompts of the one before.

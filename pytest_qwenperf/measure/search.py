@@ -31,8 +31,9 @@ from collections.abc import Callable
 import msgspec
 
 from pytest_qwenperf.core.capacity import Slo
+from pytest_qwenperf.core.combine import combined
 from pytest_qwenperf.core.records import RequestRecord
-from pytest_qwenperf.core.run import CapacityProbe, CapacitySearch, Run, combined
+from pytest_qwenperf.core.run import CapacityProbe, CapacitySearch, Run
 from pytest_qwenperf.loadgen.arrivals import OpenLoop
 from pytest_qwenperf.measure.observe import Load, Watching
 from pytest_qwenperf.measure.slo_capacity import MIN_POINTS, Capacity, Probe, ProbeWindow, find_capacity, oversaturated

@@ -8,7 +8,6 @@ from __future__ import annotations
 from collections import Counter
 from collections.abc import Callable, Iterator
 from contextlib import nullcontext
-from functools import partial
 from pathlib import Path
 
 import msgspec
@@ -17,12 +16,12 @@ import pytest
 from pytest_qwenperf.core.canary import Canary, CanaryJudgement, judge_canary
 from pytest_qwenperf.core.run import Run
 from pytest_qwenperf.core.verdict import Judgement
-from pytest_qwenperf.gate.baseline import Baseline, BaselineError
+from pytest_qwenperf.gate.baseline import BaselineError
 from pytest_qwenperf.gate.canary import canary_path, find_canary
 from pytest_qwenperf.gate.diagnosis import Diagnosis
 from pytest_qwenperf.gate.judge import losses
 from pytest_qwenperf.history.declines import judged_by_history
-from pytest_qwenperf.history.reference import reference_of
+from pytest_qwenperf.history.reference import References
 from pytest_qwenperf.measure.canary import canary_of
 from pytest_qwenperf.measure.method import Method
 from pytest_qwenperf.measure.observe import ClientSetup
@@ -199,7 +198,7 @@ def qwenperf_measure(
             pair = measure_pair(*servers, cfg, workload, method, side_by_side=True, progress=progress, turns=turns)
             report.reference.add(pair.reference)
             return report.add(pair.run, pair.judgements, diagnosis=_told(pytestconfig, pair.run, pair.judgements, pair.diagnosis))
-        decided = measure_point(server, cfg, workload, method, partial(_reference, settings, suite), progress)
+        decided = measure_point(server, cfg, workload, method, _references(settings, suite).of, progress)
         run, unreadable = decided.run, decided.unreadable
         if settings.history is not None and unreadable is None:
             try:
@@ -243,10 +242,9 @@ def _profile_setting(settings: QwenperfSettings, pool: ServerPool) -> ProfileSet
     return ProfileSetting(folder, relative_to=folder.parent)
 
 
-def _reference(settings: QwenperfSettings, suite: Suite, run: Run) -> Baseline | None:
-    """:func:`~pytest_qwenperf.history.reference.reference_of` with the session's baselines and store;
-    one that cannot be read raises, and the verdicts' fixture fails with it."""
-    return reference_of(settings.baselines, settings.history.where if settings.history else None, run, suite.history_window)
+def _references(settings: QwenperfSettings, suite: Suite) -> References:
+    """Where the session's runs find their references: its baselines folder and history store."""
+    return References(settings.baselines, settings.history.where if settings.history else None, suite.history_window)
 
 
 CanaryFn = Callable[[ServingConfig], Canary]

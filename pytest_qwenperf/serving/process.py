@@ -2,8 +2,8 @@
 
 A :class:`ManagedProcess` starts its command in a session of its own under the guard
 (:func:`~pytest_qwenperf.serving.proctree.spawn_tree`: the tree dies with this process),
-picks another free port while the one it tried turns out taken, polls a readiness probe
-it is given, fails at once with the log's tail when the process dies while starting, and
+picks another free port while the one it tried turns out taken, polls the readiness probe
+its :class:`ProcessSpec` gives it, fails at once with the log's tail when the process dies while starting, and
 takes the whole tree down on stop. What it runs, how readiness is judged and how an early
 exit is told are its owner's (:mod:`~pytest_qwenperf.serving.server`,
 :mod:`~pytest_qwenperf.serving.router`).
@@ -164,37 +164,50 @@ Probe = Callable[[], str | None]
 to stop waiting at once."""
 
 
+@dataclass(frozen=True)
+class ProcessSpec:
+    """What a :class:`ManagedProcess` is told before it starts: how messages call it (``name``:
+    ``server 'vllm'``), the readiness ``probe``, ``exited(code, after_s)``: the headline of the error
+    when it exits while starting, where it listens (``port`` None: a free one), how long it may take
+    to be ready and how often the probe is polled meanwhile, and how long ``stop`` waits after
+    SIGTERM before it kills the tree."""
+
+    name: str
+    probe: Probe
+    exited: Callable[[int, float], str]
+    host: str
+    port: int | None
+    ready_timeout_s: float
+    poll_interval_s: float
+    stop_grace_s: float = 15.0
+
+
 class ManagedProcess:
-    """One process tree that this object starts and stops (``stop`` is idempotent).
+    """One process tree that this object starts and stops (``stop`` is idempotent), as its
+    :class:`ProcessSpec` says."""
 
-    ``name`` is how messages call it (``server 'vllm'``); ``exited(code, after_s)`` is the
-    headline of the error when it exits while starting.
-    """
-
-    def __init__(
-        self,
-        name: str,
-        probe: Probe,
-        exited: Callable[[int, float], str],
-        *,
-        host: str,
-        port: int | None,
-        ready_timeout_s: float,
-        poll_interval_s: float,
-        stop_grace_s: float = 15.0,
-    ) -> None:
-        self.name = name
-        self.host = host
-        self.requested_port = port
-        self.ready_timeout_s = ready_timeout_s
-        self.poll_interval_s = poll_interval_s
-        self.stop_grace_s = stop_grace_s
+    def __init__(self, spec: ProcessSpec) -> None:
+        self.spec = spec
         self.port: int | None = None  # of the latest attempt
         self.log_path: Path | None = None  # of the latest attempt
         self.tag = ""  # the proctree.TAG_ENV value of the latest attempt's processes
-        self._probe = probe
-        self._exited = exited
         self._popen: subprocess.Popen[bytes] | None = None
+
+    @property
+    def name(self) -> str:
+        return self.spec.name
+
+    @property
+    def host(self) -> str:
+        return self.spec.host
+
+    @property
+    def requested_port(self) -> int | None:
+        return self.spec.port
+
+    @property
+    def ready_timeout_s(self) -> float:
+        return self.spec.ready_timeout_s
 
     @property
     def pid(self) -> int | None:
@@ -221,7 +234,7 @@ class ManagedProcess:
         if self._popen is None:
             return
         try:
-            proctree.stop_tree(self._popen, self.tag, grace=self.stop_grace_s)
+            proctree.stop_tree(self._popen, self.tag, grace=self.spec.stop_grace_s)
         finally:
             self._popen = None
             LIVE.discard(self)
@@ -248,7 +261,7 @@ class ManagedProcess:
             code = self._popen.poll()
             if code is not None:
                 self._raise_exited(code, time.monotonic() - started)
-            reason = self._probe()
+            reason = self.spec.probe()
             if reason is None:
                 return
             if time.monotonic() - started > self.ready_timeout_s:
@@ -257,13 +270,13 @@ class ManagedProcess:
                     log_path=self.log_path,
                     log_tail=self.log_tail(),
                 )
-            time.sleep(self.poll_interval_s)
+            time.sleep(self.spec.poll_interval_s)
 
     def _raise_exited(self, code: int, after_s: float) -> None:
         tail = self.log_tail()
         if _PORT_IN_USE in tail:
             raise PortInUseError(f"{self.name} could not bind {self.host}:{self.port}: {_PORT_IN_USE}\n{tail}")
-        raise ServerBootError(self._exited(code, after_s), log_path=self.log_path, log_tail=tail)
+        raise ServerBootError(self.spec.exited(code, after_s), log_path=self.log_path, log_tail=tail)
 
 
 LIVE: set[ManagedProcess] = set()

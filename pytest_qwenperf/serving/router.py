@@ -35,6 +35,7 @@ from pytest_qwenperf.serving.process import (
     LOG_TAIL_LINES,
     Launch,
     ManagedProcess,
+    ProcessSpec,
     ServerError,
     StartStop,
     tail_of,
@@ -182,13 +183,15 @@ class NginxRouter(StartStop):
         self.nginx = nginx
         self._prefix: Path | None = None
         self._process = ManagedProcess(
-            f"router {name!r}",
-            self._probe,
-            lambda code, _after_s: f"router {name!r}: nginx exited with code {code} while starting",
-            host=host,
-            port=port,
-            ready_timeout_s=ready_timeout_s,
-            poll_interval_s=_POLL_INTERVAL_S,
+            ProcessSpec(
+                f"router {name!r}",
+                self._probe,
+                lambda code, _after_s: f"router {name!r}: nginx exited with code {code} while starting",
+                host=host,
+                port=port,
+                ready_timeout_s=ready_timeout_s,
+                poll_interval_s=_POLL_INTERVAL_S,
+            )
         )
 
     @property

@@ -42,6 +42,7 @@ from pytest_qwenperf.serving.process import (
     LOG_TAIL_LINES,
     Launch,
     ManagedProcess,
+    ProcessSpec,
     ServerError,
     StartStop,
     check_port_free,
@@ -135,6 +136,12 @@ class ServerInfo:
     # cross-check and gauges) that the server answered 200 for with something that could not be read
     unreadable: tuple[tuple[str, str], ...] = ()
     environment: Environment | None = None  # what ran it, where it says (``/server_info``)
+
+    @property
+    def kv_block(self) -> int | None:
+        """Tokens per block of the server's KV cache (``vllm:cache_config_info``'s ``block_size``); None where not said."""
+        found = dict(self.cache_config).get("block_size", "")
+        return int(found) if found.isdigit() and int(found) > 0 else None
 
     def as_dict(self) -> dict[str, object]:
         return {
@@ -288,14 +295,16 @@ class ManagedServer(StartStop):
         self._watch = watch
         self._launched_at = time.monotonic()  # of the latest boot attempt
         self._process = ManagedProcess(
-            f"server {spec.name!r}",
-            self._probe,
-            self._exit_headline,
-            host=spec.host,
-            port=spec.port,
-            ready_timeout_s=spec.boot_timeout_s,
-            poll_interval_s=_POLL_INTERVAL_S,
-            stop_grace_s=spec.stop_grace_s,
+            ProcessSpec(
+                f"server {spec.name!r}",
+                self._probe,
+                self._exit_headline,
+                host=spec.host,
+                port=spec.port,
+                ready_timeout_s=spec.boot_timeout_s,
+                poll_interval_s=_POLL_INTERVAL_S,
+                stop_grace_s=spec.stop_grace_s,
+            )
         )
         self._info: ServerInfo | None = None
 

@@ -577,7 +577,7 @@ def phases(workload: SuiteWorkload, replicas: int = 1) -> tuple[Phase, Phase]:
     its concurrency or rate, so its arrivals take as long as one copy's (``measure.scaling``)."""
     w = workload.workload
     if isinstance(w, TraceWorkload):
-        entries = w.entries()
+        entries = w.trace().entries
         first, rest = entries[: workload.warmup], entries[workload.warmup :]
         warm = Phase(len(first), *_trace_tokens(first))
         measured = Phase(len(rest), *_trace_tokens(rest), _replay_s(rest, workload.arrival))

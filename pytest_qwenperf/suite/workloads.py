@@ -30,6 +30,7 @@ from typing import Any, ClassVar
 import msgspec
 
 from pytest_qwenperf.core import schema
+from pytest_qwenperf.core.run import TraceReplay
 from pytest_qwenperf.loadgen.request import Api, RequestSpec, Turn
 from pytest_qwenperf.loadgen.tokenizer import PromptTokenizer
 from pytest_qwenperf.suite import traces
@@ -303,10 +304,13 @@ class TraceWorkload(Workload):
     with exactly its traced input and output lengths and its traced send time (``RequestSpec.at``,
     which a ``Replay`` load keeps).
 
-    Each hash id's 512-token block is drawn from ``seed`` and the id alone, so requests that share
+    Each hash id's block is drawn from ``seed`` and the id alone, so requests that share
     leading hash ids share exactly those tokens and the prefix cache sees what production saw;
-    what the blocks do not cover is drawn for that request alone. ``num_prompts`` replays the first
-    that many requests (a trace is not cycled: its times would not mean anything twice).
+    what the blocks do not cover is drawn for that request alone. ``start_s`` and ``span_s`` cut a
+    window of the trace (seconds from its first request), then ``num_prompts`` replays the first
+    that many requests of it (a trace is not cycled: its times would not mean anything twice).
+    ``fit`` (``scale`` or ``cap``) makes every request fit ``fit_context`` tokens
+    (:meth:`~pytest_qwenperf.suite.traces.Trace.fitted`), keeping the send times and the blocks shared.
     Token ids are sent as ids, so only the completions API keeps the lengths exact.
     """
 
@@ -314,6 +318,10 @@ class TraceWorkload(Workload):
     path: str
     num_prompts: int | None = None
     seed: int = 0
+    start_s: float = 0.0
+    span_s: float | None = None
+    fit: str | None = None
+    fit_context: int | None = None
     _: KW_ONLY
     name: str = ""
 
@@ -321,44 +329,89 @@ class TraceWorkload(Workload):
         _check(bool(self.path), "path", "a non-empty path to a .jsonl (Mooncake) or .csv trace", self.path)
         if self.num_prompts is not None:
             _check_positive(self, "num_prompts")
+        object.__setattr__(self, "start_s", float(self.start_s))  # 0 and 0.0: one fingerprint
+        _check(math.isfinite(self.start_s) and self.start_s >= 0, "start_s", "a finite number of seconds >= 0", self.start_s)
+        if self.span_s is not None:
+            object.__setattr__(self, "span_s", float(self.span_s))
+            _check(math.isfinite(self.span_s) and self.span_s > 0, "span_s", "a finite number of seconds > 0", self.span_s)
+        _check(self.fit in (None, *traces.FITS), "fit", f"one of {', '.join(traces.FITS)}", self.fit)
+        if self.fit_context is not None:
+            _check_positive(self, "fit_context")
+        _check((self.fit is None) == (self.fit_context is None), "fit_context", "a context in tokens with fit, and only with fit", self.fit_context)
 
     def _default_id(self) -> str:
-        base = f"trace-{Path(self.path).stem}"
-        return f"{base}-n{self.num_prompts}" if self.num_prompts else base
+        parts = [f"trace-{Path(self.path).stem}"]
+        if self.start_s or self.span_s is not None:
+            parts.append(f"from{self.start_s:g}s" + ("" if self.span_s is None else f"-for{self.span_s:g}s"))
+        if self.num_prompts:
+            parts.append(f"n{self.num_prompts}")
+        if self.fit:
+            parts.append(f"{self.fit}{self.fit_context}")
+        return "-".join(parts)
 
     def _identity(self) -> dict[str, Any]:
-        # The content, not the path: the same trace elsewhere is the same workload.
+        # The content, not the path: the same trace elsewhere is the same workload. Window and fit
+        # only where set, so a trace replayed whole keeps the fingerprint it had before they existed.
         fields = super()._identity()
         fields["path"] = hashlib.sha256(Path(self.path).read_bytes()).hexdigest()
-        return fields
+        unset = {"start_s": 0.0, "span_s": None, "fit": None, "fit_context": None}
+        return {key: value for key, value in fields.items() if key not in unset or value != unset[key]}
 
-    def entries(self) -> tuple[traces.TraceEntry, ...]:
-        """The traced requests this workload replays."""
-        entries = traces.read_trace(Path(self.path))
-        if self.num_prompts is not None and self.num_prompts > len(entries):
-            raise ValueError(f"{self.path}: num_prompts: expected at most the trace's {len(entries)} requests, got {self.num_prompts}")
-        return entries[: self.num_prompts]
+    def traced(self) -> traces.Trace:
+        """The window of the trace this workload replays, as traced (before any fit)."""
+        found = traces.Trace(traces.read_trace(Path(self.path)))
+        try:
+            found = found.window(self.start_s, self.span_s)
+        except traces.TraceError as exc:
+            raise ValueError(f"{self.path}: start_s, span_s: {exc}") from None
+        if self.num_prompts is not None and self.num_prompts > len(found.entries):
+            whose = "the window's" if self.start_s or self.span_s is not None else "the trace's"
+            raise ValueError(f"{self.path}: num_prompts: expected at most {whose} {len(found.entries)} requests, got {self.num_prompts}")
+        return dataclasses.replace(found, entries=found.entries[: self.num_prompts])
+
+    def trace(self) -> traces.Trace:
+        """What this workload replays: :meth:`traced`, fitted where ``fit`` says so."""
+        found = self.traced()
+        if self.fit is None or self.fit_context is None:
+            return found
+        try:
+            return found.fitted(self.fit_context, self.fit)
+        except traces.TraceError as exc:
+            raise ValueError(f"{self.path}: {exc}") from None
 
     def build(self, tokenizer: PromptTokenizer | None = None) -> tuple[RequestSpec, ...]:
         tok = self._tokenizer(tokenizer)
         allowed = _allowed_ids(tok)
         blocks: dict[int, tuple[int, ...]] = {}
+        trace = self.trace()
 
         def block(hash_id: int) -> tuple[int, ...]:
             if hash_id not in blocks:
                 draws = _uint64_stream(self.seed, "block", hash_id)
-                blocks[hash_id] = tuple(allowed[_below(next(draws), len(allowed))] for _ in range(traces.BLOCK_TOKENS))
+                blocks[hash_id] = tuple(allowed[_below(next(draws), len(allowed))] for _ in range(trace.block_tokens))
             return blocks[hash_id]
 
         def tail(index: int, n: int) -> tuple[int, ...]:
             draws = _uint64_stream(self.seed, "tail", index)
             return tuple(allowed[_below(next(draws), len(allowed))] for _ in range(n))
 
-        entries = self.entries()
+        entries = trace.entries
         return tuple(
             dataclasses.replace(_spec(i, entry.output_length, "completions", traces.prompt_ids(entry, i, block, tail), tok), at=at)
             for i, (entry, at) in enumerate(zip(entries, traces.send_offsets(entries), strict=True))
         )
+
+
+def trace_replay(workload: TraceWorkload, time_scale: float | None, kv_block: int | None) -> TraceReplay:
+    """What a replay of ``workload`` is held against (``time_scale`` None: sent by a loop): the
+    cacheable share of what it sends in the server's cache blocks of ``kv_block`` tokens (None: not
+    known, every shared token), and where it was fitted, the share as traced and how."""
+    sent, block = workload.trace(), kv_block or 1
+    traced = workload.traced().cacheable_share(block) if sent.fit else None
+    return TraceReplay(
+        cacheable_share=sent.cacheable_share(block), time_scale=time_scale, kv_block=kv_block, fit=sent.fit or None,
+        traced_cacheable_share=traced,
+    )  # fmt: skip
 
 
 @dataclass(frozen=True)

@@ -27,7 +27,8 @@ from pathlib import Path
 import msgspec
 import pytest
 
-from pytest_qwenperf.core.run import Run, decode_run
+from pytest_qwenperf.core.run import Run
+from pytest_qwenperf.core.run_json import decode_run
 from pytest_qwenperf.gate.history_store import HistoryStore
 from pytest_qwenperf.serving.server import DEFAULT_LAUNCHER
 from tests.e2e.tiny import inner_session, suite_toml

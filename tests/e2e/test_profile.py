@@ -14,7 +14,7 @@ from pathlib import Path
 
 import pytest
 
-from pytest_qwenperf.core.run import decode_run
+from pytest_qwenperf.core.run_json import decode_run
 from tests.e2e.tiny import inner_session, suite_toml
 
 pytestmark = pytest.mark.e2e

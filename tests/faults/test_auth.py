@@ -35,7 +35,8 @@ from pytest_qwenperf.core.apikey import (
 )
 from pytest_qwenperf.core.formats import json_safe
 from pytest_qwenperf.core.http import http_get
-from pytest_qwenperf.core.run import Run, decode_run
+from pytest_qwenperf.core.run import Run
+from pytest_qwenperf.core.run_json import decode_run
 from pytest_qwenperf.core.summary import RunSummary
 from pytest_qwenperf.gate.baseline import write_baseline
 from pytest_qwenperf.loadgen.arrivals import ClosedLoop
