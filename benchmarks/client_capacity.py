@@ -114,7 +114,8 @@ def measure(
     ``concurrency`` in flight) from ``url`` in this process (``workers`` 0) or in worker
     processes; what it cost and what arrived."""
     from pytest_qwenperf.loadgen.arrivals import ClosedLoop
-    from pytest_qwenperf.loadgen.client import LoadOptions, run_load_sync
+    from pytest_qwenperf.loadgen.assignment import LoadOptions
+    from pytest_qwenperf.loadgen.client import run_load_sync
     from pytest_qwenperf.loadgen.workers import run_load_in_workers
 
     specs = _specs(requests, max_tokens)

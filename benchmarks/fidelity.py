@@ -45,7 +45,8 @@ from typing import Any
 import numpy as np
 
 from pytest_qwenperf.loadgen.arrivals import ClosedLoop, OpenLoop
-from pytest_qwenperf.loadgen.client import LoadOptions, LoadResult, run_load_sync
+from pytest_qwenperf.loadgen.assignment import LoadOptions
+from pytest_qwenperf.loadgen.client import LoadResult, run_load_sync
 from pytest_qwenperf.loadgen.request import RequestSpec
 from pytest_qwenperf.loadgen.workers import pin_current_process
 from tests.processes import busy_loops

@@ -69,7 +69,8 @@ def chunks_per_cpu_second(url: str, model: str, client: str, chunks: int = CHUNK
     per_stream = chunks // streams
     if client == "qwenperf":
         from pytest_qwenperf.loadgen.arrivals import ClosedLoop
-        from pytest_qwenperf.loadgen.client import LoadOptions, new_event_loop, run_load
+        from pytest_qwenperf.loadgen.assignment import LoadOptions
+        from pytest_qwenperf.loadgen.client import new_event_loop, run_load
         from pytest_qwenperf.loadgen.request import RequestSpec
 
         specs = [RequestSpec(i, per_stream, prompt=(1, 2, 3)) for i in range(streams)]

@@ -24,7 +24,7 @@ from pathlib import Path
 
 from benchmarks.agreement import SERVER, WORKLOAD, tiny_server
 from pytest_qwenperf.loadgen.arrivals import ClosedLoop
-from pytest_qwenperf.loadgen.client import LoadOptions
+from pytest_qwenperf.loadgen.assignment import LoadOptions
 from pytest_qwenperf.loadgen.tokenizer import PromptTokenizer
 from pytest_qwenperf.measure.observe import ClientSetup, Load, Target, observe
 from pytest_qwenperf.suite.embedded import resolve_model

@@ -29,7 +29,8 @@ import numpy as np
 
 from benchmarks.fidelity import cpus, pinned
 from pytest_qwenperf.loadgen.arrivals import Replay
-from pytest_qwenperf.loadgen.client import LoadOptions, run_load_sync
+from pytest_qwenperf.loadgen.assignment import LoadOptions
+from pytest_qwenperf.loadgen.client import run_load_sync
 from pytest_qwenperf.loadgen.tokenizer import PromptTokenizer
 from pytest_qwenperf.suite.tiny_model import ensure_tiny_model
 from pytest_qwenperf.suite.traces import SyntheticShape, synthetic_trace, write_jsonl

@@ -31,7 +31,8 @@ from pytest_qwenperf.gate.baseline import (
 )
 from pytest_qwenperf.gate.judge import judge_run
 from pytest_qwenperf.loadgen.arrivals import ClosedLoop
-from pytest_qwenperf.loadgen.client import LoadOptions, LoadResult
+from pytest_qwenperf.loadgen.assignment import LoadOptions
+from pytest_qwenperf.loadgen.client import LoadResult
 from pytest_qwenperf.measure.method import Method
 from pytest_qwenperf.measure.observe import Observation
 from pytest_qwenperf.measure.run import build_run

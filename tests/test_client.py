@@ -24,7 +24,8 @@ from hypothesis import strategies as st
 from benchmarks.fidelity import STREAMS, TOKENS, streams_run
 from pytest_qwenperf.core.records import RequestRecord
 from pytest_qwenperf.loadgen.arrivals import Arrival, ArrivalError, ClosedLoop, OpenLoop, Replay
-from pytest_qwenperf.loadgen.client import ROUTINGS, LoadOptions, Progress, run_load_sync
+from pytest_qwenperf.loadgen.assignment import ROUTINGS, LoadOptions
+from pytest_qwenperf.loadgen.client import Progress, run_load_sync
 from pytest_qwenperf.loadgen.http import Connection
 from pytest_qwenperf.loadgen.request import Api, RequestSpec
 from pytest_qwenperf.loadgen.sse import StreamParser

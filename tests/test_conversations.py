@@ -17,7 +17,8 @@ from tokenizers import Tokenizer, models, pre_tokenizers
 
 from pytest_qwenperf.core.records import RequestRecord
 from pytest_qwenperf.loadgen.arrivals import Arrival, ClosedLoop, OpenLoop
-from pytest_qwenperf.loadgen.client import Assignment, LoadOptions, LoadResult, run_load_sync
+from pytest_qwenperf.loadgen.assignment import Assignment, LoadOptions
+from pytest_qwenperf.loadgen.client import LoadResult, run_load_sync
 from pytest_qwenperf.loadgen.request import RequestSpec, Turn
 from pytest_qwenperf.loadgen.tokenizer import PromptTokenizer
 from pytest_qwenperf.loadgen.workers import run_load_in_workers, share_of

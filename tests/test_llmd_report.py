@@ -26,7 +26,8 @@ from pytest_qwenperf.core.run_json import decode_run
 from pytest_qwenperf.core.summary import TokenCrossCheck, summarize
 from pytest_qwenperf.gate.llmd_report import NAMESPACE, llmd_bench_report, llmd_report
 from pytest_qwenperf.loadgen.arrivals import ClosedLoop
-from pytest_qwenperf.loadgen.client import LoadOptions, LoadResult
+from pytest_qwenperf.loadgen.assignment import LoadOptions
+from pytest_qwenperf.loadgen.client import LoadResult
 from pytest_qwenperf.measure.method import Method
 from pytest_qwenperf.measure.observe import Observation
 from pytest_qwenperf.measure.run import build_run

@@ -26,7 +26,8 @@ import pytest
 from pytest_qwenperf.core.apikey import ApiKey
 from pytest_qwenperf.core.http import http_get, http_post_json
 from pytest_qwenperf.loadgen.arrivals import ClosedLoop
-from pytest_qwenperf.loadgen.client import LoadOptions, run_load_sync
+from pytest_qwenperf.loadgen.assignment import LoadOptions
+from pytest_qwenperf.loadgen.client import run_load_sync
 from pytest_qwenperf.loadgen.request import RequestSpec
 from pytest_qwenperf.loadgen.tokenizer import PromptTokenizer
 from pytest_qwenperf.measure import canary

@@ -14,7 +14,8 @@ import pytest
 
 from pytest_qwenperf.core.records import RequestRecord
 from pytest_qwenperf.loadgen.arrivals import ArrivalError, ClosedLoop, OpenLoop
-from pytest_qwenperf.loadgen.client import Assignment, LoadOptions, run_load_sync
+from pytest_qwenperf.loadgen.assignment import Assignment, LoadOptions
+from pytest_qwenperf.loadgen.client import run_load_sync
 from pytest_qwenperf.loadgen.request import RequestSpec
 from pytest_qwenperf.loadgen.workers import run_load_in_workers, share_of
 from tests.stream_source import MODEL, StreamSource, stream_source

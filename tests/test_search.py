@@ -17,7 +17,7 @@ from pytest_qwenperf.core.run import Loss, Run
 from pytest_qwenperf.gate.baseline import baseline_from_run
 from pytest_qwenperf.gate.judge import judge_run, losses
 from pytest_qwenperf.loadgen.arrivals import ClosedLoop, OpenLoop
-from pytest_qwenperf.loadgen.client import LoadOptions
+from pytest_qwenperf.loadgen.assignment import LoadOptions
 from pytest_qwenperf.loadgen.request import RequestSpec
 from pytest_qwenperf.measure.method import Method
 from pytest_qwenperf.measure.observe import Load

@@ -14,7 +14,8 @@ from pytest_qwenperf.core.run import WINDOW_SHORT
 from pytest_qwenperf.core.summary import cross_check, summarize
 from pytest_qwenperf.core.window import KeptWindow, Window, common
 from pytest_qwenperf.loadgen.arrivals import ClosedLoop, OpenLoop, Replay
-from pytest_qwenperf.loadgen.client import LoadOptions, run_load_sync
+from pytest_qwenperf.loadgen.assignment import LoadOptions
+from pytest_qwenperf.loadgen.client import run_load_sync
 from pytest_qwenperf.loadgen.workers import pin_current_process, run_load_in_workers
 from pytest_qwenperf.measure.observe import ClientSetup, Load, Target, observe
 from tests.stream_source import MODEL, StreamSource, stream_source

@@ -48,7 +48,8 @@ from pytest_qwenperf.gate.history_store import HistoryError, HistoryStore
 from pytest_qwenperf.gate.llmd_report import llmd_bench_report, write_llmd_report
 from pytest_qwenperf.gate.sources import bench_run
 from pytest_qwenperf.loadgen.arrivals import Arrival, ClosedLoop, Distribution, OpenLoop, Replay
-from pytest_qwenperf.loadgen.client import DEFAULT_TIMEOUT_S, LoadOptions, run_load_sync
+from pytest_qwenperf.loadgen.assignment import DEFAULT_TIMEOUT_S, LoadOptions
+from pytest_qwenperf.loadgen.client import run_load_sync
 from pytest_qwenperf.loadgen.ray_workers import RayUnavailable, WorkerLost, connect
 from pytest_qwenperf.loadgen.request import RequestSpec
 from pytest_qwenperf.loadgen.sizing import need

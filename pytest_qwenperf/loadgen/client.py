@@ -25,91 +25,34 @@ from __future__ import annotations
 import asyncio
 import gc
 import json
-import math
 import os
-from bisect import bisect_left
-from collections import defaultdict, deque
+from collections import deque
 from collections.abc import Awaitable, Callable, Iterable, Sequence
 from dataclasses import dataclass
-from itertools import accumulate
 from operator import attrgetter
 from time import perf_counter
 
-from pytest_qwenperf.core.apikey import ApiKey
 from pytest_qwenperf.core.records import RequestRecord
 from pytest_qwenperf.core.run import WorkerClock
-from pytest_qwenperf.core.window import KeptWindow, Window
+from pytest_qwenperf.core.window import KeptWindow
 from pytest_qwenperf.loadgen.arrivals import (
     Arrival,
     ClosedLoop,
     OpenLoop,
-    Replay,
     Steps,
-    requested_rate,
     warmup_lanes,
-    window_problem,
 )
+from pytest_qwenperf.loadgen.assignment import Assignment, LoadOptions, Unit
 from pytest_qwenperf.loadgen.http import Connection, Endpoint
 from pytest_qwenperf.loadgen.request import RequestSpec
 from pytest_qwenperf.loadgen.sse import StreamParser, http_error
-
-DEFAULT_TIMEOUT_S = 600.0
-ROUTINGS = ("round-robin", "least-outstanding")
+from pytest_qwenperf.loadgen.window_keeper import WindowKeeper, keeper_of, lifetime_of
 
 Progress = Callable[[RequestRecord], None]
 Stop = Callable[[], bool]
 """Asked before each measured send of an open loop or a replay: True ends the sending (requests in
 flight finish and count), as a capacity search stops a probe that is clearly over-saturated."""
-Job = tuple[int, RequestSpec]  # (position in the workload, request)
-Unit = tuple[Job, ...]  # what is sent as one: a request on its own, or a conversation's turns in order
 Send = Callable[[int, RequestSpec, float | None], Awaitable[RequestRecord | None]]  # (routing position, request, due): None if not sent
-
-@dataclass(frozen=True)
-class LoadOptions:
-    """How a run is driven, besides what is sent and when.
-
-    ``warmup``: the first this many requests go first, as a closed loop (an open loop's
-    ``ramp``: at its rising rate), and are marked warm-up; with conversations they must be
-    whole ones. ``duration_s``: stop sending after this long (requests in flight finish and
-    count; no later turn of a conversation is sent past it). ``window``: measure for this long
-    once the batch is full, instead (:mod:`~pytest_qwenperf.core.window`); the requests are then
-    a supply the window must not exhaust. ``timeout_s`` bounds each request. ``continuous_usage`` asks the server for
-    cumulative usage in every chunk, which gives each chunk's token count.
-
-    ``routing`` (one of :data:`ROUTINGS`) picks each request's endpoint. ``"round-robin"``:
-    request ``i`` goes to ``endpoints[i % n]``, like a Kubernetes ClusterIP Service.
-    ``"least-outstanding"``: to the endpoint with the fewest requests in flight from this
-    client when it is sent; ties go to the first in round-robin order from ``i % n``, so
-    with equally many in flight everywhere request ``i`` goes where round-robin sends it.
-    Every turn of a conversation is routed by its first turn's position: round-robin keeps a
-    conversation on one endpoint, whose prefix cache holds its earlier turns (least-outstanding
-    still picks per turn). The client only knows its own requests: with several worker processes
-    (:mod:`~pytest_qwenperf.loadgen.workers`) each balances its own share, not the total.
-
-    ``api_key``: sent with every request as ``Authorization: Bearer`` (servers run with
-    vLLM's ``--api-key``); its ``repr`` does not show it.
-    """
-
-    warmup: int = 0
-    duration_s: float | None = None
-    window: Window | None = None
-    timeout_s: float = DEFAULT_TIMEOUT_S
-    continuous_usage: bool = True
-    routing: str = "round-robin"
-    api_key: ApiKey | None = None
-
-    def __post_init__(self) -> None:
-        if self.warmup < 0:
-            raise ValueError(f"warmup must be at least 0, got {self.warmup}")
-        if self.duration_s is not None and not self.duration_s > 0:
-            raise ValueError(f"duration_s must be positive, got {self.duration_s}")
-        if self.duration_s is not None and self.window is not None:
-            raise ValueError("a load is bounded by a duration or measured for a window, not both")
-        if not self.timeout_s > 0:
-            raise ValueError(f"timeout_s must be positive, got {self.timeout_s}")
-        if self.routing not in ROUTINGS:
-            raise ValueError(f"routing must be one of {', '.join(ROUTINGS)}, got {self.routing!r}")
-
 
 @dataclass(frozen=True, repr=False)
 class LoadResult:
@@ -185,7 +128,7 @@ class _Client:
         self.turns = _SendTurns()
 
     async def send(
-        self, position: int, spec: RequestSpec, scheduled_at: float | None, warmup: bool, window: _WindowKeeper | None = None
+        self, position: int, spec: RequestSpec, scheduled_at: float | None, warmup: bool, window: WindowKeeper | None = None
     ) -> RequestRecord | None:
         """Send one request and record it; None when ``window`` was measured before it could be
         written (it waited for its turn or its connection meanwhile): nothing was sent."""
@@ -256,95 +199,13 @@ class _Client:
             endpoint.close()
 
 
-class _WindowKeeper:
-    """Keeps a time-bounded run's window while it runs (:mod:`~pytest_qwenperf.core.window`).
-
-    A closed loop's window opens once its batch has filled and turned over once: at the end of
-    as many measured requests as it has lanes (``turnover``). The measured phase starts from an
-    empty batch (the warm-up ended first), so its first wave is sent at once and runs in step,
-    all prefills together and then decoding alone; only after it has turned over do the slots
-    hold requests at every stage, as they do in a steady state. An open loop's opens at
-    ``opens_at``. It closes ``length_s`` later. Every request
-    sent before it closes is counted until it ends, and the run sends on while any is in flight.
-    Once none is (:meth:`done`), the requests still in flight, all sent after the window closed,
-    are cut: their connections closed, which vLLM takes as an abort. Nothing of them lies inside
-    the window, so waiting for their ends would only cost time (a whole request's lifetime).
-    Sends are counted at their write (the records' ``sent_at``), not when a lane asks to send: a
-    closed loop's lanes all ask at once and write one per loop turn (``_SendTurns``), so a request
-    counts as inside the window by the same time its record has.
-    """
-
-    def __init__(
-        self, length_s: float, lifetime_s: float | None, supply: int, turnover: int | None, opens_at: float | None
-    ) -> None:
-        self.length_s, self.lifetime_s = length_s, lifetime_s  # the lifetime it was reckoned in; None: seconds
-        self.supply = supply  # the measured requests: once all were sent, the requests ran out
-        self.turnover, self.opened = turnover, opens_at
-        self.sends = self.ends = 0
-        self.waiting = 0  # requests sent before the window closed, not yet ended
-        self.last_send = -math.inf
-        self.live: set[Connection] = set()  # the connections of the requests in flight
-        self.cut_off: set[Connection] = set()  # those cut once the window was measured
-        self.cutting = False
-
-    @property
-    def closes(self) -> float:
-        return math.inf if self.opened is None else self.opened + self.length_s
-
-    def sent(self, at: float, conn: Connection) -> bool:
-        """A request was written at ``at`` on ``conn``; True when the window waits for it to end.
-        Its end is told to :meth:`ended` either way."""
-        self.live.add(conn)
-        self.sends += 1
-        self.last_send = at
-        if at < self.closes:
-            self.waiting += 1
-            return True
-        return False
-
-    def ended(self, conn: Connection, waited: bool) -> None:
-        self.live.discard(conn)
-        self.waiting -= waited
-        self.ends += 1
-        if self.opened is None and self.ends == self.turnover:
-            self.opened = perf_counter()
-        if waited and not self.waiting:
-            self.done()
-
-    def done(self) -> bool:
-        """The window has closed and every request it waits for has ended: send no more, and cut
-        the requests in flight."""
-        if self.waiting or perf_counter() < self.closes:
-            return False
-        self.cutting = True
-        for conn in self.live - self.cut_off:
-            self.cut_off.add(conn)
-            conn.cut()
-        return True
-
-    def cut(self, conn: Connection) -> bool:
-        """Whether the request on ``conn`` ended because it was cut."""
-        return conn in self.cut_off
-
-    def kept(self) -> KeptWindow | None:
-        """The window measured; it closes at the last send where the requests ran out first. None where
-        it never opened, or nothing was sent once it had."""
-        if self.opened is None:
-            return None
-        ran_out = self.sends >= self.supply and self.last_send < self.closes
-        if ran_out and self.last_send <= self.opened:  # nothing was sent once it opened: no window at all
-            return None
-        closed = self.last_send if ran_out else self.closes
-        return KeptWindow(self.opened, closed, self.length_s, self.lifetime_s, ran_out)
-
-
 async def _until(at: float) -> None:
     while (delay := at - perf_counter()) > 0:  # a timer may fire early (uvloop's are in whole ms)
         await asyncio.sleep(delay)
 
 
 def _sender(
-    client: _Client, limit: asyncio.Semaphore | None, deadline: float | None, warmup: bool, window: _WindowKeeper | None = None
+    client: _Client, limit: asyncio.Semaphore | None, deadline: float | None, warmup: bool, window: WindowKeeper | None = None
 ) -> Send:
     """Sends one request; under an open loop's cap (``limit``), one held back by it past ``deadline``
     is not sent; none is sent once ``window`` is done."""
@@ -443,113 +304,9 @@ async def _gathered(tasks: Sequence[asyncio.Task[list[RequestRecord]]]) -> list[
     return [record for records in await asyncio.gather(*tasks) for record in records]
 
 
-def _units(jobs: Iterable[Job]) -> tuple[Unit, ...]:
-    """The jobs grouped into what is sent as one, in the order of their first jobs.
-
-    Turn 0 opens a conversation; turn k joins the earliest opened conversation of its number that
-    waits for turn k. So conversation numbers need not be unique: copies of a workload interleaved
-    request by request (one per replica, ``measure.scaling.copies_of``) repeat them.
-    """
-    units: list[list[Job]] = []
-    waiting: defaultdict[tuple[int, int], deque[list[Job]]] = defaultdict(deque)  # (conversation, turn it waits for)
-    for job in jobs:
-        turn = job[1].turn
-        if turn is None or turn.number == 0:
-            unit = [job]
-            units.append(unit)
-        elif waiting[turn.conversation, turn.number]:
-            unit = waiting[turn.conversation, turn.number].popleft()
-            unit.append(job)
-        else:
-            raise ValueError(
-                f"request {job[0]}: turn {turn.number} of conversation {turn.conversation} comes without turn {turn.number - 1} before it"
-            )
-        if turn is not None:
-            waiting[turn.conversation, turn.number + 1].append(unit)
-    return tuple(tuple(unit) for unit in units)
-
-
-def _warmup_units(units: Sequence[Unit], warmup: int) -> int:
-    """How many units the first ``warmup`` requests make: they must be whole conversations."""
-    ends = list(accumulate((len(unit) for unit in units), initial=0))  # the requests before each unit, and all
-    if warmup < 0 or warmup > ends[-1]:
-        raise ValueError(f"warmup must be between 0 and the number of requests ({ends[-1]}), got {warmup}")
-    k = bisect_left(ends, warmup)
-    if ends[k] != warmup:
-        raise ValueError(f"warmup must be whole conversations, {ends[k - 1]} or {ends[k]} requests here, got {warmup}")
-    return k
-
-
 def _limit(arrival: Arrival) -> asyncio.Semaphore | None:
     cap = arrival.max_concurrency if isinstance(arrival, OpenLoop) else None
     return asyncio.Semaphore(cap) if cap else None
-
-
-@dataclass(frozen=True)
-class Assignment:
-    """What one event loop sends: to which endpoints and as which model, its warm-up and measured
-    units, by which arrival and how. ``offsets``: the open loop's or the replay's send times of
-    ``units``; ``ramp``: an open loop's ramp's send times of the ``warmup`` units, and ``ramp_s``
-    the whole ramp's length (a worker's share keeps it), where the measured phase starts."""
-
-    endpoints: tuple[str, ...]
-    model: str
-    warmup: tuple[Unit, ...]
-    units: tuple[Unit, ...]
-    arrival: Arrival
-    offsets: tuple[float, ...] | None
-    options: LoadOptions
-    ramp: tuple[float, ...] | None = None
-    ramp_s: float = 0.0
-
-    @classmethod
-    def of(
-        cls, endpoints: Sequence[str], model: str, requests: Iterable[RequestSpec], arrival: Arrival, options: LoadOptions
-    ) -> Assignment:
-        """Number the requests and group a conversation's turns into one unit; the first
-        ``options.warmup`` requests are the warm-up, the arrival's schedule covers the rest."""
-        units = _units(enumerate(requests))
-        warmup = _warmup_units(units, options.warmup)
-        if options.window is not None and (problem := window_problem(options.window, arrival, warmup)):
-            raise ValueError(problem)
-        measured = units[warmup:]
-        offsets: tuple[float, ...] | None = None
-        if isinstance(arrival, OpenLoop):
-            offsets = tuple(arrival.offsets(len(measured)))
-        elif isinstance(arrival, Replay):
-            offsets = tuple(arrival.offsets_of([unit[0][1].at for unit in measured]))
-        ramp = tuple(arrival.ramp_offsets(warmup)) if isinstance(arrival, OpenLoop) and arrival.ramp is not None else None
-        return cls(tuple(endpoints), model, units[:warmup], measured, arrival, offsets, options, ramp, ramp[-1] if ramp else 0.0)
-
-    @property
-    def requested_rate(self) -> float | None:
-        """The arrival's; None when conversations of several turns are sent: how fast the server
-        answers sets their request rate (their turns' lag still shows a client that fell behind)."""
-        if any(len(unit) > 1 for unit in self.units):
-            return None
-        return requested_rate(self.arrival, self.offsets)
-
-
-def _keeper(assignment: Assignment, start: float, lifetime_s: float | None) -> _WindowKeeper | None:
-    """The measured phase's window keeper, or None when the load is not time-bounded. A closed loop's
-    window opens once its batch has turned over; an open loop's one lifetime after the measured
-    phase starts, or at once after a ramp (whose requests are in flight already)."""
-    window = assignment.options.window
-    if window is None:
-        return None
-    length_s = window.length_s(lifetime_s)
-    reckoned_in = lifetime_s if window.lifetimes is not None else None
-    supply = sum(map(len, assignment.units))
-    if isinstance(assignment.arrival, ClosedLoop):
-        return _WindowKeeper(length_s, reckoned_in, supply, min(assignment.arrival.concurrency, len(assignment.units)), None)
-    opens_at = start if assignment.ramp is not None else start + (lifetime_s or 0.0)
-    return _WindowKeeper(length_s, reckoned_in, supply, None, opens_at)
-
-
-def _lifetime_s(warmup: Sequence[RequestRecord]) -> float | None:
-    """A request's lifetime: the median end-to-end time of the warm-up's completed requests."""
-    times = sorted(r.ended_at - r.sent_at for r in warmup if r.ok)
-    return times[len(times) // 2] if times else None
 
 
 async def _measured(
@@ -557,7 +314,7 @@ async def _measured(
 ) -> tuple[list[RequestRecord], KeptWindow | None]:
     arrival, duration_s = assignment.arrival, assignment.options.duration_s
     deadline = None if duration_s is None else start + duration_s
-    window = _keeper(assignment, start, lifetime_s)
+    window = keeper_of(assignment, start, lifetime_s)
     send = _sender(client, limit, deadline, False, window)
     done = window.done if window is not None else None
     if isinstance(arrival, ClosedLoop):
@@ -579,7 +336,7 @@ async def _phased(
     if sync is not None:
         await sync()
     started_at = perf_counter()
-    measured, window = await _measured(client, assignment, started_at, _limit(assignment.arrival), _lifetime_s(records))
+    measured, window = await _measured(client, assignment, started_at, _limit(assignment.arrival), lifetime_of(records))
     return records + measured, started_at, window
 
 

@@ -43,7 +43,8 @@ from typing import Any
 from pytest_qwenperf.core.records import RequestRecord
 from pytest_qwenperf.core.run import WorkerClock
 from pytest_qwenperf.core.window import KeptWindow, common
-from pytest_qwenperf.loadgen.client import Assignment, LoadResult, Progress, new_event_loop, run_jobs
+from pytest_qwenperf.loadgen.assignment import Assignment
+from pytest_qwenperf.loadgen.client import LoadResult, Progress, new_event_loop, run_jobs
 from pytest_qwenperf.loadgen.workers import BARRIER_TIMEOUT_S, check_split, share_of
 
 PINGS = 16
@@ -120,7 +121,7 @@ def connect(address: str) -> None:
 
 
 def run_load_on_ray(address: str, n_workers: int, whole: Assignment, *, progress: Progress | None = None) -> LoadResult:
-    """``whole`` (:class:`~pytest_qwenperf.loadgen.client.Assignment`) split over ``n_workers`` Ray
+    """``whole`` (:class:`~pytest_qwenperf.loadgen.assignment.Assignment`) split over ``n_workers`` Ray
     actors of the cluster at ``address``, on the driver's clock; each worker's clock in ``clocks``.
     ``progress`` is told of every record once the workers are done (they return them at the end)."""
     check_split(whole.arrival, n_workers)

@@ -40,14 +40,8 @@ from typing import Any
 from pytest_qwenperf.core.records import RequestRecord
 from pytest_qwenperf.core.window import KeptWindow, common
 from pytest_qwenperf.loadgen.arrivals import Arrival, ClosedLoop, OpenLoop
-from pytest_qwenperf.loadgen.client import (
-    Assignment,
-    LoadOptions,
-    LoadResult,
-    Progress,
-    new_event_loop,
-    run_jobs,
-)
+from pytest_qwenperf.loadgen.assignment import Assignment, LoadOptions
+from pytest_qwenperf.loadgen.client import LoadResult, Progress, new_event_loop, run_jobs
 from pytest_qwenperf.loadgen.request import RequestSpec
 
 BARRIER_TIMEOUT_S = 120.0  # a worker that never arrives (crashed while starting) breaks the barrier

@@ -24,7 +24,7 @@ from pytest_qwenperf.core.summary import GoodputSLO, inter_token_latencies
 from pytest_qwenperf.core.validity import ValidityLimits
 from pytest_qwenperf.core.window import windowed_fingerprint
 from pytest_qwenperf.loadgen.arrivals import Arrival, Replay
-from pytest_qwenperf.loadgen.client import LoadOptions
+from pytest_qwenperf.loadgen.assignment import LoadOptions
 from pytest_qwenperf.loadgen.request import RequestSpec
 from pytest_qwenperf.measure.observe import ClientSetup, Observation
 from pytest_qwenperf.measure.validity import conditions

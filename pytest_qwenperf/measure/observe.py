@@ -28,7 +28,8 @@ from pytest_qwenperf.core.summary import (
 )
 from pytest_qwenperf.core.timeline import Timeline
 from pytest_qwenperf.loadgen.arrivals import Arrival
-from pytest_qwenperf.loadgen.client import Assignment, LoadOptions, LoadResult, Progress, Stop, run_load_sync
+from pytest_qwenperf.loadgen.assignment import Assignment, LoadOptions
+from pytest_qwenperf.loadgen.client import LoadResult, Progress, Stop, run_load_sync
 from pytest_qwenperf.loadgen.ray_workers import run_load_on_ray
 from pytest_qwenperf.loadgen.request import RequestSpec
 from pytest_qwenperf.loadgen.workers import pin_current_process, run_load_in_workers

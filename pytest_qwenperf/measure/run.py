@@ -33,7 +33,7 @@ from pytest_qwenperf.core.summary import latency_quantiles
 from pytest_qwenperf.core.validity import RETAKEN
 from pytest_qwenperf.gate.diagnosis import telemetry_figures
 from pytest_qwenperf.loadgen.arrivals import Replay
-from pytest_qwenperf.loadgen.client import LoadOptions
+from pytest_qwenperf.loadgen.assignment import LoadOptions
 from pytest_qwenperf.loadgen.tokenizer import PromptTokenizer
 from pytest_qwenperf.measure.method import Method
 from pytest_qwenperf.measure.observe import Load, Observation, Target, observe

@@ -40,7 +40,8 @@ from pytest_qwenperf.core.run_json import decode_run
 from pytest_qwenperf.core.summary import RunSummary
 from pytest_qwenperf.gate.baseline import write_baseline
 from pytest_qwenperf.loadgen.arrivals import ClosedLoop
-from pytest_qwenperf.loadgen.client import LoadOptions, run_load_sync
+from pytest_qwenperf.loadgen.assignment import LoadOptions
+from pytest_qwenperf.loadgen.client import run_load_sync
 from pytest_qwenperf.loadgen.request import RequestSpec
 from pytest_qwenperf.loadgen.workers import run_load_in_workers
 from pytest_qwenperf.measure.method import Method

@@ -196,7 +196,8 @@ from pytest_qwenperf.suite.config import load_suite
 from pytest_qwenperf.serving.hardware import Hardware
 from pytest_qwenperf.core.summary import RunSummary, TokenCrossCheck
 from pytest_qwenperf.loadgen.arrivals import ClosedLoop
-from pytest_qwenperf.loadgen.client import LoadOptions, LoadResult
+from pytest_qwenperf.loadgen.client import LoadResult
+from pytest_qwenperf.loadgen.assignment import LoadOptions
 from pytest_qwenperf.plugin.settings import REPORT_KEY
 from pytest_qwenperf.measure.method import Method, repeats
 from pytest_qwenperf.measure.observe import ClientSetup, Observation
