@@ -25,9 +25,10 @@ from benchmarks.fidelity import STREAMS, TOKENS, streams_run
 from pytest_qwenperf.core.records import RequestRecord
 from pytest_qwenperf.loadgen.arrivals import Arrival, ArrivalError, ClosedLoop, OpenLoop, Replay
 from pytest_qwenperf.loadgen.assignment import ROUTINGS, LoadOptions
-from pytest_qwenperf.loadgen.client import Progress, run_load_sync
+from pytest_qwenperf.loadgen.client import run_load_sync
 from pytest_qwenperf.loadgen.http import Connection
 from pytest_qwenperf.loadgen.request import Api, RequestSpec
+from pytest_qwenperf.loadgen.requester import Progress
 from pytest_qwenperf.loadgen.sse import StreamParser
 from pytest_qwenperf.loadgen.stamped_socket import StampedConnection
 from pytest_qwenperf.loadgen.workers import pin_current_process, run_load_in_workers

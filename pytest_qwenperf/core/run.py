@@ -254,6 +254,8 @@ class TraceReplay(msgspec.Struct, frozen=True, kw_only=True):
         lengths = "; ".join(off) or f"prompt and output lengths {traced} (the server's counts)"
         hit_rate = run.prefix_cache_hit_rate
         hits = "prefix caching off or not counted" if hit_rate is None else f"the server hit {hit_rate:.1%}"
+        if hit_rate is not None and hit_rate > self.cacheable_share + 0.005:
+            hits += ", more than the trace allows: its cache held blocks from before the run (an earlier replay of it)"
         before = "" if self.traced_cacheable_share is None else f" ({self.traced_cacheable_share:.1%} as traced)"
         blocks = "" if self.kv_block is None else f" of {self.kv_block}-token blocks"
         return f"{when}; {lengths}; {self.cacheable_share:.1%} of prompt tokens could hit a prefix cache{blocks}{before}, {hits}"

@@ -15,8 +15,8 @@ chunk here), and times each chunk by when the kernel received it
 (:mod:`~pytest_qwenperf.loadgen.stamped_socket`), not when Python got to it. There is
 no pool limit, no proxy and no line-length limit to configure.
 The connections are :mod:`~pytest_qwenperf.loadgen.http`; :class:`~pytest_qwenperf.loadgen.sse.StreamParser`
-reads token counts out of vLLM's chunks without decoding their JSON. This module schedules:
-the lanes of a closed loop, the arrivals of an open one, a conversation's turns, routing,
+reads token counts out of vLLM's chunks without decoding their JSON; :mod:`~pytest_qwenperf.loadgen.requester` sends one request. This module schedules:
+the lanes of a closed loop, the arrivals of an open one (made ready ahead, a burst written at once), a conversation's turns,
 warm-up and ramps, and the records.
 """
 
@@ -24,12 +24,10 @@ from __future__ import annotations
 
 import asyncio
 import gc
-import json
 import os
-from collections import deque
+from bisect import bisect_right
 from collections.abc import Awaitable, Callable, Iterable, Sequence
 from dataclasses import dataclass
-from operator import attrgetter
 from time import perf_counter
 
 from pytest_qwenperf.core.records import RequestRecord
@@ -43,16 +41,10 @@ from pytest_qwenperf.loadgen.arrivals import (
     warmup_lanes,
 )
 from pytest_qwenperf.loadgen.assignment import Assignment, LoadOptions, Unit
-from pytest_qwenperf.loadgen.http import Connection, Endpoint
 from pytest_qwenperf.loadgen.request import RequestSpec
-from pytest_qwenperf.loadgen.sse import StreamParser, http_error
+from pytest_qwenperf.loadgen.requester import Progress, Requester, Stop, Written
 from pytest_qwenperf.loadgen.window_keeper import WindowKeeper, keeper_of, lifetime_of
 
-Progress = Callable[[RequestRecord], None]
-Stop = Callable[[], bool]
-"""Asked before each measured send of an open loop or a replay: True ends the sending (requests in
-flight finish and count), as a capacity search stops a probe that is clearly over-saturated."""
-Send = Callable[[int, RequestSpec, float | None], Awaitable[RequestRecord | None]]  # (routing position, request, due): None if not sent
 
 @dataclass(frozen=True, repr=False)
 class LoadResult:
@@ -81,153 +73,60 @@ class LoadResult:
         return f"LoadResult({len(self.records)} records, {self.ended_at - self.started_at:.3f} s, {self.arrival!r})"
 
 
-class _SendTurns:
-    """At most one request sent per event-loop iteration, in arrival order.
-
-    In a burst (a closed loop's start: every lane at once) the loop would otherwise send
-    all requests before it reads the sockets again, and chunks arriving meanwhile would
-    be timed late by the whole burst; taking turns lets it read between two sends.
-    """
-
-    def __init__(self) -> None:
-        self._waiting: deque[asyncio.Future[None]] = deque()
-        self._taken = False
-
-    async def take(self) -> None:
-        if self._taken:
-            turn = asyncio.get_running_loop().create_future()
-            self._waiting.append(turn)
-            await turn
-        self._taken = True
-        asyncio.get_running_loop().call_soon(self._pass)  # runs in the next iteration, after a poll
-
-    def _pass(self) -> None:
-        while self._waiting:
-            turn = self._waiting.popleft()
-            if not turn.done():  # not cancelled
-                turn.set_result(None)
-                return
-        self._taken = False
-
-
-_IN_FLIGHT = attrgetter("in_flight")
-
-
-class _Client:
-    """Sends one request and records it."""
-
-    def __init__(
-        self, endpoints: Sequence[str], model: str, options: LoadOptions, progress: Progress | None, stop: Stop | None = None
-    ) -> None:
-        self.endpoints = [Endpoint(url, options.api_key) for url in endpoints]
-        # the endpoints in round-robin order from each one: ``min`` over them keeps the first of equals
-        self.orders = [self.endpoints[k:] + self.endpoints[:k] for k in range(len(self.endpoints))]
-        self.least_outstanding = options.routing == "least-outstanding"
-        self.model, self.continuous_usage, self.timeout_s = model, options.continuous_usage, options.timeout_s
-        self.progress, self.stop = progress, stop
-        self.turns = _SendTurns()
-
-    async def send(
-        self, position: int, spec: RequestSpec, scheduled_at: float | None, warmup: bool, window: WindowKeeper | None = None
-    ) -> RequestRecord | None:
-        """Send one request and record it; None when ``window`` was measured before it could be
-        written (it waited for its turn or its connection meanwhile): nothing was sent."""
-        body = json.dumps(spec.body(self.model, continuous_usage=self.continuous_usage)).encode()
-        parser = StreamParser()
-        conn: Connection | None = None
-        reusable = waited = unsent = False
-        prompt_tokens = completion_tokens = 0
-        await self.turns.take()
-        order = self.orders[position % len(self.orders)]
-        endpoint = min(order, key=_IN_FLIGHT) if self.least_outstanding else order[0]
-        request = endpoint.head(spec.path, len(body)) + body
-        endpoint.in_flight += 1
-        sent_at = perf_counter()
-        try:
-            async with asyncio.timeout(self.timeout_s):
-                conn = await endpoint.connection()
-                if window is not None and window.cutting:
-                    reusable = unsent = True  # the connection is still idle
-                    return None
-                sent_at = perf_counter()  # TTFT counts from the write, not from connecting
-                waited = window is not None and window.sent(sent_at, conn)
-                reusable = await conn.request(request, parser)
-            if conn.status == 200:
-                prompt_tokens, completion_tokens = parser.finish()
-            else:
-                parser.error = http_error(conn.status, bytes(conn.error_body))
-        except TimeoutError:
-            parser.error = f"TimeoutError: no complete response within {self.timeout_s} s"
-        except Exception as exc:  # anything a server or the network can do must become a record
-            parser.error = f"{type(exc).__name__}: {exc}"
-        finally:
-            endpoint.in_flight -= 1
-            if window is not None and conn is not None and not unsent:
-                window.ended(conn, waited)
-            if reusable and conn is not None:  # reusable implies a connection
-                endpoint.idle.append(conn)
-            elif conn is not None and conn.transport is not None:
-                conn.transport.abort()  # mid-response, timed out or closing: never reuse
-        cut = window is not None and conn is not None and parser.error is not None and window.cut(conn)
-        if cut:
-            parser.error = "cut once its window was measured"
-            prompt_tokens, completion_tokens = parser.seen()
-        record = RequestRecord(
-            index=spec.index,
-            endpoint=endpoint.url,
-            scheduled_at=sent_at if scheduled_at is None else scheduled_at,
-            sent_at=sent_at,
-            ended_at=conn.completed_at if conn is not None and conn.completed_at is not None else perf_counter(),
-            chunk_times=tuple(parser.times),
-            chunk_tokens=tuple(parser.tokens),
-            prompt_tokens=prompt_tokens,
-            completion_tokens=completion_tokens,
-            expected_output_tokens=spec.max_tokens if spec.ignore_eos else None,
-            expected_prompt_tokens=len(spec.prompt) if isinstance(spec.prompt, tuple) else None,
-            status=conn.status if conn is not None else None,
-            error=parser.error,
-            warmup=warmup,
-            cut=cut,
-        )
-        if self.progress is not None:
-            self.progress(record)
-        return record
-
-    def close(self) -> None:
-        """Close the idle connections: at the end of a run every other one was aborted."""
-        for endpoint in self.endpoints:
-            endpoint.close()
+SPIN_S = 0.0015
+"""uvloop's timers fire to the whole millisecond, up to one late: after a long wait (ten times this
+or more: a trace's next burst, a sparse open loop) :func:`_until` sleeps to this much before the
+time, then yields to the loop, which reads the sockets meanwhile, until it. At most a tenth of a
+wait is spent so; shorter waits (a dense schedule) only sleep, and a send may be a millisecond late."""
 
 
 async def _until(at: float) -> None:
-    while (delay := at - perf_counter()) > 0:  # a timer may fire early (uvloop's are in whole ms)
+    if at - perf_counter() >= 10 * SPIN_S:
+        await asyncio.sleep(at - perf_counter() - SPIN_S)
+        while perf_counter() < at:
+            await asyncio.sleep(0)
+    while (delay := at - perf_counter()) > 0:
         await asyncio.sleep(delay)
 
 
-def _sender(
-    client: _Client, limit: asyncio.Semaphore | None, deadline: float | None, warmup: bool, window: WindowKeeper | None = None
-) -> Send:
-    """Sends one request; under an open loop's cap (``limit``), one held back by it past ``deadline``
-    is not sent; none is sent once ``window`` is done."""
+@dataclass(frozen=True)
+class _Sender:
+    """Sends one request of a phase: under an open loop's cap (``limit``), one held back by it past
+    ``deadline`` is not sent; none is sent once ``window`` is done."""
 
-    async def windowed(position: int, spec: RequestSpec, at: float | None) -> RequestRecord | None:
-        if window is not None and window.done():
+    client: Requester
+    limit: asyncio.Semaphore | None
+    deadline: float | None
+    warmup: bool
+    window: WindowKeeper | None = None
+
+    def now(self, position: int, spec: RequestSpec) -> Written | None:
+        """The request written at once where nothing holds it back (no cap to wait under, a
+        connection idle); None: send it by :meth:`__call__` alone."""
+        if self.limit is not None or (self.window is not None and self.window.done()):
             return None
-        return await client.send(position, spec, at, warmup, window)
+        return self.client.write_now(position, spec, self.window)
 
-    async def send(position: int, spec: RequestSpec, at: float | None) -> RequestRecord | None:
-        if limit is None:
-            return await windowed(position, spec, at)
-        async with limit:
-            if deadline is not None and perf_counter() >= deadline:
+    async def __call__(self, position: int, spec: RequestSpec, at: float | None, written: Written | None = None) -> RequestRecord | None:
+        """The request's record (``at``: when it was due; None: now); None if it was not sent."""
+        if written is not None:
+            return await self.client.send(position, spec, at, self.warmup, self.window, written)
+        if self.limit is None:
+            return await self._windowed(position, spec, at)
+        async with self.limit:
+            if self.deadline is not None and perf_counter() >= self.deadline:
                 return None
-            return await windowed(position, spec, at)
+            return await self._windowed(position, spec, at)
 
-    return send
+    async def _windowed(self, position: int, spec: RequestSpec, at: float | None) -> RequestRecord | None:
+        if self.window is not None and self.window.done():
+            return None
+        return await self.client.send(position, spec, at, self.warmup, self.window)
 
 
-async def _unit(send: Send, unit: Unit, at: float | None, deadline: float | None) -> list[RequestRecord]:
-    """Send ``unit``'s requests one after another, the first due ``at`` (None: now, in a closed loop).
+async def _unit(send: _Sender, unit: Unit, at: float | None, deadline: float | None, written: Written | None = None) -> list[RequestRecord]:
+    """Send ``unit``'s requests one after another, the first due ``at`` (None: now, in a closed loop;
+    ``written``: written already, :meth:`_Sender.now`).
 
     A later turn is due its think time after the previous turn's end, which is its record's
     ``scheduled_at`` (a turn sent late shows as lag); it is not sent when that is past ``deadline``
@@ -245,15 +144,16 @@ async def _unit(send: Send, unit: Unit, at: float | None, deadline: float | None
             if deadline is not None and at >= deadline:
                 break
             await _until(at)
-        record = await send(position, spec, at)
+        record = await send(position, spec, at, written)
         if record is None:
             break
         records.append(record)
+        written = None
     return records
 
 
 async def _closed(
-    send: Send, units: Sequence[Unit], steps: Steps, deadline: float | None, done: Stop | None = None
+    send: _Sender, units: Sequence[Unit], steps: Steps, deadline: float | None, done: Stop | None = None
 ) -> list[RequestRecord]:
     """Lanes that each send one unit after another, until ``deadline`` or until ``done`` says so; a
     step of ``steps`` adds lanes once the units taken reach its start."""
@@ -283,20 +183,47 @@ async def _closed(
     return records
 
 
+AHEAD_S = 0.1
+"""How long before its time a scheduled request is made ready (:meth:`Requester.ahead`): the JSON
+of a long prompt takes a fraction of a millisecond, a connect about as much on a local network,
+and a trace's burst sends dozens in one millisecond."""
+
+
+def _soon(units: Sequence[Unit], offsets: Sequence[float]) -> Sequence[Unit]:
+    """The first of ``units`` and those due within :data:`AHEAD_S` of it."""
+    return units[: bisect_right(offsets, offsets[0] + AHEAD_S)] if units else units
+
+
 async def _open(
-    send: Send, units: Sequence[Unit], offsets: Sequence[float], start: float, deadline: float | None, stop: Stop | None = None
+    send: _Sender, units: Sequence[Unit], offsets: Sequence[float], start: float, deadline: float | None, stop: Stop | None = None
 ) -> list[asyncio.Task[list[RequestRecord]]]:
     """Start each unit at ``start`` plus its offset, until ``deadline`` or until ``stop`` says so;
-    returns once the last has started, with the tasks that send them."""
-    tasks = []
-    for unit, offset in zip(units, offsets, strict=True):
-        at = start + offset
-        if deadline is not None and at >= deadline:
+    returns once the last has started, with the tasks that send them.
+
+    Each unit is made ready :data:`AHEAD_S` before its time; at its time it and every unit due by
+    then are written at once (:meth:`_Sender.now`), and only then are their responses awaited: a
+    burst due in one millisecond goes out in one go, not one request per turn of the loop."""
+    tasks: list[asyncio.Task[list[RequestRecord]]] = []
+    ready = index = 0  # units made ready; units started
+    stopped = False
+    while index < len(units) and not stopped:
+        if deadline is not None and start + offsets[index] >= deadline:
             break
-        await _until(at)
-        if stop is not None and stop():
-            break
-        tasks.append(asyncio.create_task(_unit(send, unit, at, deadline)))
+        if ready <= index:
+            await _until(start + offsets[index] - AHEAD_S)
+            first, ready = ready, bisect_right(offsets, offsets[index] + AHEAD_S)
+            send.client.ahead(units[first:ready])
+        await _until(start + offsets[index])
+        due: list[tuple[Unit, float, Written | None]] = []
+        now = perf_counter()
+        while index < len(units) and (at := start + offsets[index]) <= now:
+            if (deadline is not None and at >= deadline) or (stop is not None and stop()):
+                stopped = True
+                break
+            unit = units[index]
+            due.append((unit, at, send.now(*unit[0])))
+            index += 1
+        tasks.extend(asyncio.create_task(_unit(send, unit, at, deadline, written)) for unit, at, written in due)
     return tasks
 
 
@@ -310,12 +237,12 @@ def _limit(arrival: Arrival) -> asyncio.Semaphore | None:
 
 
 async def _measured(
-    client: _Client, assignment: Assignment, start: float, limit: asyncio.Semaphore | None, lifetime_s: float | None = None
+    client: Requester, assignment: Assignment, start: float, limit: asyncio.Semaphore | None, lifetime_s: float | None = None
 ) -> tuple[list[RequestRecord], KeptWindow | None]:
     arrival, duration_s = assignment.arrival, assignment.options.duration_s
     deadline = None if duration_s is None else start + duration_s
     window = keeper_of(assignment, start, lifetime_s)
-    send = _sender(client, limit, deadline, False, window)
+    send = _Sender(client, limit, deadline, False, window)
     done = window.done if window is not None else None
     if isinstance(arrival, ClosedLoop):
         records = await _closed(send, assignment.units, ((0, arrival.concurrency),), deadline, done)
@@ -328,11 +255,13 @@ async def _measured(
 
 
 async def _phased(
-    client: _Client, assignment: Assignment, sync: Callable[[], Awaitable[None]] | None
+    client: Requester, assignment: Assignment, sync: Callable[[], Awaitable[None]] | None
 ) -> tuple[list[RequestRecord], float, KeptWindow | None]:
     """The warm-up as a closed loop, all of it finished before the measured phase starts."""
     warmup = assignment.warmup
-    records = await _closed(_sender(client, None, None, True), warmup, warmup_lanes(assignment.arrival, len(warmup)), None)
+    records = await _closed(_Sender(client, None, None, True), warmup, warmup_lanes(assignment.arrival, len(warmup)), None)
+    if assignment.offsets is not None:  # the first requests due made ready before the clock starts
+        await client.ready(_soon(assignment.units, assignment.offsets))
     if sync is not None:
         await sync()
     started_at = perf_counter()
@@ -340,13 +269,14 @@ async def _phased(
     return records + measured, started_at, window
 
 
-async def _ramped(client: _Client, assignment: Assignment) -> tuple[list[RequestRecord], float, KeptWindow | None]:
+async def _ramped(client: Requester, assignment: Assignment) -> tuple[list[RequestRecord], float, KeptWindow | None]:
     """An open loop's warm-up at its rising rate, then at once the measured phase at the full rate
     while the warm-up's last requests still run; one cap on requests in flight for both."""
     assert assignment.ramp is not None
     limit = _limit(assignment.arrival)
+    await client.ready(_soon(assignment.warmup, assignment.ramp))
     start = perf_counter()
-    warmup = await _open(_sender(client, limit, None, True), assignment.warmup, assignment.ramp, start, None)
+    warmup = await _open(_Sender(client, limit, None, True), assignment.warmup, assignment.ramp, start, None)
     started_at = start + assignment.ramp_s
     records, window = await _measured(client, assignment, started_at, limit)
     return await _gathered(warmup) + records, started_at, window
@@ -367,7 +297,7 @@ async def run_jobs(
     """
     if not assignment.endpoints:
         raise ValueError("no endpoints")
-    client = _Client(assignment.endpoints, assignment.model, assignment.options, progress, stop)
+    client = Requester(assignment.endpoints, assignment.model, assignment.options, progress, stop)
     gc.collect()
     gc.freeze()  # a full collection over everything imported stalls the loop for >10 ms; only scan what the run creates
     try:

@@ -5,6 +5,7 @@ stamped with when the kernel received it, and the endpoints that hold idle conne
 from __future__ import annotations
 
 import asyncio
+import contextlib
 from time import perf_counter
 from urllib.parse import urlsplit
 
@@ -175,6 +176,7 @@ class Endpoint:
         self.auth = api_key.header_line() if api_key else ""
         self.idle: list[Connection] = []
         self.in_flight = 0
+        self.opening: set[asyncio.Task[None]] = set()  # connections being opened ahead of their requests
 
     def head(self, path: str, length: int) -> bytes:
         return (
@@ -182,14 +184,32 @@ class Endpoint:
             f"{self.auth}Content-Type: application/json\r\nContent-Length: {length}\r\n\r\n"
         ).encode()
 
-    async def connection(self) -> Connection:
+    def idle_connection(self) -> Connection | None:
+        """An idle connection that is still open, taken; None where there is none."""
         while self.idle:
             conn = self.idle.pop()
             if not conn.closed:
                 return conn
-        return await Connection.open(self.host, self.port)
+        return None
+
+    async def connection(self) -> Connection:
+        return self.idle_connection() or await Connection.open(self.host, self.port)
+
+    def open_ahead(self, count: int) -> None:
+        """Open connections in the background until ``count`` are idle or being opened; one that
+        cannot be opened is left to the request that needs it, which then connects and fails itself."""
+        for _ in range(count - len(self.idle) - len(self.opening)):
+            task = asyncio.get_running_loop().create_task(self._open_one())
+            self.opening.add(task)
+            task.add_done_callback(self.opening.discard)
+
+    async def _open_one(self) -> None:
+        with contextlib.suppress(OSError):
+            self.idle.append(await Connection.open(self.host, self.port))
 
     def close(self) -> None:
+        for task in self.opening:
+            task.cancel()
         for conn in self.idle:
             if conn.transport is not None:
                 conn.transport.abort()

@@ -44,7 +44,8 @@ from pytest_qwenperf.core.records import RequestRecord
 from pytest_qwenperf.core.run import WorkerClock
 from pytest_qwenperf.core.window import KeptWindow, common
 from pytest_qwenperf.loadgen.assignment import Assignment
-from pytest_qwenperf.loadgen.client import LoadResult, Progress, new_event_loop, run_jobs
+from pytest_qwenperf.loadgen.client import LoadResult, new_event_loop, run_jobs
+from pytest_qwenperf.loadgen.requester import Progress
 from pytest_qwenperf.loadgen.workers import BARRIER_TIMEOUT_S, check_split, share_of
 
 PINGS = 16

@@ -28,7 +28,7 @@ class WindowKeeper:
     are cut: their connections closed, which vLLM takes as an abort. Nothing of them lies inside
     the window, so waiting for their ends would only cost time (a whole request's lifetime).
     Sends are counted at their write (the records' ``sent_at``), not when a lane asks to send: a
-    closed loop's lanes all ask at once and write one per loop turn (``_SendTurns``), so a request
+    closed loop's lanes all ask at once and write one per loop turn (``requester.SendTurns``), so a request
     counts as inside the window by the same time its record has.
     """
 

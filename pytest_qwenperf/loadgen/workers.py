@@ -41,8 +41,9 @@ from pytest_qwenperf.core.records import RequestRecord
 from pytest_qwenperf.core.window import KeptWindow, common
 from pytest_qwenperf.loadgen.arrivals import Arrival, ClosedLoop, OpenLoop
 from pytest_qwenperf.loadgen.assignment import Assignment, LoadOptions
-from pytest_qwenperf.loadgen.client import LoadResult, Progress, new_event_loop, run_jobs
+from pytest_qwenperf.loadgen.client import LoadResult, new_event_loop, run_jobs
 from pytest_qwenperf.loadgen.request import RequestSpec
+from pytest_qwenperf.loadgen.requester import Progress
 
 BARRIER_TIMEOUT_S = 120.0  # a worker that never arrives (crashed while starting) breaks the barrier
 STOP_GRACE_S = 10.0  # after SIGTERM, before SIGKILL

@@ -29,9 +29,10 @@ from pytest_qwenperf.core.summary import (
 from pytest_qwenperf.core.timeline import Timeline
 from pytest_qwenperf.loadgen.arrivals import Arrival
 from pytest_qwenperf.loadgen.assignment import Assignment, LoadOptions
-from pytest_qwenperf.loadgen.client import LoadResult, Progress, Stop, run_load_sync
+from pytest_qwenperf.loadgen.client import LoadResult, run_load_sync
 from pytest_qwenperf.loadgen.ray_workers import run_load_on_ray
 from pytest_qwenperf.loadgen.request import RequestSpec
+from pytest_qwenperf.loadgen.requester import Progress, Stop
 from pytest_qwenperf.loadgen.workers import pin_current_process, run_load_in_workers
 from pytest_qwenperf.measure.timeline import timeline
 from pytest_qwenperf.telemetry import Telemetry, TelemetrySummary
