@@ -19,6 +19,10 @@ from hypothesis import strategies as st
 
 from pytest_qwenperf.cli import bench
 from pytest_qwenperf.cli.main import main
+from pytest_qwenperf.core.records import RequestRecord
+from pytest_qwenperf.core.summary import client_bound_reason
+from pytest_qwenperf.loadgen.arrivals import Replay
+from pytest_qwenperf.measure.observe import _lag_limit_s
 from pytest_qwenperf.serving.server import ServerInfo
 from pytest_qwenperf.suite.traces import BLOCK_TOKENS, Trace, TraceEntry, TraceError, TraceShape, prompt_ids, read_trace
 from pytest_qwenperf.suite.workloads import ALGORITHM_VERSION, TraceWorkload
@@ -204,7 +208,7 @@ def test_bench_replays_a_trace_window_fitted_to_the_servers_context() -> None:
     workload = bench._workload(args, [server(2048)])
     assert isinstance(workload, TraceWorkload)
     assert (workload.start_s, workload.span_s, workload.fit, workload.fit_context, workload.num_prompts) == (120.0, 12.0, "scale", 2048, None)
-    assert bench._arrival(args, 10) == bench.Replay(time_scale=0.5)
+    assert bench._arrival(args, 10) == Replay(time_scale=0.5)
     given_context = bench._workload(bench_args(*vars_of(args), "--trace-context", "1024"), [server(None)])
     assert isinstance(given_context, TraceWorkload) and given_context.fit_context == 1024
 
@@ -229,8 +233,10 @@ def test_bench_names_what_a_trace_replay_lacks(args: tuple[str, ...], message: s
 
 def test_bench_time_scale_goes_with_a_replay_not_a_loop() -> None:
     args = bench_args("--dataset-name", "trace", "--dataset-path", str(MOONCAKE), "--time-scale", "2", "--max-concurrency", "4")
-    with pytest.raises(bench.BenchError, match="--time-scale replays a trace at its times"):
+    with pytest.raises(bench.BenchError, match="--time-scale and --max-lag replay a trace at its times"):
         bench._arrival(args, 10)
+    strict = bench_args("--dataset-name", "trace", "--dataset-path", str(MOONCAKE), "--max-lag", "2")
+    assert bench._arrival(strict, 10) == Replay(time_scale=1.0, max_lag_ms=2.0)
 
 
 def test_bench_builds_conversations_of_the_given_turns() -> None:
@@ -239,3 +245,17 @@ def test_bench_builds_conversations_of_the_given_turns() -> None:
     workload = bench._workload(args, [])
     assert (workload.conversations, workload.turns, workload.first_input_len, workload.turn_input_len) == (4, 3, 32, 8)  # type: ignore[attr-defined]
     assert workload.think_time_s == 0.5  # type: ignore[attr-defined]
+
+
+def test_a_replay_states_the_lag_it_allows_and_a_late_one_is_client_bound() -> None:
+    assert _lag_limit_s(Replay(max_lag_ms=2.0)) == 0.002 and _lag_limit_s(Replay()) == 0.05
+    late = [RequestRecord(index=i, endpoint="e", scheduled_at=0.0, sent_at=0.003, ended_at=1.0, status=200) for i in range(10)]  # 3 ms late each
+    assert client_bound_reason(late, lag_p99_limit_s=_lag_limit_s(Replay(max_lag_ms=2.0))) == "p99 scheduling lag 3.0 ms exceeds 2.0 ms"
+    assert client_bound_reason(late, lag_p99_limit_s=_lag_limit_s(Replay())) is None
+
+
+def test_a_suite_replay_states_its_lag_and_a_bad_one_is_named(tmp_path: Path) -> None:
+    suite = suite_at(tmp_path, workload_suite("").replace("load = { replay = true }", "load = { replay = true, max_lag_ms = 2 }"))
+    assert suite.workloads[0].arrival == Replay(max_lag_ms=2)
+    bad = workload_suite("").replace("load = { replay = true }", "load = { replay = true, max_lag_ms = 0 }")
+    refused(tmp_path, bad, r"workload 'real'.load.max_lag_ms: expected a finite number of milliseconds > 0")

@@ -210,7 +210,7 @@ def test_a_suite_replays_a_trace_beside_it_at_a_scaled_time(tmp_path: Path) -> N
         (("replay = true, time_scale = 0.5", "replay = false"), r"workload 'replayed'.load.replay: expected true \(replay the trace at its recorded times\), got False$"),
         (("time_scale = 0.5", "time_scale = -1"), r"workload 'replayed'.load.time_scale: expected a finite number > 0 \(0.5 replays twice as fast\), got -1$"),
         (("time_scale = 0.5", "rate = 2"), r"workload 'replayed'.load.replay: unknown key for an open loop \(rate = R\)"),
-        (("time_scale = 0.5", "speed = 2"), r"workload 'replayed'.load.speed: unknown key for a replay \(replay = true\); expected only \['replay', 'time_scale'\]$"),
+        (("time_scale = 0.5", "speed = 2"), r"workload 'replayed'.load.speed: unknown key for a replay \(replay = true\); expected only \['replay', 'time_scale', 'max_lag_ms'\]$"),
         (('kind = "trace"\npath = "traces/t.jsonl"', 'kind = "random"\ninput_len = 4\noutput_len = 2\nnum_prompts = 4'), r"workload 'replayed'.load.replay: expected a workload of kind 'trace' \(only a trace has send times to replay\), got 'random'$"),
     ],
 )

@@ -121,6 +121,9 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     work.add_argument("--think-time", type=seconds, default=0.0, help="conversation: seconds between a reply and the next turn")
     trace = parser.add_argument_group("trace (--dataset-name trace)")
     trace.add_argument("--time-scale", type=positive_factor, help="replay at the traced times times this (0.5: twice as fast; default 1)")
+    trace.add_argument(
+        "--max-lag", type=positive_factor, metavar="MS", help="the p99 send lag the replay may have before it is client-bound (default 50)"
+    )
     trace.add_argument("--trace-start", type=seconds, default=0.0, metavar="S", help="replay from S seconds after the first request")
     trace.add_argument("--trace-span", type=positive_seconds, metavar="S", help="replay S seconds of the trace (default: to the end)")
     trace.add_argument(
@@ -380,7 +383,7 @@ def _workload(args: argparse.Namespace, servers: Sequence[ServerInfo]) -> Worklo
         raise BenchError(str(exc)) from None
 
 
-_TRACE_FLAGS = (("--time-scale", "time_scale"), ("--trace-start", "trace_start"), ("--trace-span", "trace_span"),
+_TRACE_FLAGS = (("--time-scale", "time_scale"), ("--max-lag", "max_lag"), ("--trace-start", "trace_start"), ("--trace-span", "trace_span"),
                 ("--trace-fit", "trace_fit"), ("--trace-context", "trace_context"))  # fmt: skip
 
 
@@ -438,9 +441,9 @@ def _check_lengths(requests: Sequence[RequestSpec], servers: Sequence[ServerInfo
 
 def _arrival(args: argparse.Namespace, measured: int) -> Arrival:
     if args.dataset_name == "trace" and args.request_rate is None and args.max_concurrency is None:
-        return Replay(args.time_scale or 1.0)  # at the traced times, unless a loop is asked for
-    if args.time_scale is not None:
-        raise BenchError("--time-scale replays a trace at its times: without --request-rate and --max-concurrency")
+        return Replay(args.time_scale or 1.0, args.max_lag)  # at the traced times, unless a loop is asked for
+    if args.time_scale is not None or args.max_lag is not None:
+        raise BenchError("--time-scale and --max-lag replay a trace at its times: without --request-rate and --max-concurrency")
     if args.request_rate is None:
         if args.constant_rate or args.burstiness != 1.0:
             raise BenchError("--constant-rate and --burstiness need --request-rate")

@@ -445,11 +445,15 @@ def prompt_lengths_off(records: Iterable[RequestRecord]) -> str | None:
     )
 
 
+LAG_P99_LIMIT_S = 0.05
+"""The p99 send lag beyond which a load's client fell behind (a replay may state its own)."""
+
+
 def client_bound_reason(
     records: Iterable[RequestRecord],
     *,
     requested_rate: float | None = None,
-    lag_p99_limit_s: float = 0.05,
+    lag_p99_limit_s: float = LAG_P99_LIMIT_S,
     client_cpu_busy_fraction: float | None = None,
     busy_limit: float = 0.95,
 ) -> str | None:

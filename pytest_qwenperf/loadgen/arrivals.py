@@ -171,14 +171,17 @@ class Replay:
 
     There is no cap on requests in flight: a replay that holds requests back is no replay, and
     a request sent late shows as scheduling lag, which makes a run that fell behind
-    ``client-bound``.
+    ``client-bound``: its p99 beyond ``max_lag_ms`` (None: the 50 ms every load is held to).
     """
 
     time_scale: float = 1.0
+    max_lag_ms: float | None = None
 
     def __post_init__(self) -> None:
         if not _finite_positive(self.time_scale):
             raise ArrivalError("time_scale", "a finite number > 0 (0.5 replays twice as fast)", self.time_scale)
+        if self.max_lag_ms is not None and not _finite_positive(self.max_lag_ms):
+            raise ArrivalError("max_lag_ms", "a finite number of milliseconds > 0 (the p99 send lag a replay may have)", self.max_lag_ms)
 
     def offsets_of(self, times: Sequence[float | None]) -> list[float]:
         """Send times, in seconds from the start, of requests traced at ``times``."""

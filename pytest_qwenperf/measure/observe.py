@@ -17,6 +17,7 @@ from types import MappingProxyType
 
 from pytest_qwenperf.core.run import PROMPT_LENGTHS, WINDOW_SHORT, Loss
 from pytest_qwenperf.core.summary import (
+    LAG_P99_LIMIT_S,
     GoodputSLO,
     RunSummary,
     TokenCrossCheck,
@@ -27,7 +28,7 @@ from pytest_qwenperf.core.summary import (
     summarize,
 )
 from pytest_qwenperf.core.timeline import Timeline
-from pytest_qwenperf.loadgen.arrivals import Arrival
+from pytest_qwenperf.loadgen.arrivals import Arrival, Replay
 from pytest_qwenperf.loadgen.assignment import Assignment, LoadOptions
 from pytest_qwenperf.loadgen.client import LoadResult, run_load_sync
 from pytest_qwenperf.loadgen.ray_workers import run_load_on_ray
@@ -181,7 +182,9 @@ def observe(target: Target, load: Load, client: ClientSetup = ClientSetup(), wat
         server_deltas=MappingProxyType(deltas),
         requests_per_server=MappingProxyType(per_server),
         tokens=cross_check(result.records, deltas["prompt_tokens"], deltas["generation_tokens"]),
-        client_bound=client_bound_reason(result.records, requested_rate=result.requested_rate, client_cpu_busy_fraction=busy),
+        client_bound=client_bound_reason(
+            result.records, requested_rate=result.requested_rate, client_cpu_busy_fraction=busy, lag_p99_limit_s=_lag_limit_s(result.arrival)
+        ),
         client_cpu_busy=busy,
         started=started,
         telemetry=telemetry.summary(window, tokens=int((steady or summary)["total_output_tokens"].value)),
@@ -204,3 +207,10 @@ def _client_cpu_s() -> float:
     """CPU seconds of this process and of its finished children (the load generator's workers)."""
     own, children = resource.getrusage(resource.RUSAGE_SELF), resource.getrusage(resource.RUSAGE_CHILDREN)
     return own.ru_utime + own.ru_stime + children.ru_utime + children.ru_stime
+
+
+def _lag_limit_s(arrival: Arrival) -> float:
+    """The p99 send lag beyond which the client fell behind: a replay's own, else :data:`LAG_P99_LIMIT_S`."""
+    if isinstance(arrival, Replay) and arrival.max_lag_ms is not None:
+        return arrival.max_lag_ms / 1000
+    return LAG_P99_LIMIT_S

@@ -733,13 +733,13 @@ def _capacity_order(
 _LOAD_KEYS = {
     "concurrency": ("a closed loop (concurrency = N)", ("concurrency", "ramp_steps")),
     "rate": ("an open loop (rate = R)", ("rate", "distribution", "burstiness", "seed", "max_concurrency", "ramp", "ramp_steps")),
-    "replay": ("a replay (replay = true)", ("replay", "time_scale")),
+    "replay": ("a replay (replay = true)", ("replay", "time_scale", "max_lag_ms")),
 }
 
 
 def _arrival(path: Path, load: dict[str, Any], key: str) -> Arrival:
     """``{ concurrency = N, ramp_steps = S }`` (a closed loop, :class:`ClosedLoop`'s fields), ``{ rate = R, ... }``
-    (an open loop, :class:`OpenLoop`'s fields) or ``{ replay = true, time_scale = S }`` (a trace at its
+    (an open loop, :class:`OpenLoop`'s fields) or ``{ replay = true, time_scale = S, max_lag_ms = L }`` (a trace at its
     own times, :class:`Replay`)."""
     named = next((k for k in _LOAD_KEYS if k in load), None)
     if named is None:
