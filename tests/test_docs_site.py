@@ -266,7 +266,13 @@ def _tool_results(folder: Path) -> None:
     shutil.copy(tools / "aiperf-0.13.0" / "b.json", folder / "aiperf-0.33.json")
 
 
+def _traces(folder: Path) -> None:
+    """The slice of Mooncake's conversation trace the tests replay (tests/data/traces/)."""
+    _copy(ROOT / "tests" / "data" / "traces" / "mooncake-conversation-180s.jsonl", folder / "tests" / "data" / "traces")
+
+
 FILES: dict[str, Callable[[Path], None]] = {
+    "docs/capacity-and-traces.md": _traces,
     "docs/history-and-bisect.md": _nights_and_benchmarks,
     "docs/history.md": _real_nights,
     "docs/interchange.md": _tool_results,
@@ -334,6 +340,11 @@ EXPECTED: dict[str, dict[str, Expect]] = {
         f"plan --suite {B200} --tier nightly --fail-over 110": Expect(0, ("is within --fail-over 110 min",)),
         f"plan --suite {B200} --tier nightly --candidate": Expect(0, ("with a candidate: each repeat on both sides",)),
     },
+    "docs/capacity-and-traces.md": {
+        "trace --read tests/data/traces/mooncake-conversation-180s.jsonl --start 120 --span 30 --fit scale --context 2048 --kv-block 128": Expect(
+            0, ("fitted (lengths scaled by 1/64, blocks of 8 tokens, to fit 2,048 tokens):", "in whole 128-token blocks)")
+        ),
+    },
     "docs/upgrade-gate.md": {  # the counts "Later rule changes" gives
         "compare first.json second.json --fail-on regression": Expect(0, ("(first.json): 25 pass, 1 underpowered",)),
         "compare reset-first.json reset-second.json --fail-on regression": Expect(
@@ -349,6 +360,9 @@ EXPECTED: dict[str, dict[str, Expect]] = {
             0, ("to baselines/cpu-test-cpu-2c/embedded-tiny/base/isl128-osl128.json: history: 8 runs",)
         ),
         "baseline list": Expect(0, ("measured: qwenperf baseline promote",)),
+        "compare results/0.19.json --baselines baselines --history .qwenperf/history.sqlite --fail-on regression": Expect(
+            0, ("vs stored baseline (stale: recorded with vLLM 0.18, this run has 0.19)", "no reference for this run")
+        ),
         "compare results/0.18.json results/0.19.json --fail-on regression --markdown": Expect(
             0, ("| metric | 0.18.0 | 0.19.0 | Δ | verdict |",)
         ),
