@@ -194,22 +194,6 @@ class ManagedProcess:
         self._popen: subprocess.Popen[bytes] | None = None
 
     @property
-    def name(self) -> str:
-        return self.spec.name
-
-    @property
-    def host(self) -> str:
-        return self.spec.host
-
-    @property
-    def requested_port(self) -> int | None:
-        return self.spec.port
-
-    @property
-    def ready_timeout_s(self) -> float:
-        return self.spec.ready_timeout_s
-
-    @property
     def pid(self) -> int | None:
         """The tree's root (its guard)."""
         return self._popen.pid if self._popen else None
@@ -228,7 +212,7 @@ class ManagedProcess:
     def start(self, launch: Callable[[int], Launch]) -> None:
         """Start ``launch(port)`` and wait until the probe says ready, on the requested port or on free
         ones while they turn out taken; on any failure (or Ctrl-C) nothing is left running."""
-        start_on_a_port(lambda port: self._start_once(launch, port), self.host, self.requested_port)
+        start_on_a_port(lambda port: self._start_once(launch, port), self.spec.host, self.spec.port)
 
     def stop(self) -> None:
         if self._popen is None:
@@ -264,9 +248,9 @@ class ManagedProcess:
             reason = self.spec.probe()
             if reason is None:
                 return
-            if time.monotonic() - started > self.ready_timeout_s:
+            if time.monotonic() - started > self.spec.ready_timeout_s:
                 raise ServerBootError(
-                    f"{self.name} not ready after {self.ready_timeout_s:.0f} s (last probe: {reason})",
+                    f"{self.spec.name} not ready after {self.spec.ready_timeout_s:.0f} s (last probe: {reason})",
                     log_path=self.log_path,
                     log_tail=self.log_tail(),
                 )
@@ -275,7 +259,7 @@ class ManagedProcess:
     def _raise_exited(self, code: int, after_s: float) -> None:
         tail = self.log_tail()
         if _PORT_IN_USE in tail:
-            raise PortInUseError(f"{self.name} could not bind {self.host}:{self.port}: {_PORT_IN_USE}\n{tail}")
+            raise PortInUseError(f"{self.spec.name} could not bind {self.spec.host}:{self.port}: {_PORT_IN_USE}\n{tail}")
         raise ServerBootError(self.spec.exited(code, after_s), log_path=self.log_path, log_tail=tail)
 
 

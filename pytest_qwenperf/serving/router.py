@@ -197,11 +197,11 @@ class NginxRouter(StartStop):
     @property
     def port(self) -> int | None:
         """The port nginx listens on: the one asked for until it starts."""
-        return self._process.port if self._process.port is not None else self._process.requested_port
+        return self._process.port if self._process.port is not None else self._process.spec.port
 
     @property
     def ready_timeout_s(self) -> float:
-        return self._process.ready_timeout_s
+        return self._process.spec.ready_timeout_s
 
     @property
     def base_url(self) -> str:
