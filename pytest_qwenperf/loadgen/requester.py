@@ -93,10 +93,13 @@ class Requester:
         self.turns = SendTurns()
         self.bodies: dict[int, bytes] = {}  # built ahead (:meth:`ahead`), by id of the request
 
+    def _encoded(self, spec: RequestSpec) -> bytes:
+        return json.dumps(spec.body(self.model, continuous_usage=self.continuous_usage)).encode()
+
     def _body(self, spec: RequestSpec) -> bytes:
         """The request's JSON body: built ahead of its time where it was, else now."""
         built = self.bodies.pop(id(spec), None)
-        return built if built is not None else json.dumps(spec.body(self.model, continuous_usage=self.continuous_usage)).encode()
+        return built if built is not None else self._encoded(spec)
 
     def _endpoint(self, position: int) -> Endpoint:
         order = self.orders[position % len(self.orders)]
@@ -110,7 +113,7 @@ class Requester:
         for unit in units:
             position, spec = unit[0]
             if id(spec) not in self.bodies:
-                self.bodies[id(spec)] = json.dumps(spec.body(self.model, continuous_usage=self.continuous_usage)).encode()
+                self.bodies[id(spec)] = self._encoded(spec)
             due[self.orders[position % len(self.orders)][0]] += 1  # least-outstanding may route elsewhere: a guess
         for endpoint, count in due.items():
             endpoint.open_ahead(count)
