@@ -38,7 +38,8 @@ from pytest_qwenperf.loadgen.assignment import LoadOptions
 from pytest_qwenperf.loadgen.client import run_load_sync
 from pytest_qwenperf.loadgen.tokenizer import PromptTokenizer
 from pytest_qwenperf.suite.tiny_model import ensure_tiny_model
-from pytest_qwenperf.suite.traces import SyntheticShape, TraceEntry, synthetic_trace, write_jsonl
+from pytest_qwenperf.suite.trace_files import write_jsonl
+from pytest_qwenperf.suite.traces import SyntheticShape, Trace, TraceEntry, synthetic_trace
 from pytest_qwenperf.suite.workloads import TraceWorkload
 from tests.stream_source import MODEL, stream_source
 
@@ -71,7 +72,7 @@ def main() -> int:
     with tempfile.TemporaryDirectory() as tmp:
         trace = Path(tmp) / "trace.jsonl"
         entries = BURSTY if args.bursts else synthetic_trace(SHAPE)
-        write_jsonl(entries, trace)
+        write_jsonl(Trace(tuple(entries)), trace)
         for n in range(args.rounds):
             rounds.append(replay_lag_ms(trace, tokenizer))
             print(f"round {n + 1}: " + ", ".join(f"{k} {v:.3f}" for k, v in rounds[-1].items()), file=sys.stderr)

@@ -16,13 +16,13 @@ import pytest
 from tokenizers import Tokenizer, models, pre_tokenizers
 
 from pytest_qwenperf.core.records import RequestRecord
-from pytest_qwenperf.loadgen.arrivals import Arrival, ClosedLoop, OpenLoop
+from pytest_qwenperf.loadgen.arrivals import Arrival, ClosedLoop, OpenLoop, Replay
 from pytest_qwenperf.loadgen.assignment import Assignment, LoadOptions
 from pytest_qwenperf.loadgen.client import LoadResult, run_load_sync
 from pytest_qwenperf.loadgen.request import RequestSpec, Turn
 from pytest_qwenperf.loadgen.tokenizer import PromptTokenizer
 from pytest_qwenperf.loadgen.workers import run_load_in_workers, share_of
-from pytest_qwenperf.suite.workloads import ConversationWorkload, workload_from_dict
+from pytest_qwenperf.suite.workloads import ConversationWorkload, TraceWorkload, workload_from_dict
 from tests.stream_source import MODEL, StreamSource, stream_source
 from tests.suite_files import HEADER, refused, suite_at
 
@@ -343,3 +343,33 @@ def test_workers_send_each_conversations_turns_in_order(source: StreamSource, wo
     load = run_load_in_workers(2, source.urls, MODEL, specs, ClosedLoop(2), LoadOptions(timeout_s=30))
     assert len(load.records) == 12 and all(r.ok for r in load.records)
     assert_turns_in_order(load, specs, think)
+
+
+# --- traced conversations (Bailian) ----------------------------------------------------
+
+
+def test_a_traced_conversation_sends_each_turn_after_the_answer_before_it_and_not_before_its_time(
+    source: StreamSource, words: PromptTokenizer, tmp_path: Path
+) -> None:
+    """Turn 2 is traced 60 ms after turn 1, before its 100 ms answer can end: it goes when that
+    answer has ended. Turn 3 is traced long after turn 2's end: it goes at its traced time. The
+    request of the other conversation goes at its own time, between them."""
+    rows = [
+        {"chat_id": 10, "parent_chat_id": -1, "turn": 1, "timestamp": 0.0, "input_length": 40, "output_length": 4, "hash_ids": [1, 2, 3]},
+        {"chat_id": 20, "parent_chat_id": -1, "turn": 1, "timestamp": 0.03, "input_length": 20, "output_length": 4, "hash_ids": [7, 8]},
+        {"chat_id": 11, "parent_chat_id": 10, "turn": 2, "timestamp": 0.06, "input_length": 60, "output_length": 4, "hash_ids": [1, 2, 3, 4]},
+        {"chat_id": 12, "parent_chat_id": 11, "turn": 3, "timestamp": 0.8, "input_length": 70, "output_length": 4, "hash_ids": [1, 2, 3, 4, 5]},
+    ]
+    path = tmp_path / "bailian.jsonl"
+    path.write_text("".join(json.dumps(row) + "\n" for row in rows))
+    specs = scheduled(TraceWorkload(str(path)).build(words), ttft_ms=100)
+    assert [(turn_of(s).conversation, turn_of(s).number) for s in specs] == [(10, 0), (20, 0), (10, 1), (10, 2)]
+    load = run(source, specs, Replay())
+    assert len(load.records) == 4 and all(r.ok for r in load.records)
+    assert all(r.prompt_tokens == r.expected_prompt_tokens for r in load.records)
+    first, second, third = by_conversation(load.records, specs)[10]
+    other = by_conversation(load.records, specs)[20][0]
+    assert other.scheduled_at == pytest.approx(load.started_at + 0.03, abs=1e-9)
+    assert second.scheduled_at == first.ended_at > load.started_at + 0.06  # the answer came after the traced time
+    assert third.scheduled_at == pytest.approx(load.started_at + 0.8, abs=1e-9) and third.scheduled_at > second.ended_at
+    assert all(r.sent_at >= r.scheduled_at for r in load.records)

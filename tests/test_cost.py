@@ -31,7 +31,8 @@ from pytest_qwenperf.suite.cost import (
     plan,
     points_of,
 )
-from pytest_qwenperf.suite.traces import TraceEntry, write_jsonl
+from pytest_qwenperf.suite.trace_files import write_jsonl
+from pytest_qwenperf.suite.traces import Trace, TraceEntry
 from tests.suite_files import suite_at
 from tests.test_baseline import make_run, run_of
 
@@ -160,7 +161,7 @@ def test_points_are_chosen_by_config_and_workload(tmp_path: Path) -> None:
 
 
 def test_a_replay_lasts_its_span_and_conversations_wait_their_think_time(tmp_path: Path) -> None:
-    write_jsonl([TraceEntry(0, 100, 10), TraceEntry(1000, 200, 20), TraceEntry(3000, 300, 30), TraceEntry(7000, 400, 40)], tmp_path / "t.jsonl")
+    write_jsonl(Trace((TraceEntry(0, 100, 10), TraceEntry(1000, 200, 20), TraceEntry(3000, 300, 30), TraceEntry(7000, 400, 40))), tmp_path / "t.jsonl")
     suite = suite_at(
         tmp_path,
         SMALL

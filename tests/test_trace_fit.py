@@ -24,7 +24,8 @@ from pytest_qwenperf.core.summary import client_bound_reason
 from pytest_qwenperf.loadgen.arrivals import Replay
 from pytest_qwenperf.measure.observe import _lag_limit_s
 from pytest_qwenperf.serving.server import ServerInfo
-from pytest_qwenperf.suite.traces import BLOCK_TOKENS, Trace, TraceEntry, TraceError, TraceShape, prompt_ids, read_trace
+from pytest_qwenperf.suite.trace_files import read_trace
+from pytest_qwenperf.suite.traces import BLOCK_TOKENS, Trace, TraceEntry, TraceError, TraceShape, prompt_ids
 from pytest_qwenperf.suite.workloads import ALGORITHM_VERSION, TraceWorkload
 from tests.suite_files import HEADER, refused, suite_at
 
@@ -129,7 +130,7 @@ def test_a_window_is_cut_by_time_from_the_first_request() -> None:
 
 
 def test_the_shape_of_the_real_trace_shows_its_bursts_and_lengths() -> None:
-    shape = TraceShape.of(Trace(read_trace(MOONCAKE)))
+    shape = TraceShape.of(read_trace(MOONCAKE))
     assert (shape.requests, shape.span_s) == (556, 179.999)
     assert shape.bursts.max == 16 and shape.input_lengths.max == 121_298 and shape.output_lengths.max == 2_000
     assert len(shape.rates) == 12 and sum(rate * shape.bin_s for rate in shape.rates) == pytest.approx(556)
@@ -145,7 +146,7 @@ def test_a_suite_replays_a_window_of_a_real_trace_fitted(tmp_path: Path) -> None
     assert isinstance(workload, TraceWorkload) and workload.id == "real"
     fitted = workload.trace()
     assert fitted.fit == "lengths scaled by 1/64, blocks of 8 tokens, to fit 2,048 tokens" and fitted.longest() <= 2048
-    assert len(fitted.entries) == len(workload.traced().entries) == len(Trace(read_trace(MOONCAKE)).window(120, 12).entries)
+    assert len(fitted.entries) == len(workload.traced().entries) == len(read_trace(MOONCAKE).window(120, 12).entries)
     unnamed = TraceWorkload(str(MOONCAKE), start_s=120, span_s=12, fit="scale", fit_context=2048)
     assert unnamed.id == "trace-mooncake-conversation-180s-from120s-for12s-scale2048"
 
@@ -186,7 +187,7 @@ def test_the_trace_command_reports_a_windows_shape_fitted(capsys: pytest.Capture
     assert "requests sent in the same millisecond: p50 11, p90 14, p99 14, max 14" in out
     assert "in whole 128-token blocks)" in out
     window = read_trace(tmp_path / "window.jsonl")  # the window as traced, its times as in the trace
-    assert window == Trace(read_trace(MOONCAKE)).window(120, 30).entries
+    assert window == read_trace(MOONCAKE).window(120, 30)
     assert main(["trace", "--read", str(MOONCAKE), "--fit", "cap"]) == 2
     assert "--fit and --context go together" in capsys.readouterr().err
     assert main(["trace"]) == 2

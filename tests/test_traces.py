@@ -5,6 +5,7 @@ file, and the trace the CPU suite ships."""
 
 from __future__ import annotations
 
+import dataclasses
 import itertools
 import json
 import math
@@ -20,17 +21,17 @@ from pytest_qwenperf.cli.main import main
 from pytest_qwenperf.loadgen.arrivals import Replay
 from pytest_qwenperf.loadgen.tokenizer import PromptTokenizer
 from pytest_qwenperf.suite.tiny_model import ensure_tiny_model
+from pytest_qwenperf.suite.trace_files import BAILIAN_BLOCK_TOKENS, read_trace, write_jsonl
 from pytest_qwenperf.suite.traces import (
     BLOCK_TOKENS,
     SyntheticShape,
     Trace,
     TraceEntry,
     TraceError,
+    TraceShape,
     prompt_ids,
-    read_trace,
     send_offsets,
     synthetic_trace,
-    write_jsonl,
 )
 from pytest_qwenperf.suite.workloads import TraceWorkload
 from tests.suite_files import HEADER, refused, suite_at
@@ -49,7 +50,7 @@ def test_a_mooncake_trace_is_read_with_milliseconds_and_512_token_blocks(tmp_pat
         {"timestamp": 27482, "input_length": 6955, "output_length": 52, "hash_ids": list(range(14))},
         {"timestamp": 30535, "input_length": 6472, "output_length": 26, "hash_ids": [*range(12), 46, 47, 48]},
     )
-    first, second = read_trace(path)
+    first, second = read_trace(path).entries
     assert first == TraceEntry(27482.0, 6955, 52, tuple(range(14)))
     assert second.hash_ids[:12] == first.hash_ids[:12]
     assert send_offsets([first, second]) == pytest.approx([0.0, 3.053])  # milliseconds, from the first request
@@ -58,8 +59,52 @@ def test_a_mooncake_trace_is_read_with_milliseconds_and_512_token_blocks(tmp_pat
 def test_a_csv_trace_has_lengths_and_times(tmp_path: Path) -> None:
     path = tmp_path / "trace.csv"
     path.write_text("timestamp,input_len,output_len\n0,100,10\n250.5,2000,20\n\n")
-    assert read_trace(path) == (TraceEntry(0.0, 100, 10), TraceEntry(250.5, 2000, 20))
+    assert read_trace(path) == Trace((TraceEntry(0.0, 100, 10), TraceEntry(250.5, 2000, 20)))
 
+
+
+def bailian_row(chat_id: int, parent: int, turn: int, at_s: float, length: int, ids: list[int]) -> dict[str, object]:
+    return {"chat_id": chat_id, "parent_chat_id": parent, "timestamp": at_s, "input_length": length, "output_length": 8,
+            "type": "text", "turn": turn, "hash_ids": ids}  # fmt: skip
+
+
+def test_a_bailian_trace_is_read_with_seconds_16_token_blocks_and_its_conversations(tmp_path: Path) -> None:
+    path = mooncake(
+        tmp_path / "bailian.jsonl",
+        bailian_row(159, -1, 1, 61.114, 40, [1, 2, 3]),
+        bailian_row(160, 77, 3, 61.5, 30, [9, 10]),  # its parent (turn 2) is before the file's start: it opens one
+        bailian_row(161, 159, 2, 62.0, 70, [1, 2, 3, 4, 5]),
+        bailian_row(162, 161, 3, 63.25, 90, [1, 2, 3, 4, 5, 6]),
+    )
+    trace = read_trace(path)
+    assert trace.block_tokens == BAILIAN_BLOCK_TOKENS == 16
+    assert trace.entries[0] == TraceEntry(61114.0, 40, 8, (1, 2, 3), 159)
+    assert [e.session for e in trace.entries] == [159, 160, 159, 159]
+    assert [e.timestamp_ms for e in trace.entries] == [61114.0, 61500.0, 62000.0, 63250.0]
+    assert TraceShape.of(trace).lines()[-1] == "turns per conversation: p50 2, p90 3, p99 3, max 3"
+    window = trace.window(0.3, 1.0)  # 160, then turn 2 of 159, which now opens what is left of it
+    out = tmp_path / "window.jsonl"
+    write_jsonl(window, out)
+    written = [json.loads(line) for line in out.read_text().splitlines()]
+    assert [(w["chat_id"], w["parent_chat_id"], w["turn"]) for w in written] == [(0, -1, 1), (1, -1, 1)]
+    assert read_trace(out).entries == tuple(dataclasses.replace(e, session=n) for n, e in enumerate(window.entries))
+    with pytest.raises(TraceError, match=r"a trace of \d-token blocks cannot be written: Mooncake's are 512, Bailian's 16"):
+        write_jsonl(trace.fitted(48, "scale"), tmp_path / "fitted.jsonl")
+
+
+@pytest.mark.parametrize(
+    ("rows", "message"),
+    [
+        ([bailian_row(1, -1, 1, 0, 10, []), bailian_row(1, -1, 1, 1, 10, [])], r"line 2: chat_id: expected each request's own id, got 1 a second time"),
+        ([bailian_row(1, -1, 2, 0, 10, []), bailian_row(2, 1, 2, 1, 10, [])], r"line 2: turn: expected turns in order, got 2 after turn 2 of its conversation"),
+        ([bailian_row(1, -1, 1, 0, 10, []), {"timestamp": 1, "input_length": 10, "output_length": 1}], r"line 2: chat_id: expected a whole number >= 0, got nothing"),
+        ([bailian_row(1, -2, 1, 0, 10, [])], r"line 1: parent_chat_id: expected the chat_id of the turn before, or -1, got -2"),
+        ([bailian_row(1, -1, 1, 0, 0, [])], r"line 1: input_length: expected a whole number of tokens >= 1, got 0"),
+    ],
+)
+def test_a_bailian_trace_that_cannot_be_replayed_names_the_line_and_field(tmp_path: Path, rows: list[dict[str, object]], message: str) -> None:
+    with pytest.raises(TraceError, match=message):
+        read_trace(mooncake(tmp_path / "b.jsonl", *rows))
 
 
 def test_a_trace_is_read_again_once_it_changes_and_not_before(tmp_path: Path) -> None:
@@ -69,7 +114,7 @@ def test_a_trace_is_read_again_once_it_changes_and_not_before(tmp_path: Path) ->
     assert read_trace(path) is first  # unchanged: parsed once
     path.write_text("timestamp,input_len,output_len\n0,300,30\n")  # the same size, a later time
     os.utime(path, ns=(path.stat().st_atime_ns, path.stat().st_mtime_ns + 1_000_000))
-    assert read_trace(path) == (TraceEntry(0.0, 300, 30),)
+    assert read_trace(path) == Trace((TraceEntry(0.0, 300, 30),))
     path.unlink()
     with pytest.raises(TraceError, match=r"trace\.csv: cannot read the trace"):
         read_trace(path)
@@ -87,7 +132,7 @@ def test_a_trace_is_read_again_once_it_changes_and_not_before(tmp_path: Path) ->
         ("t.csv", "time,in,out\n0,1,1\n", r"t\.csv: line 1: expected the header timestamp,input_len,output_len"),
         ("t.csv", "timestamp,input_len,output_len\n0,1\n", r"t\.csv: line 2: expected 3 fields"),
         ("t.csv", "timestamp,input_len,output_len\n0,ten,1\n", r"line 2: input_len: expected a whole number of tokens >= 1, got 'ten'"),
-        ("t.txt", "", r"t\.txt: expected a \.jsonl \(Mooncake\) or \.csv"),
+        ("t.txt", "", r"t\.txt: expected a \.jsonl \(Mooncake or Bailian\) or \.csv"),
     ],
 )
 def test_a_trace_that_cannot_be_replayed_names_the_file_line_and_field(tmp_path: Path, name: str, text: str, message: str) -> None:
@@ -141,10 +186,10 @@ def test_the_synthetic_trace_is_bursty_long_tailed_shares_prefixes_and_reads_bac
     assert {e.hash_ids[0] for e in entries} == set(range(shape.prefixes))  # each opens with a shared prefix
     assert 0.1 < Trace(tuple(entries)).cacheable_share() < 0.9
     path = tmp_path / "synthetic.jsonl"
-    write_jsonl(entries, path)
-    assert read_trace(path) == entries
+    write_jsonl(Trace(entries), path)
+    assert read_trace(path) == Trace(entries)
     with pytest.raises(TraceError, match="a file is already there; not overwritten"):
-        write_jsonl(entries, path)
+        write_jsonl(Trace(entries), path)
 
 
 # --------------------------------------------------------------------------- #

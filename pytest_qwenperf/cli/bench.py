@@ -97,7 +97,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     work = parser.add_argument_group("workload")
     work.add_argument("--dataset-name", default="random", choices=sorted(KINDS), help="default: %(default)s")
     work.add_argument(
-        "--dataset-path", help="JSON-lines file of prompts or conversations (jsonl), or a Mooncake .jsonl or .csv trace (trace)"
+        "--dataset-path", help="JSON-lines file of prompts or conversations (jsonl), or a Mooncake or Bailian .jsonl or a .csv trace (trace)"
     )
     work.add_argument("--input-len", "--random-input-len", type=_AT_LEAST_1, default=1024, help="prompt tokens (default %(default)s)")
     work.add_argument(
@@ -391,7 +391,7 @@ def _trace(args: argparse.Namespace, servers: Sequence[ServerInfo]) -> Workload:
     """A trace's window (``--trace-start``, ``--trace-span``, then ``--num-prompts`` and ``--warmup``
     of it), fitted with ``--trace-fit`` to ``--trace-context``, else to the servers' context."""
     if args.dataset_path is None:
-        raise BenchError("--dataset-name trace needs --dataset-path FILE (a Mooncake .jsonl or a .csv trace)")
+        raise BenchError("--dataset-name trace needs --dataset-path FILE (a Mooncake or Bailian .jsonl, or a .csv trace)")
     if args.trace_context is not None and args.trace_fit is None:
         raise BenchError("--trace-context is the context --trace-fit fits to: give --trace-fit too")
     context = args.trace_context

@@ -9,16 +9,8 @@ import dataclasses
 from pathlib import Path
 
 from pytest_qwenperf.core.options import positive_seconds, seconds, whole_number
-from pytest_qwenperf.suite.traces import (
-    FITS,
-    SyntheticShape,
-    Trace,
-    TraceError,
-    TraceShape,
-    read_trace,
-    synthetic_trace,
-    write_jsonl,
-)
+from pytest_qwenperf.suite.trace_files import read_trace, write_jsonl
+from pytest_qwenperf.suite.traces import FITS, SyntheticShape, Trace, TraceError, TraceShape, synthetic_trace
 
 HELP = "write a synthetic trace (Mooncake JSONL), or report the shape of a window of a real one"
 DESCRIPTION = (
@@ -38,7 +30,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         default = field.default
         synthetic.add_argument(f"--{field.name.replace('_', '-')}", type=type(default), default=default, help="default %(default)s")
     real = parser.add_argument_group("a trace read (--read)")
-    real.add_argument("--read", type=Path, metavar="TRACE", help="a Mooncake .jsonl or timestamp,input_len,output_len .csv trace")
+    real.add_argument("--read", type=Path, metavar="TRACE", help="a Mooncake or Bailian .jsonl, or a timestamp,input_len,output_len .csv trace")
     real.add_argument("--start", type=seconds, default=0.0, metavar="S", help="the window's start, seconds after the first request (default 0)")
     real.add_argument("--span", type=positive_seconds, metavar="S", help="the window's length in seconds (default: to the end)")
     real.add_argument("--fit", choices=FITS, help="also show the window fitted to --context tokens a request (a suite's fit)")
@@ -60,7 +52,7 @@ def run(args: argparse.Namespace) -> int:
         raise TraceError("PATH is needed to write a synthetic trace (or --read a trace to see its shape)")
     shape = SyntheticShape(**{field.name: getattr(args, field.name) for field in dataclasses.fields(SyntheticShape)})
     entries = synthetic_trace(shape)
-    write_jsonl(entries, args.path)
+    write_jsonl(Trace(entries), args.path)
     span = entries[-1].timestamp_ms / 1000
     print(f"{args.path}: {len(entries)} requests over {span:.1f} s, {Trace(entries).cacheable_share():.1%} of prompt tokens in blocks sent before")
     return 0
@@ -69,7 +61,7 @@ def run(args: argparse.Namespace) -> int:
 def _read(args: argparse.Namespace) -> int:
     if (args.fit is None) != (args.context is None):
         raise TraceError("--fit and --context go together: how to fit, and the context in tokens")
-    window = Trace(read_trace(args.read)).window(args.start, args.span)
+    window = read_trace(args.read).window(args.start, args.span)
     end = "the end" if args.span is None else f"{args.start + args.span:g} s"
     print(f"{args.read}, from {args.start:g} s to {end}:")
     print("\n".join(f"  {line}" for line in TraceShape.of(window, args.kv_block).lines()))
@@ -78,6 +70,6 @@ def _read(args: argparse.Namespace) -> int:
         print(f"fitted ({fitted.fit}):")
         print("\n".join(f"  {line}" for line in TraceShape.of(fitted, args.kv_block).lines()))
     if args.path is not None:
-        write_jsonl(window.entries, args.path)
+        write_jsonl(window, args.path)
         print(f"the window as traced written to {args.path}")
     return 0

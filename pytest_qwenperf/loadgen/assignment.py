@@ -8,7 +8,7 @@ from __future__ import annotations
 
 from bisect import bisect_left
 from collections import defaultdict, deque
-from collections.abc import Iterable, Sequence
+from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass
 from itertools import accumulate
 
@@ -143,6 +143,16 @@ class Assignment:
             offsets = tuple(arrival.offsets_of([unit[0][1].at for unit in measured]))
         ramp = tuple(arrival.ramp_offsets(warmup)) if isinstance(arrival, OpenLoop) and arrival.ramp is not None else None
         return cls(tuple(endpoints), model, units[:warmup], measured, arrival, offsets, options, ramp, ramp[-1] if ramp else 0.0)
+
+    def traced(self, start: float) -> Callable[[float], float] | None:
+        """In a replay, the clock time a request traced at a time is due, the measured phase
+        started at ``start``; None: not a replay."""
+        arrival = self.arrival
+        if not isinstance(arrival, Replay) or not self.units or self.offsets is None:
+            return None
+        first, offset = self.units[0][0][1].at, self.offsets[0]  # a worker's share need not hold the trace's first
+        assert first is not None  # a replay's requests carry their traced times (Replay.offsets_of)
+        return lambda at: start + offset + (at - first) * arrival.time_scale
 
     @property
     def requested_rate(self) -> float | None:

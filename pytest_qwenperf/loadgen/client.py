@@ -92,13 +92,15 @@ async def _until(at: float) -> None:
 @dataclass(frozen=True)
 class _Sender:
     """Sends one request of a phase: under an open loop's cap (``limit``), one held back by it past
-    ``deadline`` is not sent; none is sent once ``window`` is done."""
+    ``deadline`` is not sent; none is sent once ``window`` is done. ``traced``: in a replay, the
+    clock time a request traced at a time is due (a later turn of a traced conversation waits for it)."""
 
     client: Requester
     limit: asyncio.Semaphore | None
     deadline: float | None
     warmup: bool
     window: WindowKeeper | None = None
+    traced: Callable[[float], float] | None = None
 
     def now(self, position: int, spec: RequestSpec) -> Written | None:
         """The request written at once where nothing holds it back (no cap to wait under, a
@@ -128,10 +130,11 @@ async def _unit(send: _Sender, unit: Unit, at: float | None, deadline: float | N
     """Send ``unit``'s requests one after another, the first due ``at`` (None: now, in a closed loop;
     ``written``: written already, :meth:`_Sender.now`).
 
-    A later turn is due its think time after the previous turn's end, which is its record's
-    ``scheduled_at`` (a turn sent late shows as lag); it is not sent when that is past ``deadline``
-    or when the previous turn failed, which ends the conversation. While a user thinks nothing is
-    in flight: no place under the open loop's cap is held and no endpoint counts it.
+    A later turn is due its think time after the previous turn's end, in a replay not before its
+    traced time; that is its record's ``scheduled_at`` (a turn sent late shows as lag). It is not
+    sent when that is past ``deadline`` or when the previous turn failed, which ends the
+    conversation. While a user thinks nothing is in flight: no place under the open loop's cap is
+    held and no endpoint counts it.
     """
     records: list[RequestRecord] = []
     position = unit[0][0]
@@ -141,6 +144,8 @@ async def _unit(send: _Sender, unit: Unit, at: float | None, deadline: float | N
             if not previous.ok:
                 break
             at = previous.ended_at + (spec.turn.think_s if spec.turn is not None else 0.0)
+            if send.traced is not None and spec.at is not None:
+                at = max(at, send.traced(spec.at))
             if deadline is not None and at >= deadline:
                 break
             await _until(at)
@@ -242,7 +247,7 @@ async def _measured(
     arrival, duration_s = assignment.arrival, assignment.options.duration_s
     deadline = None if duration_s is None else start + duration_s
     window = keeper_of(assignment, start, lifetime_s)
-    send = _Sender(client, limit, deadline, False, window)
+    send = _Sender(client, limit, deadline, False, window, assignment.traced(start))
     done = window.done if window is not None else None
     if isinstance(arrival, ClosedLoop):
         records = await _closed(send, assignment.units, ((0, arrival.concurrency),), deadline, done)

@@ -1,15 +1,10 @@
 """Request traces: when a production service was sent what, replayed token-exactly.
 
-Two formats, one entry per request, in the order sent:
+A trace is its requests in the order sent (:class:`TraceEntry`: the send time, the lengths and
+the prompt's blocks as hash ids) and how many tokens a block holds; the files it is read from
+(Mooncake's, Bailian's, a CSV) are :mod:`~pytest_qwenperf.suite.trace_files`.
 
-* **Mooncake JSONL** (kvcache-ai/Mooncake ``FAST25-release/traces``): ``timestamp`` in
-  **milliseconds** from the trace's start, ``input_length`` and ``output_length`` in tokens, and
-  ``hash_ids``: the prompt's **512-token** blocks, in order, each id naming one block's content
-  (the ids are chained: an id stands for its block *and* everything before it).
-* **CSV** with the header ``timestamp,input_len,output_len`` (milliseconds, as Mooncake's):
-  lengths only, no shared blocks.
-
-A prompt is built from its hash ids: each id's block is 512 token ids drawn from the workload's
+A prompt is built from its hash ids: each id's block is a block's worth of token ids drawn from the workload's
 seed and that id (the same id, the same tokens, in every request and on every machine), joined
 in order and cut to exactly ``input_length`` tokens; where the blocks are fewer than the length
 asks, the rest is tokens of that request alone. So the prompt has exactly the traced length, and
@@ -24,23 +19,12 @@ shared prefixes, so a suite can replay a trace with no download.
 
 from __future__ import annotations
 
-import csv
 import dataclasses
-import itertools
-import json
 import math
-from collections.abc import Callable, Iterator, Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
-from functools import lru_cache
-from pathlib import Path
-from typing import Annotated
 
-import msgspec
 import numpy as np
-
-from pytest_qwenperf.core import schema
-from pytest_qwenperf.core.formats import show
-from pytest_qwenperf.core.run_json import MISSING
 
 BLOCK_TOKENS = 512
 """Tokens per hash id in Mooncake's traces."""
@@ -52,107 +36,14 @@ class TraceError(ValueError):
 
 @dataclass(frozen=True)
 class TraceEntry:
-    """One traced request."""
+    """One traced request. ``session``: the conversation it is a turn of, where the trace says
+    (Bailian's), its turns in the order sent; None: a request on its own."""
 
     timestamp_ms: float
     input_length: int
     output_length: int
     hash_ids: tuple[int, ...] = ()
-
-
-def read_trace(path: Path) -> tuple[TraceEntry, ...]:
-    """A Mooncake JSONL (``.jsonl``) or ``timestamp,input_len,output_len`` CSV (``.csv``) trace;
-    :class:`TraceError` names the file, the line, the field and what was expected.
-
-    A file is parsed once while it is unchanged (same size and modification time): a replay's
-    repeats build their prompts from it and check the cache share against it each time."""
-    path = Path(path)
-    try:
-        stat = path.stat()
-    except OSError as exc:
-        raise TraceError(f"{path}: cannot read the trace ({exc})") from None
-    return _parsed(path.resolve(), stat.st_mtime_ns, stat.st_size)
-
-
-@lru_cache(maxsize=8)
-def _parsed(path: Path, mtime_ns: int, size: int) -> tuple[TraceEntry, ...]:
-    """:func:`read_trace` of ``path`` as it was at ``mtime_ns`` and ``size`` (the cache key)."""
-    try:
-        text = path.read_text(encoding="utf-8")
-    except (OSError, UnicodeDecodeError) as exc:
-        raise TraceError(f"{path}: cannot read the trace ({exc})") from None
-    if path.suffix == ".csv":
-        entries = list(_csv_entries(path, text))
-    elif path.suffix in (".jsonl", ".json"):
-        entries = list(_jsonl_entries(path, text))
-    else:
-        raise TraceError(f"{path}: expected a .jsonl (Mooncake) or .csv (timestamp,input_len,output_len) trace")
-    if not entries:
-        raise TraceError(f"{path}: the trace has no requests")
-    for line, (before, after) in enumerate(itertools.pairwise(entries), start=2):
-        if after.timestamp_ms < before.timestamp_ms:
-            raise TraceError(f"{path}: request {line}: timestamp: expected requests in the order sent, got {after.timestamp_ms} after {before.timestamp_ms}")
-    return tuple(entries)
-
-
-class _MooncakeLine(msgspec.Struct, frozen=True):
-    """One line of a Mooncake trace; fields it does not name are allowed (newer traces add some)."""
-
-    timestamp: Annotated[float, msgspec.Meta(ge=0, description="milliseconds from the trace's start (a number >= 0)")]
-    input_length: Annotated[int, msgspec.Meta(ge=1, description="a whole number of tokens >= 1")]
-    output_length: Annotated[int, msgspec.Meta(ge=1, description="a whole number of tokens >= 1")]
-    hash_ids: tuple[Annotated[int, msgspec.Meta(ge=0)], ...] = ()
-
-
-class _CsvRow(msgspec.Struct, frozen=True):
-    timestamp: Annotated[float, msgspec.Meta(ge=0, description="milliseconds from the trace's start (a number >= 0)")]
-    input_len: Annotated[int, msgspec.Meta(ge=1, description="a whole number of tokens >= 1")]
-    output_len: Annotated[int, msgspec.Meta(ge=1, description="a whole number of tokens >= 1")]
-
-
-def _jsonl_entries(path: Path, text: str) -> Iterator[TraceEntry]:
-    for number, line in enumerate(text.splitlines(), start=1):
-        if not line.strip():
-            continue
-        where = f"{path}: line {number}"
-        try:
-            data = msgspec.json.decode(line)
-        except msgspec.DecodeError as exc:
-            raise TraceError(f"{where}: expected one JSON object per line ({exc})") from None
-        row = schema.convert(data, _MooncakeLine, _failure(where), null=True)
-        yield TraceEntry(row.timestamp, row.input_length, row.output_length, row.hash_ids)
-
-
-def _csv_entries(path: Path, text: str) -> Iterator[TraceEntry]:
-    rows = csv.reader(text.splitlines())
-    header = next(rows, None)
-    fields = list(_CsvRow.__struct_fields__)
-    if header is None or [h.strip() for h in header] != fields:
-        raise TraceError(f"{path}: line 1: expected the header {','.join(fields)}, got {header!r}")
-    for number, cells in enumerate(rows, start=2):
-        if not cells:
-            continue
-        where = f"{path}: line {number}"
-        if len(cells) != len(fields):
-            raise TraceError(f"{where}: expected {len(fields)} fields ({','.join(fields)}), got {len(cells)}")
-        data = {name: _number(cell) for name, cell in zip(fields, cells, strict=True)}
-        row = schema.convert(data, _CsvRow, _failure(where))
-        yield TraceEntry(row.timestamp, row.input_len, row.output_len)
-
-
-def _failure(where: str) -> Callable[[schema.Mismatch], Exception]:
-    return lambda mismatch: TraceError(f"{where}: {mismatch.text(show=show, absent=MISSING)}")
-
-
-def _number(cell: str) -> object:
-    """A CSV cell as an int or a float where it is one, else the text (for the error)."""
-    cell = cell.strip()
-    for kind in (int, float):
-        try:
-            return kind(cell)
-        except ValueError:
-            pass
-    return cell
+    session: int | None = None
 
 
 def send_offsets(entries: Sequence[TraceEntry]) -> list[float]:
@@ -164,7 +55,7 @@ def send_offsets(entries: Sequence[TraceEntry]) -> list[float]:
 
 def prompt_ids(entry: TraceEntry, index: int, block: Callable[[int], Sequence[int]], tail: Callable[[int, int], Sequence[int]]) -> tuple[int, ...]:
     """``entry``'s prompt, exactly ``input_length`` ids: its hash ids' blocks (``block(id)``, each
-    :data:`BLOCK_TOKENS` ids) in order, cut to the length, then ``tail(index, n)``: ``n`` ids of
+    a block's worth of ids) in order, cut to the length, then ``tail(index, n)``: ``n`` ids of
     this request alone where the blocks fall short."""
     ids: list[int] = []
     for hash_id in entry.hash_ids:
@@ -305,6 +196,7 @@ class TraceShape:
     cacheable_share: float
 
     kv_block: int = 1  # the cache block the share is counted in (1: every shared token)
+    turns: Spread | None = None  # turns per conversation, where the trace has conversations
 
     @classmethod
     def of(cls, trace: Trace, kv_block: int = 1, bins: int = 12) -> TraceShape:
@@ -324,6 +216,7 @@ class TraceShape:
             output_lengths=Spread.of([e.output_length for e in entries]),
             cacheable_share=trace.cacheable_share(kv_block),
             kv_block=kv_block,
+            turns=_turns(entries),
         )
 
     def lines(self) -> list[str]:
@@ -336,7 +229,16 @@ class TraceShape:
             f"output tokens: {self.output_lengths}",
             f"{self.cacheable_share:.1%} of prompt tokens in blocks sent before (a prefix cache could hit them"
             + (f" in whole {self.kv_block}-token blocks)" if self.kv_block > 1 else ")"),
-        ]
+        ] + ([f"turns per conversation: {self.turns}"] if self.turns is not None else [])
+
+
+def _turns(entries: Sequence[TraceEntry]) -> Spread | None:
+    """Turns per conversation; None where no request is a turn of one."""
+    counts: dict[int, int] = {}
+    for entry in entries:
+        if entry.session is not None:
+            counts[entry.session] = counts.get(entry.session, 0) + 1
+    return Spread.of(list(counts.values())) if counts else None
 
 
 @dataclass(frozen=True)
@@ -394,16 +296,3 @@ def synthetic_trace(shape: SyntheticShape) -> tuple[TraceEntry, ...]:
         next_id += len(own)
         entries.append(TraceEntry(round(float(times[i]) * 1000, 3), length, int(outputs[i]), tuple(shared + own)))
     return tuple(entries)
-
-
-def write_jsonl(entries: Sequence[TraceEntry], path: Path) -> None:
-    """``entries`` as a new Mooncake JSONL trace at ``path`` (an existing file is an error, never overwritten)."""
-    lines = (
-        json.dumps({"timestamp": e.timestamp_ms, "input_length": e.input_length, "output_length": e.output_length, "hash_ids": list(e.hash_ids)})
-        for e in entries
-    )
-    try:
-        with Path(path).open("x", encoding="utf-8") as out:
-            out.writelines(f"{line}\n" for line in lines)
-    except FileExistsError:
-        raise TraceError(f"{path}: a file is already there; not overwritten") from None

@@ -33,7 +33,7 @@ from pytest_qwenperf.core import schema
 from pytest_qwenperf.core.run import TraceReplay
 from pytest_qwenperf.loadgen.request import Api, RequestSpec, Turn
 from pytest_qwenperf.loadgen.tokenizer import PromptTokenizer
-from pytest_qwenperf.suite import traces
+from pytest_qwenperf.suite import trace_files, traces
 
 #: Part of every fingerprint: bump when the requests built for the same fields change.
 ALGORITHM_VERSION = 1
@@ -300,7 +300,7 @@ class JsonlWorkload(Workload):
 
 @dataclass(frozen=True)
 class TraceWorkload(Workload):
-    """A recorded trace (:mod:`~pytest_qwenperf.suite.traces`: Mooncake JSONL or CSV), each request
+    """A recorded trace (:mod:`~pytest_qwenperf.suite.trace_files`: Mooncake or Bailian JSONL, or CSV), each request
     with exactly its traced input and output lengths and its traced send time (``RequestSpec.at``,
     which a ``Replay`` load keeps).
 
@@ -311,7 +311,10 @@ class TraceWorkload(Workload):
     that many requests of it (a trace is not cycled: its times would not mean anything twice).
     ``fit`` (``scale`` or ``cap``) makes every request fit ``fit_context`` tokens
     (:meth:`~pytest_qwenperf.suite.traces.Trace.fitted`), keeping the send times and the blocks shared.
-    Token ids are sent as ids, so only the completions API keeps the lengths exact.
+    Token ids are sent as ids, so only the completions API keeps the lengths exact. A trace's
+    conversations (Bailian's) are sent as conversations: each turn once the turn before it has been
+    answered, and not before its traced time (a :class:`Turn` of no think time; its prompt is the
+    traced one, which holds the conversation so far in its blocks).
     """
 
     kind: ClassVar[str] = "trace"
@@ -326,7 +329,7 @@ class TraceWorkload(Workload):
     name: str = ""
 
     def __post_init__(self) -> None:
-        _check(bool(self.path), "path", "a non-empty path to a .jsonl (Mooncake) or .csv trace", self.path)
+        _check(bool(self.path), "path", "a non-empty path to a .jsonl (Mooncake or Bailian) or .csv trace", self.path)
         if self.num_prompts is not None:
             _check_positive(self, "num_prompts")
         object.__setattr__(self, "start_s", float(self.start_s))  # 0 and 0.0: one fingerprint
@@ -359,7 +362,7 @@ class TraceWorkload(Workload):
 
     def traced(self) -> traces.Trace:
         """The window of the trace this workload replays, as traced (before any fit)."""
-        found = traces.Trace(traces.read_trace(Path(self.path)))
+        found = trace_files.read_trace(Path(self.path))
         try:
             found = found.window(self.start_s, self.span_s)
         except traces.TraceError as exc:
@@ -395,9 +398,19 @@ class TraceWorkload(Workload):
             draws = _uint64_stream(self.seed, "tail", index)
             return tuple(allowed[_below(next(draws), len(allowed))] for _ in range(n))
 
+        turns: dict[int, int] = {}  # conversation -> turns built
+
+        def turn(entry: traces.TraceEntry) -> Turn | None:
+            if entry.session is None:
+                return None
+            number = turns[entry.session] = turns.get(entry.session, -1) + 1
+            return Turn(entry.session, number)
+
         entries = trace.entries
         return tuple(
-            dataclasses.replace(_spec(i, entry.output_length, "completions", traces.prompt_ids(entry, i, block, tail), tok), at=at)
+            dataclasses.replace(
+                _spec(i, entry.output_length, "completions", traces.prompt_ids(entry, i, block, tail), tok), at=at, turn=turn(entry)
+            )
             for i, (entry, at) in enumerate(zip(entries, traces.send_offsets(entries), strict=True))
         )
 

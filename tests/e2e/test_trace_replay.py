@@ -4,13 +4,14 @@ the session's server, and from a suite through the perf suite's own trace test."
 
 from __future__ import annotations
 
+import itertools
 import json
 from pathlib import Path
 
 import pytest
 
 from pytest_qwenperf.serving.server import ManagedServer
-from pytest_qwenperf.suite.traces import Trace, read_trace
+from pytest_qwenperf.suite.trace_files import read_trace
 from tests.e2e.test_bench_cli import bench
 from tests.e2e.tiny import TINY, inner_session, suite_toml
 
@@ -28,7 +29,7 @@ def test_bench_replays_a_window_of_a_real_trace_fitted_to_the_servers_context(vl
         "--trace-fit", "scale", "--time-scale", "0.5", "--json", str(out),
     )  # fmt: skip
     assert done.returncode == 0, done.stderr
-    window = Trace(read_trace(MOONCAKE)).window(120.0, 12.0)
+    window = read_trace(MOONCAKE).window(120.0, 12.0)
     fitted = window.fitted(2048, "scale")  # the server's max_model_len, which the bench asked it for
     result = json.loads(out.read_text())
     assert result["metrics"]["completed"] == len(fitted.entries) and result["metrics"]["failed"] == 0
@@ -74,3 +75,42 @@ def test_a_suite_replays_the_real_trace_as_recorded_fitted(pytester: pytest.Pyte
     run = json.loads((pytester.path / "mooncake.json").read_text())["runs"][0]
     assert run["trace"]["fit"].startswith("lengths scaled by 1/64, blocks of 8 tokens")
     assert run["trace"]["kv_block"] == 128
+
+
+def bailian_conversations(path: Path) -> list[dict[str, object]]:
+    """Six conversations of three turns in Bailian's format, written here (the published Bailian
+    files are stored as Git LFS objects, not to be had offline): each turn's prompt holds the one
+    before it (its 16-token blocks) and more, traced 20 ms apart (sooner than the tiny model answers
+    24 tokens: sent at their traced times, turns would overlap), the conversations 0.1 s apart.
+    Every prompt's length differs, which names its request in the results."""
+    rows = []
+    for c in range(6):
+        ids: list[int] = []
+        for turn in range(3):
+            ids += [c * 1_000 + turn * 100 + b for b in range(20)]
+            rows.append({
+                "chat_id": c * 10 + turn, "parent_chat_id": c * 10 + turn - 1 if turn else -1, "turn": turn + 1,
+                "timestamp": round(c * 0.1 + turn * 0.02, 3), "input_length": len(ids) * 16 - c - 1, "output_length": 24,
+                "type": "text", "hash_ids": list(ids),
+            })  # fmt: skip
+    rows.sort(key=lambda row: row["timestamp"])  # type: ignore[arg-type, return-value]
+    path.write_text("".join(json.dumps(row) + "\n" for row in rows))
+    return rows
+
+
+@pytest.mark.parametrize("serving_config", [TINY], ids=[TINY.id])
+def test_bench_replays_a_bailian_trace_each_turn_after_the_answer_before_it(vllm_server: ManagedServer, tmp_path: Path) -> None:
+    rows = bailian_conversations(tmp_path / "bailian.jsonl")
+    out = tmp_path / "replay.json"
+    done = bench(vllm_server, "--dataset-name", "trace", "--dataset-path", str(tmp_path / "bailian.jsonl"), "--json", str(out), "--detailed")
+    assert done.returncode == 0, done.stderr
+    result = json.loads(out.read_text())
+    assert result["metrics"]["completed"] == len(rows) and result["metrics"]["failed"] == 0
+    assert result["token_check"]["matches"] is True, result["token_check"]  # the server's own counts agree
+    assert result["metrics"]["total_input_tokens"] == sum(int(row["input_length"]) for row in rows)  # type: ignore[call-overload]
+    by_length = {r["input_tokens"]: r for r in result["requests"]}
+    for c in range(6):
+        turns = [by_length[(20 * (turn + 1)) * 16 - c - 1] for turn in range(3)]
+        for before, after in itertools.pairwise(turns):
+            assert after["start"] >= before["end"], (c, turns)  # a turn goes once the answer before it has come
+    assert result["trace"]["kv_block"] == 128 and result["trace"]["cacheable_share"] > 0.3
