@@ -21,7 +21,15 @@ it would spend less CPU by reading less.
 and one ``recvmsg_into`` per ready socket, nothing parsed, timed or kept (in process, start-up not
 counted). What the kernel and a bare loop cost per chunk bounds what any client here can reach.
 
+**Per request (``--per-request``).** The same paced source and whole commands, each tool run three
+ways: :data:`PER_REQUEST` requests of one output token, :data:`FEW` requests of one token, and
+:data:`PER_REQUEST` of :data:`REQUEST_TOKENS` tokens. The CPU per request is the extra CPU of the
+many one-token requests over the few; start-up is the few's CPU less their requests'; and a
+request of :data:`REQUEST_TOKENS` tokens costs the long run's CPU less start-up, per request.
+That last figure, ours over theirs, is the per-request ratio to quote (target :data:`TARGET`).
+
     python -m benchmarks.lean --rounds 3 --out lean.json
+    python -m benchmarks.lean --per-request --rounds 5 --out per-request.json
     python -m benchmarks.lean --unpaced --rounds 3
     python -m benchmarks.lean --floor --rounds 3
 """
@@ -62,6 +70,9 @@ class Paced:
 
 
 PACED = Paced()
+PER_REQUEST = 512  # requests of the per-request runs
+FEW = 64  # requests of the run that leaves mostly start-up
+REQUEST_TOKENS = 128  # output tokens of the request whose whole cost is compared
 
 
 def chunks_per_cpu_second(url: str, model: str, client: str, chunks: int = CHUNKS, streams: int = STREAMS) -> float:
@@ -111,12 +122,12 @@ def _measure_in_fresh_process(url: str, model: str, client: str, cpu: int) -> fl
     return float(done.stdout.strip().splitlines()[-1])
 
 
-def paced_command(client: str, url: str, tokenizer: str, output_len: int, out: Path) -> list[str]:
-    """The whole command of ``client`` for :data:`PACED`'s requests with ``output_len`` tokens each."""
+def paced_command(client: str, url: str, tokenizer: str, output_len: int, out: Path, count: int = PACED.requests) -> list[str]:
+    """The whole command of ``client`` for ``count`` of :data:`PACED`'s requests with ``output_len`` tokens each."""
     from tests.stream_source import MODEL
 
     p = PACED
-    requests = Requests(url, p.input_len, output_len, p.requests, p.streams)
+    requests = Requests(url, p.input_len, output_len, count, p.streams)
     if client == "qwenperf":
         return qwenperf_bench(requests, out, "--model", MODEL, "--tokenizer", tokenizer)
     return vllm_bench_serve(requests, out, MODEL, tokenizer)
@@ -134,13 +145,13 @@ def cpu_seconds(argv: list[str], cpu: int) -> float:
     return usage.ru_utime + usage.ru_stime
 
 
-def _check_complete(client: str, out: Path, output_len: int) -> None:
+def _check_complete(client: str, out: Path, output_len: int, count: int = PACED.requests) -> None:
     """Every request answered in full: the chunks counted are the chunks read."""
     result = json.loads(out.read_text())
     figures = result["metrics"] if client == "qwenperf" else result
-    expected = PACED.requests * output_len
-    if figures["completed"] != PACED.requests or figures["total_output_tokens"] != expected:
-        raise SystemExit(f"{client}: {figures['completed']} of {PACED.requests} requests, {figures['total_output_tokens']} of {expected} tokens ({out})")
+    expected = count * output_len
+    if figures["completed"] != count or figures["total_output_tokens"] != expected:
+        raise SystemExit(f"{client}: {figures['completed']} of {count} requests, {figures['total_output_tokens']} of {expected} tokens ({out})")
 
 
 def paced_round(url: str, tokenizer: str, cpu: int, order: Sequence[str], tmp: Path) -> dict[str, dict[str, float]]:
@@ -190,15 +201,76 @@ def paced(rounds: int, out: Path | None) -> int:
     return 0 if ratio <= TARGET and median["qwenperf"] <= PACED_TARGET_US else 1
 
 
+def per_request_round(url: str, tokenizer: str, cpu: int, order: Sequence[str], tmp: Path) -> dict[str, dict[str, float]]:
+    """One round of ``--per-request``: each client's CPU for the three runs, and what they give."""
+    figures: dict[str, dict[str, float]] = {}
+    for client in order:
+        cpu_s = {}
+        for count, output_len in ((PER_REQUEST, REQUEST_TOKENS), (PER_REQUEST, 1), (FEW, 1)):
+            out = tmp / f"{client}-{count}x{output_len}.json"
+            out.unlink(missing_ok=True)
+            cpu_s[count, output_len] = cpu_seconds(paced_command(client, url, tokenizer, output_len, out, count), cpu)
+            _check_complete(client, out, output_len, count)
+        request_s = (cpu_s[PER_REQUEST, 1] - cpu_s[FEW, 1]) / (PER_REQUEST - FEW)
+        startup_s = cpu_s[FEW, 1] - FEW * request_s
+        figures[client] = {
+            **{f"cpu_s_{count}x{tokens}": value for (count, tokens), value in cpu_s.items()},
+            "us_per_request": request_s * 1e6,
+            "startup_s": startup_s,
+            "us_per_chunk": (cpu_s[PER_REQUEST, REQUEST_TOKENS] - cpu_s[PER_REQUEST, 1]) / (PER_REQUEST * (REQUEST_TOKENS - 1)) * 1e6,
+            "us_per_long_request": (cpu_s[PER_REQUEST, REQUEST_TOKENS] - startup_s) / PER_REQUEST * 1e6,
+            "whole_long_run_s": cpu_s[PER_REQUEST, REQUEST_TOKENS],
+        }
+    return figures
+
+
+def per_request(rounds: int, out: Path | None) -> int:
+    from pytest_qwenperf.suite.embedded import resolve_model
+    from tests.stream_source import stream_source
+
+    cpus = sorted(os.sched_getaffinity(0))
+    if len(cpus) < 2:
+        raise SystemExit("needs two CPUs: one for the stream source, one for the clients")
+    tokenizer = resolve_model("embedded:tiny")
+    per_round: list[dict[str, dict[str, float]]] = []
+    load_before = os.getloadavg()
+    with stream_source(cpus={cpus[0]}, default_schedule={"itl_ms": PACED.itl_ms}) as source, tempfile.TemporaryDirectory() as tmp:
+        for n in range(rounds):
+            per_round.append(per_request_round(source.urls[0], tokenizer, cpus[-1], turns(CLIENTS, n), Path(tmp)))
+            print(f"round {n + 1}: " + ", ".join(f"{c} {per_round[-1][c]['us_per_long_request']:.0f} us a {REQUEST_TOKENS}-token request" for c in CLIENTS), file=sys.stderr)
+    load_after = os.getloadavg()
+    keys = ("us_per_request", "us_per_chunk", "us_per_long_request", "startup_s", "whole_long_run_s")
+    median = {c: {k: statistics.median(r[c][k] for r in per_round) for k in keys} for c in CLIENTS}
+    ratio = median["qwenperf"]["us_per_long_request"] / median["vllm"]["us_per_long_request"]
+    whole = median["qwenperf"]["whole_long_run_s"] / median["vllm"]["whole_long_run_s"]
+    print(f"stream source on CPU {cpus[0]}, each command on CPU {cpus[-1]}; {PACED.streams} streams, a chunk every {PACED.itl_ms:g} ms on each;")
+    print(f"runs of {PER_REQUEST} x {REQUEST_TOKENS}, {PER_REQUEST} x 1 and {FEW} x 1 tokens; load average {load_before[0]:.2f} before, {load_after[0]:.2f} after\n")
+    print(f"| command | CPU us per request, per round | per chunk | a {REQUEST_TOKENS}-token request, per round | medians: request / chunk / {REQUEST_TOKENS}-token request | start-up CPU s | whole {PER_REQUEST} x {REQUEST_TOKENS} run, CPU s |")
+    print("| --- | --- | --- | --- | --- | --- | --- |")
+    for c in CLIENTS:
+        m = median[c]
+        each = " / ".join(f"{r[c]['us_per_request']:.0f}" for r in per_round)
+        chunks = " / ".join(f"{r[c]['us_per_chunk']:.2f}" for r in per_round)
+        longs = " / ".join(f"{r[c]['us_per_long_request']:.0f}" for r in per_round)
+        print(f"| {c} | {each} | {chunks} | {longs} | {m['us_per_request']:.0f} / {m['us_per_chunk']:.2f} / {m['us_per_long_request']:.0f} | {m['startup_s']:.2f} | {m['whole_long_run_s']:.2f} |")
+    print(f"\nours / theirs for a {REQUEST_TOKENS}-token request, start-up out = {ratio:.2f} (target <= {TARGET}); whole commands, start-up in = {whole:.2f}")
+    if out:
+        out.write_text(json.dumps({"paced": PACED.__dict__, "rounds": per_round, "medians": median, "ratio": ratio, "whole_ratio": whole}, indent=2) + "\n")
+    return 0 if ratio <= TARGET else 1
+
+
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--rounds", type=int, default=3, help="interleaved rounds (default %(default)s)")
     parser.add_argument("--out", type=Path, help="write all figures here as JSON")
     parser.add_argument("--unpaced", action="store_true", help="in process, as fast as the source sends: a lower bound")
     parser.add_argument("--floor", action="store_true", help="the paced load read by a bare epoll and recvmsg_into loop")
+    parser.add_argument("--per-request", action="store_true", help=f"CPU per request and per {REQUEST_TOKENS}-token request, whole commands")
     args = parser.parse_args()
     if args.floor:
         return floor(args.rounds)
+    if args.per_request:
+        return per_request(args.rounds, args.out)
     return unpaced(args.rounds, args.out) if args.unpaced else paced(args.rounds, args.out)
 
 
