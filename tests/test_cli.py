@@ -120,16 +120,16 @@ def test_lint_checks_the_one_gpu_suite_without_generating_its_model(tmp_path: Pa
 def test_bench_output_len_overrides_each_jsonl_lines_and_otherwise_leaves_them(tmp_path: Path) -> None:
     import argparse
 
-    from pytest_qwenperf.cli import bench
+    from pytest_qwenperf.cli import bench, bench_plan
 
     prompts = tmp_path / "prompts.jsonl"
     prompts.write_text('{"prompt": "a b c", "output_len": 7}\n{"prompt": "d e", "output_len": 9}\n')
     parser = argparse.ArgumentParser()
     bench.add_arguments(parser)
     base = ["--endpoint", "http://127.0.0.1:9", "--dataset-name", "jsonl", "--dataset-path", str(prompts), "--num-prompts", "2"]
-    given = bench._workload(parser.parse_args([*base, "--output-len", "5"]), ()).build(None)
+    given = bench_plan.workload(parser.parse_args([*base, "--output-len", "5"]), ()).build(None)
     assert [spec.max_tokens for spec in given] == [5, 5]
-    own = bench._workload(parser.parse_args(base), ()).build(None)
+    own = bench_plan.workload(parser.parse_args(base), ()).build(None)
     assert [spec.max_tokens for spec in own] == [7, 9]
-    random = bench._workload(parser.parse_args(["--endpoint", "http://127.0.0.1:9", "--num-prompts", "2"]), ())
-    assert random.output_len == bench.DEFAULT_OUTPUT_LEN == 128  # type: ignore[attr-defined]
+    random = bench_plan.workload(parser.parse_args(["--endpoint", "http://127.0.0.1:9", "--num-prompts", "2"]), ())
+    assert random.output_len == bench_plan.DEFAULT_OUTPUT_LEN == 128

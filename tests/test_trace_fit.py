@@ -17,7 +17,7 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
-from pytest_qwenperf.cli import bench
+from pytest_qwenperf.cli import bench, bench_plan
 from pytest_qwenperf.cli.main import main
 from pytest_qwenperf.core.records import RequestRecord
 from pytest_qwenperf.core.summary import client_bound_reason
@@ -206,11 +206,11 @@ def server(max_model_len: int | None) -> ServerInfo:
 def test_bench_replays_a_trace_window_fitted_to_the_servers_context() -> None:
     args = bench_args("--dataset-name", "trace", "--dataset-path", str(MOONCAKE), "--trace-start", "120", "--trace-span", "12",
                       "--trace-fit", "scale", "--time-scale", "0.5", "--warmup", "2")  # fmt: skip
-    workload = bench._workload(args, [server(2048)])
+    workload = bench_plan.workload(args, [server(2048)])
     assert isinstance(workload, TraceWorkload)
     assert (workload.start_s, workload.span_s, workload.fit, workload.fit_context, workload.num_prompts) == (120.0, 12.0, "scale", 2048, None)
-    assert bench._arrival(args, 10) == Replay(time_scale=0.5)
-    given_context = bench._workload(bench_args(*vars_of(args), "--trace-context", "1024"), [server(None)])
+    assert bench_plan.arrival(args, 10) == Replay(time_scale=0.5)
+    given_context = bench_plan.workload(bench_args(*vars_of(args), "--trace-context", "1024"), [server(None)])
     assert isinstance(given_context, TraceWorkload) and given_context.fit_context == 1024
 
 
@@ -228,22 +228,22 @@ def vars_of(args: argparse.Namespace) -> list[str]:
     ],
 )
 def test_bench_names_what_a_trace_replay_lacks(args: tuple[str, ...], message: str) -> None:
-    with pytest.raises(bench.BenchError, match=re.escape(message)):
-        bench._workload(bench_args(*args), [server(None)])
+    with pytest.raises(bench_plan.BenchError, match=re.escape(message)):
+        bench_plan.workload(bench_args(*args), [server(None)])
 
 
 def test_bench_time_scale_goes_with_a_replay_not_a_loop() -> None:
     args = bench_args("--dataset-name", "trace", "--dataset-path", str(MOONCAKE), "--time-scale", "2", "--max-concurrency", "4")
-    with pytest.raises(bench.BenchError, match="--time-scale and --max-lag replay a trace at its times"):
-        bench._arrival(args, 10)
+    with pytest.raises(bench_plan.BenchError, match="--time-scale and --max-lag replay a trace at its times"):
+        bench_plan.arrival(args, 10)
     strict = bench_args("--dataset-name", "trace", "--dataset-path", str(MOONCAKE), "--max-lag", "2")
-    assert bench._arrival(strict, 10) == Replay(time_scale=1.0, max_lag_ms=2.0)
+    assert bench_plan.arrival(strict, 10) == Replay(time_scale=1.0, max_lag_ms=2.0)
 
 
 def test_bench_builds_conversations_of_the_given_turns() -> None:
     args = bench_args("--dataset-name", "conversation", "--num-prompts", "10", "--turns", "3", "--input-len", "32",
                       "--turn-input-len", "8", "--output-len", "4", "--think-time", "0.5")  # fmt: skip
-    workload = bench._workload(args, [])
+    workload = bench_plan.workload(args, [])
     assert (workload.conversations, workload.turns, workload.first_input_len, workload.turn_input_len) == (4, 3, 32, 8)  # type: ignore[attr-defined]
     assert workload.think_time_s == 0.5  # type: ignore[attr-defined]
 
