@@ -45,7 +45,7 @@ import subprocess
 import sys
 import tempfile
 import time
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -169,7 +169,12 @@ def paced_round(url: str, tokenizer: str, cpu: int, order: Sequence[str], tmp: P
     return figures
 
 
-def paced(rounds: int, out: Path | None) -> int:
+Round = Callable[[str, str, int, Sequence[str], Path], dict[str, dict[str, float]]]
+
+
+def paced_rounds(rounds: int, one: Round, figure: str) -> tuple[list[dict[str, dict[str, float]]], list[int], tuple[float, float]]:
+    """``rounds`` of ``one`` against the paced source (ABBA), each round's ``figure`` shown as it
+    ends; with the CPUs used (source first, commands last) and the load average before and after."""
     from pytest_qwenperf.suite.embedded import resolve_model
     from tests.stream_source import stream_source
 
@@ -181,15 +186,19 @@ def paced(rounds: int, out: Path | None) -> int:
     load_before = os.getloadavg()
     with stream_source(cpus={cpus[0]}, default_schedule={"itl_ms": PACED.itl_ms}) as source, tempfile.TemporaryDirectory() as tmp:
         for n in range(rounds):
-            per_round.append(paced_round(source.urls[0], tokenizer, cpus[-1], turns(CLIENTS, n), Path(tmp)))
-            print(f"round {n + 1}: " + ", ".join(f"{c} {per_round[-1][c]['us_per_chunk']:.2f} us/chunk" for c in CLIENTS), file=sys.stderr)
-    load_after = os.getloadavg()
+            per_round.append(one(source.urls[0], tokenizer, cpus[-1], turns(CLIENTS, n), Path(tmp)))
+            print(f"round {n + 1}: " + ", ".join(f"{c} {figure} {per_round[-1][c][figure]:.2f}" for c in CLIENTS), file=sys.stderr)
+    return per_round, cpus, (load_before[0], os.getloadavg()[0])
+
+
+def paced(rounds: int, out: Path | None) -> int:
+    per_round, cpus, (load_before, load_after) = paced_rounds(rounds, paced_round, "us_per_chunk")
     median = {c: statistics.median(r[c]["us_per_chunk"] for r in per_round) for c in CLIENTS}
     startup = {c: statistics.median(r[c]["short_cpu_s"] for r in per_round) for c in CLIENTS}
     ratio = median["qwenperf"] / median["vllm"]
     p = PACED
     print(f"stream source on CPU {cpus[0]}, each command on CPU {cpus[-1]}; {p.streams} streams, a chunk every {p.itl_ms:g} ms on each;")
-    print(f"{p.requests} requests of {p.output_len} tokens against {p.requests} of 1; load average {load_before[0]:.2f} before, {load_after[0]:.2f} after\n")
+    print(f"{p.requests} requests of {p.output_len} tokens against {p.requests} of 1; load average {load_before:.2f} before, {load_after:.2f} after\n")
     print("| command | CPU us per chunk, per round | median | CPU s of the one-token run (start-up), median |")
     print("| --- | --- | --- | --- |")
     for c in CLIENTS:
@@ -225,26 +234,13 @@ def per_request_round(url: str, tokenizer: str, cpu: int, order: Sequence[str], 
 
 
 def per_request(rounds: int, out: Path | None) -> int:
-    from pytest_qwenperf.suite.embedded import resolve_model
-    from tests.stream_source import stream_source
-
-    cpus = sorted(os.sched_getaffinity(0))
-    if len(cpus) < 2:
-        raise SystemExit("needs two CPUs: one for the stream source, one for the clients")
-    tokenizer = resolve_model("embedded:tiny")
-    per_round: list[dict[str, dict[str, float]]] = []
-    load_before = os.getloadavg()
-    with stream_source(cpus={cpus[0]}, default_schedule={"itl_ms": PACED.itl_ms}) as source, tempfile.TemporaryDirectory() as tmp:
-        for n in range(rounds):
-            per_round.append(per_request_round(source.urls[0], tokenizer, cpus[-1], turns(CLIENTS, n), Path(tmp)))
-            print(f"round {n + 1}: " + ", ".join(f"{c} {per_round[-1][c]['us_per_long_request']:.0f} us a {REQUEST_TOKENS}-token request" for c in CLIENTS), file=sys.stderr)
-    load_after = os.getloadavg()
+    per_round, cpus, (load_before, load_after) = paced_rounds(rounds, per_request_round, "us_per_long_request")
     keys = ("us_per_request", "us_per_chunk", "us_per_long_request", "startup_s", "whole_long_run_s")
     median = {c: {k: statistics.median(r[c][k] for r in per_round) for k in keys} for c in CLIENTS}
     ratio = median["qwenperf"]["us_per_long_request"] / median["vllm"]["us_per_long_request"]
     whole = median["qwenperf"]["whole_long_run_s"] / median["vllm"]["whole_long_run_s"]
     print(f"stream source on CPU {cpus[0]}, each command on CPU {cpus[-1]}; {PACED.streams} streams, a chunk every {PACED.itl_ms:g} ms on each;")
-    print(f"runs of {PER_REQUEST} x {REQUEST_TOKENS}, {PER_REQUEST} x 1 and {FEW} x 1 tokens; load average {load_before[0]:.2f} before, {load_after[0]:.2f} after\n")
+    print(f"runs of {PER_REQUEST} x {REQUEST_TOKENS}, {PER_REQUEST} x 1 and {FEW} x 1 tokens; load average {load_before:.2f} before, {load_after:.2f} after\n")
     print(f"| command | CPU us per request, per round | per chunk | a {REQUEST_TOKENS}-token request, per round | medians: request / chunk / {REQUEST_TOKENS}-token request | start-up CPU s | whole {PER_REQUEST} x {REQUEST_TOKENS} run, CPU s |")
     print("| --- | --- | --- | --- | --- | --- | --- |")
     for c in CLIENTS:
