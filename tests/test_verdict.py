@@ -59,7 +59,10 @@ def test_the_point_estimate_decides_between_pass_and_a_change_significance_and_t
     j = judge_samples("m", before, after, direction=direction, tolerance=tolerance)
     assert j.ratio is not None
     worse = j.ratio < 1 - tolerance if direction == "higher" else j.ratio > 1 + tolerance
-    better = j.ratio > 1 + tolerance if direction == "higher" else j.ratio < 1 - tolerance
+    # The better bound is the worse one mirrored on the log scale: the same pair of runs read the
+    # other way round (baseline and current swapped) is a regression exactly when this is better.
+    better = j.ratio > 1 / (1 - tolerance) if direction == "higher" else j.ratio < 1 / (1 + tolerance)
+    assume(min(abs(j.ratio - b) for b in (1 - tolerance, 1 + tolerance, 1 / (1 - tolerance), 1 / (1 + tolerance))) > 1e-9)  # not on a bound
     # The MDE is the change the interval can tell from none, on the side the direction calls worse.
     change = (1 - j.ratio) if direction == "higher" else (j.ratio - 1)
     underpowered = j.mde is not None and j.mde > tolerance

@@ -17,7 +17,9 @@ baseline a run may be worse by, the smallest change the user cares about):
 * **regression**: the point estimate (the ratio of the centres) lies beyond the worse
   bound (``1 - τ`` for higher-is-better, ``1 + τ`` for lower) *and* the interval lies
   wholly on the worse side of 1 (the change is significant, one-sided at half the
-  interval's error rate). **improvement**: the same on the better side.
+  interval's error rate). **improvement**: the same on the better side, beyond the worse
+  bound mirrored on the log scale (``1 / (1 - τ)`` for higher-is-better, ``1 / (1 + τ)`` for
+  lower), so that a pair read the other way round is a regression exactly when it is an improvement.
 * **noisy**: the point estimate is beyond the worse bound but the change is not
   significant: it looks like a regression the noise cannot confirm.
 * **underpowered**: nothing points at a regression, but the MDE exceeds τ: the run
