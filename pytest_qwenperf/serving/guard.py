@@ -1,7 +1,7 @@
-"""``python -m pytest_qwenperf.serving.guard --watch-fd FD [--cpus LIST] [--grace S] -- COMMAND...``
+"""``python -m pytest_qwenperf.serving.guard --watch-fd FD [--cpus LIST] [--grace S] [--remove DIR] -- COMMAND...``
 
 The first process of every tree this package starts (a vLLM server, nginx). It runs
-COMMAND as its child, in its own session, and does three things a plain ``exec`` cannot:
+COMMAND as its child, in its own session, and does four things a plain ``exec`` cannot:
 
 * **dies with its starter.** FD is the read end of a pipe whose write end only the
   starting process holds (:func:`pytest_qwenperf.serving.proctree.spawn_tree`). When that
@@ -15,7 +15,11 @@ COMMAND as its child, in its own session, and does three things a plain ``exec``
   over their environment, tag included; the guard's environment stays intact, so the
   tree is always found through it (its members are its descendants and group);
 * **pins before the first instruction.** With ``--cpus`` the affinity is set before
-  COMMAND starts, so every process it forks inherits it.
+  COMMAND starts, so every process it forks inherits it;
+* **leaves no files behind.** With ``--remove`` the folder the tree keeps its own files in
+  (vLLM's IPC sockets: :attr:`~pytest_qwenperf.serving.process.Launch.scratch`) is removed once
+  COMMAND has exited or the tree was taken down, so a tree whose starter was SIGKILLed leaves
+  nothing in the temporary folder either.
 
 The guard ignores SIGTERM and SIGINT itself: a stop signals the whole group, COMMAND
 shuts down, and the guard exits with COMMAND's status (a signal death is re-raised, so
@@ -27,6 +31,7 @@ from __future__ import annotations
 import argparse
 import os
 import select
+import shutil
 import signal
 import subprocess
 import sys
@@ -48,6 +53,7 @@ def _parser() -> argparse.ArgumentParser:
     parser.add_argument("--watch-fd", type=int, required=True, help="read end of the starter's pipe")
     parser.add_argument("--cpus", type=cpu_list, help="run the tree on these CPUs, e.g. 0-3")
     parser.add_argument("--grace", type=positive_seconds, default=DEFAULT_GRACE_S, help="seconds between SIGTERM and SIGKILL")
+    parser.add_argument("--remove", metavar="DIR", help="a folder of the tree's own, removed once the tree is down")
     parser.add_argument("command", nargs=argparse.REMAINDER, help="-- COMMAND [ARGS...]")
     return parser
 
@@ -68,8 +74,9 @@ def main(argv: list[str]) -> int:
     for sig in (signal.SIGTERM, signal.SIGINT, signal.SIGHUP):
         signal.signal(sig, _stay)  # the group's stop signal is for COMMAND; the guard waits for it
     if _wait(child, args.watch_fd):
+        _remove(args.remove)
         return _exit_like(child.returncode)
-    _take_down(child, args.grace)
+    _take_down(child, args.grace, args.remove)
     return 128 + signal.SIGKILL
 
 
@@ -100,7 +107,13 @@ def _read_or_eof(fd: int) -> bool:
         return False
 
 
-def _take_down(child: subprocess.Popen[bytes], grace: float) -> None:
+def _remove(folder: str | None) -> None:
+    """The tree's own folder, once nothing of it needs the folder any more."""
+    if folder is not None:
+        shutil.rmtree(folder, ignore_errors=True)
+
+
+def _take_down(child: subprocess.Popen[bytes], grace: float, folder: str | None) -> None:
     """The starter is gone: stop the tree as :func:`proctree.stop_tree` would, from inside it."""
     from pytest_qwenperf.serving import (
         proctree,  # psutil: only when there is a tree to take down
@@ -121,6 +134,7 @@ def _take_down(child: subprocess.Popen[bytes], grace: float) -> None:
     while child.poll() is None and time.monotonic() < deadline:
         time.sleep(0.05)
     proctree.signal_each(members + others(), signal.SIGKILL)
+    _remove(folder)
     if leads_group:
         os.killpg(me, signal.SIGKILL)  # the guard itself last, with the rest of its group
 

@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import atexit
 import re
+import shutil
 import socket
 import subprocess
 import time
@@ -151,12 +152,15 @@ class StartStop:
 @dataclass(frozen=True)
 class Launch:
     """One attempt at starting: the command, the log its output is appended to, what it adds to
-    the environment, and the CPUs its whole tree runs on (empty: no pinning)."""
+    the environment, the CPUs its whole tree runs on (empty: no pinning) and a folder of the tree's
+    own that is removed with it, by the guard or by :meth:`ManagedProcess.stop`, whichever ends
+    last (None: none)."""
 
     argv: tuple[str, ...]
     log_path: Path
     env: Mapping[str, str]
     cpus: frozenset[int] = frozenset()
+    scratch: Path | None = None
 
 
 Probe = Callable[[], str | None]
@@ -192,6 +196,7 @@ class ManagedProcess:
         self.log_path: Path | None = None  # of the latest attempt
         self.tag = ""  # the proctree.TAG_ENV value of the latest attempt's processes
         self._popen: subprocess.Popen[bytes] | None = None
+        self._scratch: Path | None = None  # the latest attempt's Launch.scratch
 
     @property
     def pid(self) -> int | None:
@@ -222,15 +227,26 @@ class ManagedProcess:
         finally:
             self._popen = None
             LIVE.discard(self)
+            self._remove_scratch()  # the guard's own removal is lost where the stop had to SIGKILL it
+
+    def _remove_scratch(self) -> None:
+        if self._scratch is not None:
+            shutil.rmtree(self._scratch, ignore_errors=True)
+            self._scratch = None
 
     def _start_once(self, launch: Callable[[int], Launch], port: int) -> None:
         self.port = port
         attempt = launch(port)
         self.log_path = attempt.log_path
         self.tag = proctree.new_tag()
-        self._popen = proctree.spawn_tree(
-            attempt.argv, log_path=attempt.log_path, env=attempt.env, tag=self.tag, cpus=attempt.cpus
-        )
+        self._scratch = attempt.scratch
+        try:
+            self._popen = proctree.spawn_tree(
+                attempt.argv, log_path=attempt.log_path, env=attempt.env, tag=self.tag, cpus=attempt.cpus, scratch=attempt.scratch
+            )
+        except BaseException:
+            self._remove_scratch()
+            raise
         LIVE.add(self)
         try:
             self._wait_ready()

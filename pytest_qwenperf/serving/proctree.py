@@ -76,17 +76,25 @@ def _lifeline() -> int:
 
 
 def spawn_tree(
-    argv: Sequence[str], *, log_path: Path, env: Mapping[str, str], tag: str, cpus: frozenset[int] = frozenset()
+    argv: Sequence[str],
+    *,
+    log_path: Path,
+    env: Mapping[str, str],
+    tag: str,
+    cpus: frozenset[int] = frozenset(),
+    scratch: Path | None = None,
 ) -> subprocess.Popen[bytes]:
     """Start ``argv`` under a :mod:`~pytest_qwenperf.serving.guard`, in a new session, with stdout+stderr
-    appended to ``log_path`` and the whole tree on ``cpus`` (empty: no pinning).
+    appended to ``log_path``, the whole tree on ``cpus`` (empty: no pinning) and ``scratch``, a
+    folder of the tree's own, removed by the guard once the tree is down (None: none).
 
     The tree dies with this process, even when this process is SIGKILLed. Output goes to a
     file, never to a pipe: nobody would read a pipe and the server would block once it filled.
     """
     watch = _lifeline()
     pin = ["--cpus", format_cpu_list(cpus)] if cpus else []
-    guarded = [sys.executable, "-m", "pytest_qwenperf.serving.guard", "--watch-fd", str(watch), *pin, "--", *argv]
+    remove = ["--remove", str(scratch)] if scratch is not None else []
+    guarded = [sys.executable, "-m", "pytest_qwenperf.serving.guard", "--watch-fd", str(watch), *pin, *remove, "--", *argv]
     child_env = {**os.environ, **env, TAG_ENV: tag}
     with open(log_path, "ab") as log:
         return subprocess.Popen(

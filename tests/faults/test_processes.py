@@ -11,9 +11,11 @@ a tight time".
 from __future__ import annotations
 
 import os
+import shutil
 import signal
 import subprocess
 import sys
+import tempfile
 import time
 from collections.abc import Iterator
 from pathlib import Path
@@ -51,14 +53,16 @@ def _describe(procs: list[psutil.Process]) -> list[str]:
 
 def _guarded_tree(tmp_path: Path, script: str, size: int) -> tuple[subprocess.Popen[bytes], list[psutil.Process]]:
     """A process that starts a tree of ``size`` processes (guard included) through
-    :func:`proctree.spawn_tree` and then waits: the tree's starter, which the tests kill."""
+    :func:`proctree.spawn_tree`, with the folder ``tmp_path / "scratch"`` as its own, and then
+    waits: the tree's starter, which the tests kill."""
     ready = tmp_path / "ready"
+    (tmp_path / "scratch").mkdir()
     start = (
         "import sys, time\n"
         "from pathlib import Path\n"
         "from pytest_qwenperf.serving import proctree\n"
         f"proctree.spawn_tree([sys.executable, '-c', {script!r}], log_path=Path({str(tmp_path / 'log')!r}),"
-        " env={}, tag=proctree.new_tag())\n"
+        f" env={{}}, tag=proctree.new_tag(), scratch=Path({str(tmp_path / 'scratch')!r}))\n"
         f"Path({str(ready)!r}).write_text('up')\n"
         "time.sleep(600)\n"
     )
@@ -86,16 +90,27 @@ _IGNORES_SIGTERM = "import signal, time\nsignal.signal(signal.SIGTERM, signal.SI
     ids=["child-and-grandchild", "ignores-sigterm"],
 )
 def test_sigkill_of_the_starter_takes_the_tree_down(tmp_path: Path, script: str, size: int) -> None:
-    """Also a server deaf to SIGTERM: the guard's grace ends in SIGKILL."""
+    """Also a server deaf to SIGTERM: the guard's grace ends in SIGKILL. The tree's own folder goes with it."""
     starter, tree = _guarded_tree(tmp_path, script, size)
     try:
         starter.kill()
         starter.wait()
         assert _describe(_wait_all_gone(tree)) == []
+        assert not (tmp_path / "scratch").exists()
     finally:
         for proc in tree:
             if alive(proc):
                 proc.kill()
+
+
+def test_the_guard_removes_the_trees_folder_once_its_command_has_exited(tmp_path: Path) -> None:
+    """What vLLM leaves there: a Unix socket (its ZMQ IPC endpoints), never removed by vLLM itself."""
+    scratch = tmp_path / "scratch"
+    scratch.mkdir()
+    script = f"import socket; socket.socket(socket.AF_UNIX).bind({str(scratch / 'ipc')!r})"
+    popen = proctree.spawn_tree([sys.executable, "-c", script], log_path=tmp_path / "log", env={}, tag=proctree.new_tag(), scratch=scratch)
+    assert popen.wait(timeout=GONE_WITHIN_S) == 0, (tmp_path / "log").read_text()
+    assert not scratch.exists()
 
 
 def test_the_guard_reports_the_servers_exit_status(tmp_path: Path) -> None:
@@ -255,6 +270,16 @@ def test_hold(vllm_server, slow_teardown):
 """
 
 
+@pytest.fixture
+def inner_tmpdir(monkeypatch: pytest.MonkeyPatch) -> Iterator[Path]:
+    """The inner sessions' temporary folder (``TMPDIR``): a new one, at a short path, as a Unix
+    socket's path is at most 107 bytes long; removed afterwards."""
+    folder = Path(tempfile.mkdtemp(prefix="tmpdir-", dir="/tmp"))
+    monkeypatch.setenv("TMPDIR", str(folder))
+    yield folder
+    shutil.rmtree(folder, ignore_errors=True)
+
+
 def _inner_session_with_vllm(pytester: pytest.Pytester, tmp_path: Path, name: str) -> tuple[subprocess.Popen[bytes], list[psutil.Process]]:
     ready = tmp_path / "ready"
     pytester.makepyfile(test_hold=HOLD.format(name=name, ready=str(ready)))
@@ -265,20 +290,28 @@ def _inner_session_with_vllm(pytester: pytest.Pytester, tmp_path: Path, name: st
     return inner, tree
 
 
+def _left_in(tmp: Path) -> list[str]:
+    """What a server tree left in the temporary folder: vLLM's IPC sockets (it makes them there
+    unless told otherwise, and removes none) and the tree's own folder for them (serving.server)."""
+    return sorted(str(p.relative_to(tmp)) for p in tmp.rglob("*") if p.is_socket() or p.name.startswith("qwenperf-"))
+
+
 @pytest.mark.e2e
-def test_sigkill_of_a_session_leaves_no_vllm_process(pytester: pytest.Pytester, tmp_path: Path) -> None:
+def test_sigkill_of_a_session_leaves_no_vllm_process(pytester: pytest.Pytester, tmp_path: Path, inner_tmpdir: Path) -> None:
     inner, tree = _inner_session_with_vllm(pytester, tmp_path, "sigkilled")
     try:
+        assert _left_in(inner_tmpdir), "the server's sockets are where the check looks"
         inner.kill()
         inner.wait()
         assert _describe(_wait_all_gone(tree)) == []
         assert proctree.tagged_processes(f"{inner.pid}-") == []
+        assert _left_in(inner_tmpdir) == []
     finally:
         end_inner_session(inner)
 
 
 @pytest.mark.e2e
-def test_github_actions_cancel_sequence_leaves_no_vllm_process(pytester: pytest.Pytester, tmp_path: Path) -> None:
+def test_github_actions_cancel_sequence_leaves_no_vllm_process(pytester: pytest.Pytester, tmp_path: Path, inner_tmpdir: Path) -> None:
     """What a cancelled Actions job does: SIGINT, SIGTERM 7.5 s later, SIGKILL 2.5 s after
     that. The inner session's teardown is slow (a fixture sleeps), so SIGKILL lands while
     its server is still up, as it does on a runner whose teardown takes too long."""
@@ -291,5 +324,6 @@ def test_github_actions_cancel_sequence_leaves_no_vllm_process(pytester: pytest.
         inner.wait()
         assert _describe(_wait_all_gone(tree)) == []
         assert proctree.tagged_processes(f"{inner.pid}-") == []
+        assert _left_in(inner_tmpdir) == []
     finally:
         end_inner_session(inner)
