@@ -101,6 +101,16 @@ def test_a_probe_measures_two_rounds_of_every_stream(tmp_path: Path) -> None:
     assert ramped.at_load(32).arrival == ClosedLoop(32, ramp_steps=4)  # a probe's warm-up ramps as the workload's does
 
 
+def test_a_rate_probe_measures_the_requests_of_its_span(tmp_path: Path) -> None:
+    """A fixed count took eight times as long at an eighth of the rate; a span keeps probes alike."""
+    by_rate = SUITE.replace("load = { concurrency = 16 }", "load = { rate = 16 }").replace('by = "concurrency"', 'by = "rate"')
+    workload = load(tmp_path, by_rate.replace("num_prompts = 136", "num_prompts = 808"))
+    counts = {rate: workload.at_load(rate).workload.num_prompts for rate in (2.0, 8.0, 16.0, 40.0, 100.0)}
+    # 8 warm-up, then at least 64, rate x 15 s, at most the workload's 800
+    assert counts == {2.0: 8 + 64, 8.0: 8 + 120, 16.0: 8 + 240, 40.0: 8 + 600, 100.0: 808}
+    assert workload.at_load(8.0).arrival == OpenLoop(rate=8.0)
+
+
 class Server:
     """Runs as a stand-in server measures them: p99 TPOT 10 ms × (1 + concurrency / 32), so the
     20 ms target binds at 32, and p99 TTFT ``ttft``; ``failing`` loads lose requests, ``condition``

@@ -125,7 +125,10 @@ class ServingConfig:
 PROBE_ROUNDS = 2
 """Requests a concurrency search's probe measures per stream (:meth:`SuiteWorkload.at_load`)."""
 PROBE_MIN_REQUESTS = 64
-"""The fewest requests a concurrency search's probe measures: enough for its p99 to mean something."""
+"""The fewest requests a search's probe measures: enough for its p99 to mean something."""
+PROBE_SPAN_S = 15.0
+"""Seconds of arrivals a rate search's probe measures (:meth:`SuiteWorkload.at_load`): many request
+lifetimes of a CPU or chat workload, for its queue to settle or to grow past the SLO."""
 
 
 @dataclass(frozen=True)
@@ -167,19 +170,25 @@ class SuiteWorkload:
         """This workload at another load of its search: a concurrency, or a request rate.
 
         At concurrency c a probe measures :data:`PROBE_ROUNDS` rounds of every stream (c x
-        :data:`PROBE_ROUNDS` requests, at least :data:`PROBE_MIN_REQUESTS`, at most what the workload
-        measures): a probe of a low load then takes as long as one of a high load, not several times
-        longer, and every probe keeps its concurrency to the end."""
+        :data:`PROBE_ROUNDS` requests), at rate r the requests of :data:`PROBE_SPAN_S` seconds (r x
+        :data:`PROBE_SPAN_S`); at least :data:`PROBE_MIN_REQUESTS`, at most what the workload
+        measures. A probe of a low load then takes about as long as one of a high load, not several
+        times longer (at a fixed count, a probe at an eighth of the rate took eight times as long), and
+        a concurrency probe keeps its concurrency to the end."""
         if isinstance(self.arrival, ClosedLoop):
-            probe = dataclasses.replace(self, arrival=dataclasses.replace(self.arrival, concurrency=int(load)))
-            total = self.workload.num_prompts
-            if total is None or "num_prompts" not in self.workload.__dataclass_fields__:
-                return probe
-            measured = min(total - self.warmup, max(PROBE_MIN_REQUESTS, PROBE_ROUNDS * int(load)))
-            return dataclasses.replace(probe, workload=dataclasses.replace(self.workload, num_prompts=self.warmup + measured))
+            return self._probing(dataclasses.replace(self.arrival, concurrency=int(load)), PROBE_ROUNDS * int(load))
         if isinstance(self.arrival, OpenLoop):
-            return dataclasses.replace(self, arrival=dataclasses.replace(self.arrival, rate=load))
+            return self._probing(dataclasses.replace(self.arrival, rate=load), math.ceil(PROBE_SPAN_S * load))
         raise ValueError(f"workload {self.id!r}: a replay has no load to search over")
+
+    def _probing(self, arrival: Arrival, wanted: int) -> SuiteWorkload:
+        """This workload under ``arrival``, measuring ``wanted`` requests within the bounds of :meth:`at_load`."""
+        probe = dataclasses.replace(self, arrival=arrival)
+        total = self.workload.num_prompts
+        if total is None or "num_prompts" not in self.workload.__dataclass_fields__:
+            return probe
+        measured = min(total - self.warmup, max(PROBE_MIN_REQUESTS, wanted))
+        return dataclasses.replace(probe, workload=dataclasses.replace(self.workload, num_prompts=self.warmup + measured))
 
     def runs_on(self, config_id: str) -> bool:
         return not self.configs or config_id in self.configs
