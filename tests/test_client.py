@@ -23,6 +23,7 @@ from hypothesis import strategies as st
 
 from benchmarks.fidelity import STREAMS, TOKENS, streams_run
 from pytest_qwenperf.core.records import RequestRecord
+from pytest_qwenperf.core.summary import summarize
 from pytest_qwenperf.loadgen.arrivals import Arrival, ArrivalError, ClosedLoop, OpenLoop, Replay
 from pytest_qwenperf.loadgen.assignment import ROUTINGS, LoadOptions
 from pytest_qwenperf.loadgen.client import run_load_sync
@@ -416,17 +417,22 @@ def test_the_record_keeps_the_prompt_length_sent_as_ids(source: StreamSource) ->
     assert (records[0].expected_prompt_tokens, records[1].expected_prompt_tokens) == (3, None)
 
 
-def test_stop_ends_an_open_loops_sending_and_what_was_sent_finishes(source: StreamSource) -> None:
+def test_stop_ends_an_open_loops_sending_and_cuts_what_is_in_flight(source: StreamSource) -> None:
+    """The measured requests would stream for 5 s each; stopped, they end cut, short of their tokens."""
     asked: list[int] = []
 
     def stop() -> bool:  # asked before each measured send; the warm-up is not asked
         asked.append(1)
         return len(asked) > 3
 
-    specs = [spec(i, max_tokens=2, itl_ms=5) for i in range(12)]
+    specs = [spec(i, max_tokens=2, itl_ms=5) for i in range(2)] + [spec(i, max_tokens=50, itl_ms=100) for i in range(2, 12)]
     load = run_load_sync(source.urls, MODEL, specs, OpenLoop(rate=200, distribution="constant"), LoadOptions(warmup=2), stop=stop)
-    assert sorted(r.index for r in load.records) == [0, 1, 2, 3, 4] and all(r.ok for r in load.records)  # the warm-up pair ends in either order
-    assert len(asked) == 4
+    records = {r.index: r for r in load.records}
+    assert sorted(records) == [0, 1, 2, 3, 4] and len(asked) == 4
+    assert records[0].ok and records[1].ok and not records[0].cut  # the warm-up is not stopped
+    for record in (records[2], records[3], records[4]):
+        assert record.cut and record.error == "cut once the run was stopped" and record.completion_tokens < 50, record
+    assert summarize(load.records).values()["failed"] == 0  # cut, not failed
 
 
 def test_open_loop_max_concurrency_holds_requests_back(source: StreamSource) -> None:

@@ -33,7 +33,7 @@ from pytest_qwenperf.suite.cost import (
 )
 from pytest_qwenperf.suite.trace_files import write_jsonl
 from pytest_qwenperf.suite.traces import Trace, TraceEntry
-from tests.suite_files import suite_at
+from tests.suite_files import refused, suite_at
 from tests.test_baseline import make_run, run_of
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -199,6 +199,21 @@ configs = ["base"]
     assert (warm.requests, warm.input_tokens, warm.paced_s) == (3, 57, 3.0)
     found = plan(suite, points_of(suite, ["base"], ["replay"]), {})
     assert found.points[0].timing is not None and found.points[0].timing.load_run.measured_s == 3.0
+
+
+def test_a_machine_whose_pace_the_suite_states_has_the_expected_figures_scaled(tmp_path: Path) -> None:
+    """A throughput-bound point takes 1/pace as long; a paced one (an open loop's arrivals) no less than its pace."""
+    suite = suite_at(tmp_path, SMALL.replace("boot_s = 30\n", 'boot_s = 30\npace = { "cpu-slow-2c" = 0.25 }\n'))
+    points = points_of(suite, ["base"], ["w", "open"])
+    (w, open_), (w_slow, open_slow) = plan(suite, points, {}).points, plan(suite, points, {}, machine="cpu-slow-2c").points
+    assert w.timing is not None and w_slow.timing is not None and open_.timing is not None and open_slow.timing is not None
+    assert w_slow.timing.load_run.measured_s == pytest.approx(4 * w.timing.load_run.measured_s)
+    assert w_slow.timing.rate == Rate("total_token_throughput", 250.0)
+    assert open_slow.timing.load_run.measured_s == open_.timing.load_run.measured_s == pytest.approx(40 / 2.0)  # 40 requests at 2/s
+    assert (w.source.label, w_slow.source.label) == ("expected (suite)", "expected (suite) at 0.25 on cpu-slow-2c")
+    assert w_slow.as_json()["pace"] == {"machine": "cpu-slow-2c", "factor": 0.25}
+    assert plan(suite, points, {}, machine="cpu-other-2c").points == (w, open_)  # another machine: the figures as stated
+    refused(tmp_path, SMALL.replace("boot_s = 30\n", 'boot_s = 30\npace = { "cpu-slow-2c" = 0 }\n'), r"suite\.pace\.cpu-slow-2c: expected a factor > 0")
 
 
 def night(day: int, duration: float, total: float, failed: int = 0, **identity: str) -> Run:

@@ -21,6 +21,7 @@ from pytest_qwenperf.core.options import (
 from pytest_qwenperf.core.tables import format_duration
 from pytest_qwenperf.gate.history_store import HistoryError
 from pytest_qwenperf.loadgen.sizing import need
+from pytest_qwenperf.serving.hardware import detect
 from pytest_qwenperf.suite.config import SuiteError, load_suite
 from pytest_qwenperf.suite.cost import PointCost, SessionPlan, planned, points_of
 from pytest_qwenperf.suite.traces import TraceError
@@ -122,7 +123,8 @@ def _session(args: argparse.Namespace) -> int:
     suite = load_suite(args.suite)
     points = points_of(suite, args.config or (), args.workload or (), nightly=args.tier == "nightly")
     where = args.history if args.history is not None else str(DEFAULT_HISTORY) if DEFAULT_HISTORY.is_file() else None
-    found = planned(suite, points, where, candidate=args.candidate)
+    machine = detect().id if suite.pace else None  # a look at this machine only where the suite states a pace
+    found = planned(suite, points, where, candidate=args.candidate, machine=machine)
     if args.json:
         print(json.dumps(json_safe({**found.as_json(), "history": where}), indent=2))
     else:

@@ -33,7 +33,9 @@ class RequestRecord:
     status: int | None = None  # HTTP status; None when no response arrived
     error: str | None = None
     warmup: bool = False
-    cut: bool = False  # sent after its window closed and cut once the window was measured (core.window): not a failure
+    # sent after its window closed and cut once the window was measured (core.window), or in flight
+    # when its run was stopped (loadgen.requester.Stop): not a failure
+    cut: bool = False
 
     @property
     def first_token_at(self) -> float | None:

@@ -31,8 +31,8 @@ Differences on purpose:
   every chunk carries one token. A request's ITLs sum to E2EL - TTFT, so their mean is
   its TPOT. ``max_output_tokens_per_s`` counts tokens per chunk for the same reason.
 * Completed means :attr:`RequestRecord.ok` (HTTP 200, usage, not truncated), where
-  vLLM's ``success`` only needs a first chunk. Other requests count in ``failed`` and
-  contribute no tokens and no latencies.
+  vLLM's ``success`` only needs a first chunk. Other requests count in ``failed``, but for
+  those cut (:attr:`RequestRecord.cut`), and contribute no tokens and no latencies.
 * Duration is from the first ``sent_at`` to the last ``ended_at`` of the non-warmup
   records unless the caller passes one; vLLM times ``asyncio.gather`` of all requests
   (``benchmark_duration``), which is the same span plus scheduling overhead.
@@ -284,7 +284,7 @@ def summarize(
     values: dict[str, float | int] = {
         "duration": duration_s,
         "completed": len(completed),
-        "failed": len(run) - len(completed),
+        "failed": sum(1 for r in run if not r.ok and not r.cut),  # a request cut is not a failure
         "total_input_tokens": total_input,
         "total_output_tokens": total_output,
         "request_throughput": _per_s(len(completed), duration_s),

@@ -253,9 +253,17 @@ async def _measured(
         records = await _closed(send, assignment.units, ((0, arrival.concurrency),), deadline, done)
     else:
         assert assignment.offsets is not None
-        stops = [stop for stop in (client.stop, done) if stop is not None]
-        stop = (lambda: any(s() for s in stops)) if stops else None
-        records = await _gathered(await _open(send, assignment.units, assignment.offsets, start, deadline, stop))
+        stopped = False  # by the client's stop, whose run then cuts its requests in flight (a window cuts its own)
+
+        def stop() -> bool:
+            nonlocal stopped
+            stopped = stopped or (client.stop is not None and client.stop())
+            return stopped or (done is not None and done())
+
+        tasks = await _open(send, assignment.units, assignment.offsets, start, deadline, stop)
+        if stopped:
+            client.cut_in_flight()
+        records = await _gathered(tasks)
     return records, window.kept() if window is not None else None
 
 

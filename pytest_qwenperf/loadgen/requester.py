@@ -29,8 +29,9 @@ from pytest_qwenperf.loadgen.window_keeper import WindowKeeper
 
 Progress = Callable[[RequestRecord], None]
 Stop = Callable[[], bool]
-"""Asked before each measured send of an open loop or a replay: True ends the sending (requests in
-flight finish and count), as a capacity search stops a probe that is clearly over-saturated."""
+"""Asked before each measured send of an open loop or a replay: True ends the sending, and the
+requests in flight are cut (:meth:`Requester.cut_in_flight`), as a capacity search stops a probe
+that is clearly over-saturated."""
 
 _IN_FLIGHT = attrgetter("in_flight")
 
@@ -92,6 +93,8 @@ class Requester:
         self.progress, self.stop = progress, stop
         self.turns = SendTurns()
         self.bodies: dict[int, bytes] = {}  # built ahead (:meth:`ahead`), by id of the request
+        self.live: set[Connection] = set()  # the connections of the requests in flight
+        self.stopped: set[Connection] | None = None  # once the run was stopped: the requests it cut
 
     def _encoded(self, spec: RequestSpec) -> bytes:
         return json.dumps(spec.body(self.model, continuous_usage=self.continuous_usage)).encode()
@@ -123,14 +126,28 @@ class Requester:
         self.ahead(units)
         await asyncio.gather(*(task for endpoint in self.endpoints for task in list(endpoint.opening)))
 
+    def cut_in_flight(self) -> None:
+        """The run was stopped (:data:`Stop`): write nothing more, and cut the requests in flight (their
+        connections closed, which vLLM takes as an abort). A load clearly too much for the server
+        is told by what was sent so far; waiting for the ends of a queue that kept growing would
+        take as long again (``RequestRecord.cut``: not failures)."""
+        self.stopped = self.stopped or set()
+        for conn in self.live - self.stopped:
+            self.stopped.add(conn)
+            conn.cut()
+
+    def _cutting(self, window: WindowKeeper | None) -> bool:
+        """Nothing more is written: the run was stopped, or ``window`` is being cut."""
+        return self.stopped is not None or (window is not None and window.cutting)
+
     def write_now(self, position: int, spec: RequestSpec, window: WindowKeeper | None) -> Written | None:
-        """Write the request at once on an idle connection; None where none is idle, or ``window``
-        is being cut (the caller then sends it as any other, or not at all)."""
+        """Write the request at once on an idle connection; None where none is idle, or the run is
+        being cut (the caller then sends it as any other, or not at all)."""
         endpoint = self._endpoint(position)
         conn = endpoint.idle_connection()
         if conn is None:
             return None
-        if window is not None and window.cutting:
+        if self._cutting(window):
             endpoint.idle.append(conn)
             return None
         endpoint.in_flight += 1
@@ -142,11 +159,12 @@ class Requester:
         parser = StreamParser()
         sent_at = perf_counter()  # TTFT counts from the write, not from connecting
         waited = window is not None and window.sent(sent_at, conn)
+        self.live.add(conn)
         return Written(endpoint, conn, parser, sent_at, waited, conn.request(request, parser))
 
     async def _connected(self, position: int, spec: RequestSpec, window: WindowKeeper | None) -> Written | None:
-        """Write the request once a connection is had; None when ``window`` was measured meanwhile:
-        nothing was sent."""
+        """Write the request once a connection is had; None when the run was stopped or ``window``
+        measured meanwhile: nothing was sent."""
         body = self._body(spec)
         endpoint = self._endpoint(position)
         endpoint.in_flight += 1  # from its routing: least-outstanding counts a request that is still connecting
@@ -158,7 +176,7 @@ class Requester:
             endpoint.in_flight -= 1
             why = f"no connection within {self.timeout_s} s" if isinstance(exc, TimeoutError) else str(exc)
             return Written(endpoint, None, StreamParser(), started, error=f"{type(exc).__name__}: {why}")
-        if window is not None and window.cutting:
+        if self._cutting(window):
             endpoint.in_flight -= 1
             endpoint.idle.append(conn)  # still idle
             return None
@@ -174,7 +192,7 @@ class Requester:
         written: Written | None = None,
     ) -> RequestRecord | None:
         """Send one request (``written``: it was written already, :meth:`write_now`) and record it;
-        None when ``window`` was measured before it could be written: nothing was sent."""
+        None when the run was stopped or ``window`` measured before it could be written: nothing was sent."""
         if written is None:
             if scheduled_at is None:
                 await self.turns.take()
@@ -204,15 +222,17 @@ class Requester:
             parser.error = f"{type(exc).__name__}: {exc}"
         finally:
             endpoint.in_flight -= 1
+            self.live.discard(conn)
             if window is not None:
                 window.ended(conn, written.waited)
             if reusable:
                 endpoint.idle.append(conn)
             elif conn.transport is not None:
                 conn.transport.abort()  # mid-response, timed out or closing: never reuse
-        cut = window is not None and parser.error is not None and window.cut(conn)
+        stopped = self.stopped is not None and conn in self.stopped
+        cut = parser.error is not None and (stopped or (window is not None and window.cut(conn)))
         if cut:
-            parser.error = "cut once its window was measured"
+            parser.error = "cut once the run was stopped" if stopped else "cut once its window was measured"
             prompt_tokens, completion_tokens = parser.seen()
         return written, prompt_tokens, completion_tokens, cut
 

@@ -18,7 +18,8 @@ sends fell behind the schedule (by more than
 :data:`~pytest_qwenperf.measure.slo_capacity.RATE_SHORTFALL`), or its queue and the TTFT of its requests by send
 time both keep rising, the TTFT to twice what it was and past the SLO's TTFT limit
 (:func:`~pytest_qwenperf.measure.slo_capacity.oversaturated`).
-It sends no more requests, those in flight finish, and it fails the SLO. A concurrency probe caps
+It sends no more requests, those in flight are cut (:meth:`~pytest_qwenperf.loadgen.requester.Requester.cut_in_flight`:
+waiting for a queue that kept growing took as long again), and it fails the SLO. A concurrency probe caps
 its requests in flight, so it cannot run away and is not watched; nor is a probe whose client runs
 in several worker processes, which the watch cannot reach.
 """

@@ -14,6 +14,7 @@ import pytest
 from pytest_qwenperf.core.tables import format_duration
 from pytest_qwenperf.gate.history_store import HistoryError, is_url
 from pytest_qwenperf.plugin.settings import REPORT_KEY, SETTINGS_KEY, SUITES_KEY, TURNS_KEY, QwenperfSettings, repeat_plan
+from pytest_qwenperf.serving.hardware import detect
 from pytest_qwenperf.serving.pool import ServerPool
 from pytest_qwenperf.suite.config import ServingConfig, Suite, SuiteWorkload
 from pytest_qwenperf.suite.cost import SessionPlan, minutes, planned
@@ -37,12 +38,14 @@ def plan_session(config: pytest.Config, items: Sequence[pytest.Item]) -> tuple[S
             chosen.setdefault(cfg.suite, {})[(cfg.id, workload.id)] = (cfg, workload)
     plans = []
     candidate = settings.candidate is not None
+    # the servers' machine, whose pace a suite may state: this one, unless they run elsewhere
+    machine = None if settings.endpoints or settings.endpoint_sets else detect().id
     for name, points in chosen.items():
         suite = _as_run(suites[name], settings)
         try:
-            plans.append(planned(suite, tuple(points.values()), _history(settings), candidate=candidate))
+            plans.append(planned(suite, tuple(points.values()), _history(settings), candidate=candidate, machine=machine))
         except HistoryError:
-            plans.append(planned(suite, tuple(points.values()), None, candidate=candidate))
+            plans.append(planned(suite, tuple(points.values()), None, candidate=candidate, machine=machine))
     config.stash[REPORT_KEY].plans = tuple(plans)
     config.stash[STARTED_KEY] = time.monotonic()
     return tuple(plans)

@@ -17,7 +17,7 @@ COMMAND as its child, in its own session, and does four things a plain ``exec`` 
 * **pins before the first instruction.** With ``--cpus`` the affinity is set before
   COMMAND starts, so every process it forks inherits it;
 * **leaves no files behind.** With ``--remove`` the folder the tree keeps its own files in
-  (vLLM's IPC sockets: :attr:`~pytest_qwenperf.serving.process.Launch.scratch`) is removed once
+  (vLLM's IPC sockets: :attr:`~pytest_qwenperf.serving.process.Launch.scratch_env`) is removed once
   COMMAND has exited or the tree was taken down, so a tree whose starter was SIGKILLed leaves
   nothing in the temporary folder either.
 

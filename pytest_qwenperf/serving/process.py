@@ -16,6 +16,7 @@ import re
 import shutil
 import socket
 import subprocess
+import tempfile
 import time
 from collections import deque
 from collections.abc import Callable, Mapping
@@ -152,15 +153,30 @@ class StartStop:
 @dataclass(frozen=True)
 class Launch:
     """One attempt at starting: the command, the log its output is appended to, what it adds to
-    the environment, the CPUs its whole tree runs on (empty: no pinning) and a folder of the tree's
-    own that is removed with it, by the guard or by :meth:`ManagedProcess.stop`, whichever ends
-    last (None: none)."""
+    the environment, the CPUs its whole tree runs on (empty: no pinning), and the environment
+    variables that point it at a folder of the tree's own (:func:`scratch_folder`), made when it
+    starts and removed with it, by the guard or by :meth:`ManagedProcess.stop`, whichever ends last."""
 
     argv: tuple[str, ...]
     log_path: Path
     env: Mapping[str, str]
     cpus: frozenset[int] = frozenset()
-    scratch: Path | None = None
+    scratch_env: tuple[str, ...] = ()
+
+
+_SOCKET_PATH_MAX = 107
+"""The longest path a Unix socket may have (``sockaddr_un.sun_path`` less its terminating zero)."""
+_SOCKET_NAME = 36
+"""Room left in a tree's folder for a socket's name (vLLM names its IPC sockets by UUID)."""
+
+
+def scratch_folder() -> Path:
+    """A new folder for one tree's own files, sockets among them: in the temporary folder, or in
+    ``/tmp`` where the temporary folder's path leaves no room for a socket's name in a folder of its own."""
+    where = tempfile.gettempdir()
+    if len(where) + len("/qwenperf-12345678/") + _SOCKET_NAME > _SOCKET_PATH_MAX:
+        where = "/tmp"
+    return Path(tempfile.mkdtemp(prefix="qwenperf-", dir=where))
 
 
 Probe = Callable[[], str | None]
@@ -196,7 +212,7 @@ class ManagedProcess:
         self.log_path: Path | None = None  # of the latest attempt
         self.tag = ""  # the proctree.TAG_ENV value of the latest attempt's processes
         self._popen: subprocess.Popen[bytes] | None = None
-        self._scratch: Path | None = None  # the latest attempt's Launch.scratch
+        self._scratch: Path | None = None  # the latest attempt's own folder (Launch.scratch_env)
 
     @property
     def pid(self) -> int | None:
@@ -239,10 +255,11 @@ class ManagedProcess:
         attempt = launch(port)
         self.log_path = attempt.log_path
         self.tag = proctree.new_tag()
-        self._scratch = attempt.scratch
+        self._scratch = scratch_folder() if attempt.scratch_env else None
+        env = {**attempt.env, **{name: str(self._scratch) for name in attempt.scratch_env}}
         try:
             self._popen = proctree.spawn_tree(
-                attempt.argv, log_path=attempt.log_path, env=attempt.env, tag=self.tag, cpus=attempt.cpus, scratch=attempt.scratch
+                attempt.argv, log_path=attempt.log_path, env=env, tag=self.tag, cpus=attempt.cpus, scratch=self._scratch
             )
         except BaseException:
             self._remove_scratch()

@@ -19,7 +19,6 @@ from __future__ import annotations
 import json
 import re
 import sys
-import tempfile
 import time
 import urllib.error
 from dataclasses import dataclass, field, replace
@@ -283,24 +282,6 @@ def _cache_config_labels(base_url: str) -> tuple[tuple[tuple[str, str], ...], st
 # ----------------------------------------------------------------------- servers
 
 
-_SOCKET_PATH_MAX = 107
-"""The longest path a Unix socket may have (``sockaddr_un.sun_path`` less its terminating zero)."""
-_IPC_NAME = 36
-"""The length of the name vLLM gives each IPC socket in its folder (a UUID)."""
-
-
-def _ipc_folder() -> Path:
-    """A new folder for one server tree's ZMQ IPC sockets (``VLLM_RPC_BASE_PATH``), removed with the tree.
-
-    vLLM makes them in the temporary folder and removes none: a handful a boot, more where a tree
-    is killed. Where the temporary folder's path is too long for a socket in a folder of its own,
-    the folder goes in ``/tmp``."""
-    where = tempfile.gettempdir()
-    if len(where) + len("/qwenperf-12345678/") + _IPC_NAME > _SOCKET_PATH_MAX:
-        where = "/tmp"
-    return Path(tempfile.mkdtemp(prefix="qwenperf-", dir=where))
-
-
 class ManagedServer(StartStop):
     """One vLLM server process tree that this object starts and stops.
 
@@ -431,13 +412,14 @@ class ManagedServer(StartStop):
         # Dev mode adds POST /reset_prefix_cache, which measure() calls before each repeat so
         # that repeats of a prefix-cache workload start equally cold, and GET /server_info (what
         # ran it; where its profiler writes); the server listens on this host's loopback only.
-        scratch = _ipc_folder()
-        env = {"VLLM_SERVER_DEV_MODE": "1", "VLLM_RPC_BASE_PATH": str(scratch), **self.spec.server_env}
+        env = {"VLLM_SERVER_DEV_MODE": "1", **self.spec.server_env}
         if self.spec.profiler is not None:
             flags, variables = profiler_launch(self.spec.profiler, str(log_path.with_suffix(".profiles")))
             argv, env = argv + flags, env | variables
         log_path.write_text(f"# qwenperf: {json.dumps(redact_argv(argv))}\n")
-        return Launch(argv, log_path, env, self.spec.cpus, scratch)
+        # vLLM's processes talk over ZMQ IPC sockets that it makes in the temporary folder and
+        # removes none of (a handful a boot, more where a tree is killed): a folder of the tree's own.
+        return Launch(argv, log_path, env, self.spec.cpus, scratch_env=("VLLM_RPC_BASE_PATH",))
 
     def _exit_headline(self, code: int, after_s: float) -> str:
         headline = f"server {self.spec.name!r} exited with code {code} after {after_s:.1f} s while booting"

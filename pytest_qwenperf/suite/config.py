@@ -278,6 +278,8 @@ class Suite:
     repeat_spread: float | None = None  # how far a repeat's throughput is assumed to spread (CV), for the plan's MDE
     session_spread: float | None = None  # how far sessions apart are assumed to drift (CV), for the plan's MDE of two legs
     min_repeats: int | None = None  # the earliest look, before the planned repeats are in (core.sequential); None: none
+    # machine id (Hardware.id) -> the pace its runs keep against the expected figures (``qwenperf plan``)
+    pace: tuple[tuple[str, float], ...] = ()
 
     def config(self, config_id: str) -> ServingConfig:
         for cfg in self.configs:
@@ -399,6 +401,7 @@ def load_suite(path: Path | str) -> Suite:
         repeat_spread=suite.repeat_spread,
         session_spread=suite.session_spread,
         min_repeats=suite.min_repeats,
+        pace=tuple(sorted(suite.pace.items())),
     )
 
 
@@ -450,6 +453,10 @@ class _SuiteTable(schema.Shape, frozen=True):
         | None
     ) = None
     min_repeats: Annotated[int, Meta(ge=2, description="a whole number of repeats >= 2 (the earliest look)")] | None = None
+    pace: Annotated[
+        dict[str, Annotated[float, Meta(gt=0, le=100, description="a factor > 0 (this machine's throughput over the expected figures')")]],
+        Meta(description='a table of machine id = factor, such as { "cpu-amd-epyc-2c" = 0.5 }'),
+    ] = msgspec.field(default_factory=dict)
 
 
 class _ConfigTable(schema.Shape, frozen=True):

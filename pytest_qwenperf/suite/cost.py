@@ -9,7 +9,10 @@ computes. Each point is timed by the first source that can time it:
 1. **history**: the newest valid runs of the point (:func:`history_of`): their median measured
    duration of a load run, and their median throughput for the warm-up and a search's probes;
 2. **expected (suite)**: the workload's ``expected`` table's figure for the config, else the config's
-   ``expected`` table (:class:`~pytest_qwenperf.suite.config.ExpectedThroughput`);
+   ``expected`` table (:class:`~pytest_qwenperf.suite.config.ExpectedThroughput`), times the suite's
+   ``pace`` for the machine the session runs on where it states one (a CPU suite's figures hold for
+   the CPU they were taken on: the CPU build's kernels differ by instruction set, and an AVX2 EPYC
+   ran the CPU suite at under half of a Xeon's figures);
 3. **floor (bound)**: the workload's floor of ``total_token_throughput`` or ``output_throughput``
    for the config: a run that meets its floor is at least that fast, so its time is at most this;
 4. **none**: nothing to time it by (or its tokens cannot be counted without the tokenizer); the plan
@@ -154,16 +157,20 @@ class Measured:
 
 @dataclass(frozen=True)
 class Source:
-    """Where a point's throughput came from; ``runs``: the history's runs it rests on."""
+    """Where a point's throughput came from; ``runs``: the history's runs it rests on; ``pace``: the
+    machine whose pace scaled the suite's expected figure, and that pace."""
 
     kind: SourceKind
     runs: int = 0
+    pace: tuple[str, float] | None = None
 
     @property
     def label(self) -> str:
-        """``history: 3 runs``, ``expected (suite)``, ``floor (bound)`` or ``none``."""
+        """``history: 3 runs``, ``expected (suite)`` (``at 0.42 on cpu-amd-epyc-2c``), ``floor (bound)`` or ``none``."""
         if self.kind == "history":
             return f"history: {self.runs} run{'s' if self.runs != 1 else ''}"
+        if self.kind == "expected" and self.pace is not None:
+            return f"expected (suite) at {self.pace[1]:g} on {self.pace[0]}"
         return {"expected": "expected (suite)", "floor": "floor (bound)", "none": "none"}[self.kind]
 
 
@@ -283,6 +290,7 @@ class PointCost:
             "source": self.source.kind,
             "source_label": self.source.label,
             "runs": self.source.runs,
+            "pace": None if self.source.pace is None else {"machine": self.source.pace[0], "factor": self.source.pace[1]},
             "throughput": None if timing is None else {"metric": timing.rate.metric, "tokens_per_s": timing.rate.tokens_per_s},
             "warmup_s": None if timing is None else timing.load_run.warmup_s,
             "measured_s": None if timing is None else timing.load_run.measured_s,
@@ -448,17 +456,25 @@ def points_of(
 
 
 def plan(
-    suite: Suite, points: Sequence[Point], history: Mapping[tuple[str, str], Measured], *, candidate: bool = False
+    suite: Suite,
+    points: Sequence[Point],
+    history: Mapping[tuple[str, str], Measured],
+    *,
+    candidate: bool = False,
+    machine: str | None = None,
 ) -> SessionPlan:
     """The cost of a session of ``points`` of ``suite`` (see the module's docstring); ``history`` holds
-    what the history measured, by (config id, workload id). Repeats are the suite's: a caller whose
+    what the history measured, by (config id, workload id); ``machine``: the id of the machine the
+    session runs on (``Hardware.id``), whose ``pace`` the suite may state. Repeats are the suite's: a caller whose
     settings change them passes a suite with its own (``dataclasses.replace``). With ``candidate``,
     a second vLLM is measured in the same session: each config boots twice, each point's repeats are
     taken on both sides, and on a GPU suite the two take a turn (:data:`TURN_S`) at each change of side."""
     boot_from: Literal["suite", "default"] = "default" if suite.boot_s is None else "suite"
     boot_s = suite.boot_s if suite.boot_s is not None else GPU_BOOT_S if suite.gpus else CPU_BOOT_S
     pairing = Pairing(TURN_S if suite.gpus else 0.0) if candidate else None
-    costs = (_cost(suite, config, workload, history.get((config.id, workload.id))) for config, workload in points)
+    factor = dict(suite.pace).get(machine) if machine is not None else None
+    pace = (machine, factor) if machine is not None and factor is not None else None
+    costs = (_cost(suite, config, workload, history.get((config.id, workload.id)), pace) for config, workload in points)
     return SessionPlan(
         suite=suite.name,
         path=str(suite.path),
@@ -471,7 +487,9 @@ def plan(
     )
 
 
-def _cost(suite: Suite, config: ServingConfig, workload: SuiteWorkload, measured: Measured | None) -> PointCost:
+def _cost(
+    suite: Suite, config: ServingConfig, workload: SuiteWorkload, measured: Measured | None, pace: tuple[str, float] | None
+) -> PointCost:
     """A point timed by its first source that can (the module's docstring)."""
     point = PointCost(config.id, workload.id, Source("none"), None, suite.repeats, suite.max_repeats or suite.repeats)
     if measured is not None and measured.spread is not None:
@@ -482,7 +500,7 @@ def _cost(suite: Suite, config: ServingConfig, workload: SuiteWorkload, measured
         point = dataclasses.replace(point, session_spread=measured.session_spread, session_spread_from="history")
     elif suite.session_spread is not None and workload.search is None:
         point = dataclasses.replace(point, session_spread=suite.session_spread, session_spread_from="suite")
-    for source, rates, duration_s in _sources(config, workload, measured):
+    for source, rates, duration_s in _sources(config, workload, measured, pace):
         timings = [t for t in (_timing(config, workload, rate, duration_s) for rate in rates) if t is not None]
         if timings:
             best = min(timings, key=lambda t: t.repeat_s)
@@ -496,7 +514,7 @@ def _cost(suite: Suite, config: ServingConfig, workload: SuiteWorkload, measured
 
 
 def _sources(
-    config: ServingConfig, workload: SuiteWorkload, measured: Measured | None
+    config: ServingConfig, workload: SuiteWorkload, measured: Measured | None, pace: tuple[str, float] | None
 ) -> Iterator[tuple[Source, tuple[Rate, ...], float | None]]:
     """Each source of a point's throughput, in order, with its rates and measured duration of a load run."""
     if measured is not None:  # a search's duration is its chosen probe's, a window's its window's: neither times a run
@@ -507,7 +525,8 @@ def _sources(
         )
     stated = tuple((name, _expected(config, workload, name)) for name in RATES)
     if any(value is not None for _, value in stated):
-        yield Source("expected"), tuple(Rate(name, value) for name, value in stated if value is not None), None
+        factor = 1.0 if pace is None else pace[1]
+        yield Source("expected", pace=pace), tuple(Rate(name, value * factor) for name, value in stated if value is not None), None
     floors = ((name, workload.floor(name, config.id)) for name in RATES)
     yield Source("floor"), tuple(Rate(name, value) for name, value in floors if value is not None and value > 0), None
 
@@ -691,13 +710,15 @@ def _think_s(w: Workload, conversations: int, lanes: int) -> float:
     return math.ceil(conversations / lanes) * (w.turns - 1) * w.think_time_s
 
 
-def planned(suite: Suite, points: Sequence[Point], where: str | None, *, candidate: bool = False) -> SessionPlan:
+def planned(
+    suite: Suite, points: Sequence[Point], where: str | None, *, candidate: bool = False, machine: str | None = None
+) -> SessionPlan:
     """:func:`plan` with what the history store at ``where`` holds of the points (None: no store to
     read). The store is only read, never made: the caller says where one exists."""
     if where is None:
-        return plan(suite, points, {}, candidate=candidate)
+        return plan(suite, points, {}, candidate=candidate, machine=machine)
     with HistoryStore.open(where, create=False) as store:
-        return plan(suite, points, history_of(store, suite, points), candidate=candidate)
+        return plan(suite, points, history_of(store, suite, points), candidate=candidate, machine=machine)
 
 
 def history_of(store: HistoryStore, suite: Suite, points: Sequence[Point]) -> dict[tuple[str, str], Measured]:

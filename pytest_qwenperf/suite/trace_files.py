@@ -2,7 +2,8 @@
 
 * **Mooncake JSONL** (kvcache-ai/Mooncake ``FAST25-release/traces``): ``timestamp`` in
   **milliseconds** from the trace's start, ``input_length`` and ``output_length`` in tokens, and
-  ``hash_ids``: the prompt's **512-token** blocks, in order, each id naming one block's content.
+  ``hash_ids``: the prompt's **512-token** blocks, in order, each id naming one block's content
+  (the ids are chained: an id stands for its block *and* everything before it).
 * **Bailian JSONL** (alibaba-edu/qwen-bailian-usagetraces-anon: Qwen's service on Aliyun
   Bailian, the KVCache@ATC'25 traces): one line per request with ``chat_id``, ``parent_chat_id``
   (-1 opens a conversation), ``turn``, ``timestamp`` in **seconds**, the lengths and ``hash_ids``

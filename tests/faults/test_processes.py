@@ -292,7 +292,7 @@ def _inner_session_with_vllm(pytester: pytest.Pytester, tmp_path: Path, name: st
 
 def _left_in(tmp: Path) -> list[str]:
     """What a server tree left in the temporary folder: vLLM's IPC sockets (it makes them there
-    unless told otherwise, and removes none) and the tree's own folder for them (serving.server)."""
+    unless told otherwise, and removes none) and the tree's own folder for them (serving.process.scratch_folder)."""
     return sorted(str(p.relative_to(tmp)) for p in tmp.rglob("*") if p.is_socket() or p.name.startswith("qwenperf-"))
 
 
