@@ -169,6 +169,16 @@ def test_a_search_that_no_load_passes_weighs_as_no_capacity_in_every_repeat(tmp_
     assert any("none: even the lowest load failed the SLO" in line for line in session_table(_report(failed)))
 
 
+def test_a_search_out_of_probes_before_its_lowest_load_says_so_and_weighs_as_no_capacity(tmp_path: Path) -> None:
+    workload = load(tmp_path, SUITE.replace("highest = 64 }", "highest = 64, max_probes = 2 }"))
+    failed = search_once(Server(ttft=600.0), workload)
+    (search,) = failed.capacity
+    assert (search.load, search.bound, [p.load for p in search.probes]) == (None, "below-probed", [16.0, 8.0])
+    assert failed.metrics["capacity_at_slo"] == 0.0
+    line = "none: every load probed failed the SLO, down to 8, before the probes ran out (2 probes)"
+    assert any(line in text for text in session_table(_report(failed))), session_table(_report(failed))
+
+
 def test_a_condition_of_any_probe_makes_the_search_invalid(tmp_path: Path) -> None:
     contended = Loss(reason="cpu-contention", detail="another process on the server's cores")
     run = search_once(Server(condition=contended), load(tmp_path))

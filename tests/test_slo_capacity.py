@@ -145,6 +145,17 @@ def test_bounds_below_the_lowest_and_above_the_highest_load() -> None:
     assert below.binding == "p99_tpot_ms" and [p.load for p in below.probes][:3] == [4.0, 2.0, 1.0]
 
 
+def test_a_search_whose_probes_run_out_short_of_an_edge_says_so() -> None:
+    """Out of probes before it reached the plan's lowest (or highest) load, a search says how far
+    it got, not that even the lowest load failed (CI, 2026-12-02: a confirmation probe failed on
+    the seventh and last probe, at 32 of a plan reaching down to 4 requests/s)."""
+    short = SearchPlan("concurrency", start=64, lowest=1, highest=128, max_probes=2)
+    below = find_capacity(server(tpot_knee=0.01), SLO, short)
+    assert (below.bound, below.load, [p.load for p in below.probes]) == ("below-probed", None, [64.0, 32.0])
+    above = find_capacity(server(), SLO, SearchPlan("concurrency", start=1, lowest=1, highest=128, max_probes=2))
+    assert (above.bound, above.load, [p.load for p in above.probes]) == ("above-probed", 2.0, [1.0, 2.0])
+
+
 def test_a_server_that_falls_over_is_a_cliff() -> None:
     def probe(load: float) -> Probe:
         return Probe(load, {"p99_ttft_ms": 300.0 if load <= 30 else 5_000.0}, 10.0 * load)

@@ -278,12 +278,12 @@ class CapacitySearch(msgspec.Struct, frozen=True, kw_only=True):
 
     search: str  # "concurrency" or "rate" (requests/s)
     slo: dict[str, float]  # metric -> the most it may be
-    load: float | None  # None: not even the lowest load met the SLO
+    load: float | None  # None: no load probed met the SLO
     interval: tuple[float, float] | None
     output_throughput: float | None  # at the capacity
     binding: str | None
     cliff: bool
-    bound: str  # "found", "below-lowest" or "above-highest"
+    bound: str  # measure.slo_capacity.Bound: "found", "below-lowest", "above-highest", "below-probed" or "above-probed"
     probes: tuple[CapacityProbe, ...]
 
     @property

@@ -8,7 +8,7 @@ from collections import Counter
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 
-from pytest_qwenperf.core.run import Run
+from pytest_qwenperf.core.run import CapacitySearch, Run
 from pytest_qwenperf.core.tables import format_duration
 from pytest_qwenperf.core.verdict import format_mde
 from pytest_qwenperf.gate.judge import losses
@@ -140,13 +140,20 @@ def _capacity(run: Run) -> str:
     searches = []
     for search in run.capacity:
         if search.load is None:
-            searches.append(f"none: even the lowest load failed the SLO ({len(search.probes)} probes)")
+            searches.append(f"none: {_none_met(search)} ({len(search.probes)} probes)")
             continue
         interval = f" [{search.interval[0]:.3g}, {search.interval[1]:.3g}]" if search.interval else ""
-        edge = {"above-highest": ", at the highest load probed", "below-lowest": ""}.get(search.bound, "")
+        edges = {"above-highest": ", at the highest load searched", "above-probed": ", at the highest load probed before the probes ran out"}
+        edge = edges.get(search.bound, "")
         cliff = ", a cliff" if search.cliff else ""
         searches.append(f"{search.load:.3g}{interval} ({search.binding or 'no term'} binds{cliff}{edge}, {len(search.probes)} probes)")
     return f"{run.capacity[0].unit}: " + "; ".join(searches)
+
+
+def _none_met(search: CapacitySearch) -> str:
+    if search.bound == "below-probed":
+        return f"every load probed failed the SLO, down to {min(p.load for p in search.probes):g}, before the probes ran out"
+    return "even the lowest load failed the SLO"
 
 
 def _took(report: SessionReport, run: Run) -> str:

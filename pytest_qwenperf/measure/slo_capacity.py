@@ -49,8 +49,10 @@ import numpy as np
 from pytest_qwenperf.core.capacity import Search, SearchPlan, Slo
 from pytest_qwenperf.core.stats import t_quantile
 
-Bound = Literal["found", "below-lowest", "above-highest"]
-"""Where the capacity lies: between two probed loads, or beyond the plan's lowest or highest one."""
+Bound = Literal["found", "below-lowest", "above-highest", "below-probed", "above-probed"]
+"""Where the capacity lies: between two probed loads; beyond the plan's lowest or highest load,
+probed; or beyond the lowest or highest load probed, where the probe budget ran out before the
+search reached the plan's edge (how far beyond, the search cannot say)."""
 
 CLIFF = 2.0
 """A boundary is a cliff where the worst term goes from within 1/CLIFF of its target to beyond CLIFF times it."""
@@ -86,7 +88,7 @@ class Capacity:
     """The highest load meeting the SLO on the monotone fit of the probes, and what it rests on."""
 
     search: Search
-    load: float | None  # None: not even the lowest load met the SLO
+    load: float | None  # None: no load probed met the SLO (bound: below-lowest or below-probed)
     interval: tuple[float, float] | None
     output_throughput: float | None  # at the capacity, interpolated between the probes around it
     binding: str | None  # the SLO term that fails first above the capacity
@@ -170,6 +172,15 @@ def _crossing(loads: np.ndarray, fitted: np.ndarray) -> tuple[float | None, Boun
     return math.exp(x0 + share * (x1 - x0)), "found"
 
 
+def _reached(bound: Bound, probes: Sequence[Probe], plan: SearchPlan) -> Bound:
+    """``bound`` at the plan's edge only where that edge was probed: a search whose probes ran out
+    on the way down (or up) says so, not that even the plan's lowest load failed."""
+    edges: dict[Bound, tuple[float, Bound]] = {"below-lowest": (plan.lowest, "below-probed"), "above-highest": (plan.highest, "above-probed")}
+    if bound not in edges or _known(probes, plan.load(edges[bound][0])):
+        return bound
+    return edges[bound][1]
+
+
 def _bracket(fit: _Fit) -> tuple[float, float] | None:
     """The highest load meeting the SLO on the fit and the next load above it; None without both."""
     meeting = [float(x) for x, y in zip(fit.loads, fit.fitted, strict=True) if y <= 0]
@@ -181,7 +192,8 @@ def _bracket(fit: _Fit) -> tuple[float, float] | None:
 
 def _capacity(probes: Sequence[Probe], slo: Slo, plan: SearchPlan) -> Capacity:
     fit = _fit(probes, slo)
-    load, bound = _crossing(fit.loads, fit.fitted)
+    load, crossing = _crossing(fit.loads, fit.fitted)
+    bound = _reached(crossing, probes, plan)
     if load is None:
         return Capacity(plan.search, None, None, None, _binding(probes, slo, 0.0), False, bound, tuple(probes))
     bracket = _bracket(fit)
