@@ -282,6 +282,24 @@ def test_a_plan_creates_no_file_and_fails_over_its_limit(tmp_path: Path, monkeyp
     assert sorted(tmp_path.rglob("*")) == before
 
 
+def test_a_plan_leaves_out_the_configs_a_session_here_would_skip(tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]) -> None:
+    """A CPU suite is planned as the session here would run it: a config needing a CPU flag this
+    machine lacks is skipped by the session, so the plan neither times it nor boots it, and says so."""
+    suite = suite_at(tmp_path, SMALL.replace('hardware = "h100"', 'hardware = "cpu"').replace("gpus = 2\n", "").replace(
+        'id = "two"', 'id = "two"\ncpu_flags_any = ["qwenperf_no_such_flag"]'
+    ))
+    monkeypatch.chdir(tmp_path)
+    chosen = ["plan", "--suite", str(suite.path), "--config", "base", "--config", "two"]
+    assert main([*chosen, "--json"]) == 0
+    out = json.loads(capsys.readouterr().out)
+    assert [(p["config"], p["workload"]) for p in out["points"]] == [("base", "w"), ("base", "open"), ("base", "search")]
+    assert list(out["skipped"]) == ["two"] and "qwenperf_no_such_flag" in out["skipped"]["two"]
+    assert main(chosen) == 0
+    assert "skipped, as a session here skips it: needs a CPU with one of ['qwenperf_no_such_flag'] (config small/two)" in capsys.readouterr().out
+    assert main([*chosen[:3], "--config", "two"]) == 2
+    assert "a session on this machine would skip every point: needs a CPU with one of" in capsys.readouterr().err
+
+
 def test_the_client_sizing_plan_still_works_and_the_two_plans_do_not_mix(capsys: pytest.CaptureFixture[str]) -> None:
     assert main(["plan", "--request-rate", "16.6", "--output-len", "128"]) == 0
     assert "busy client cores: 0.03" in capsys.readouterr().out

@@ -21,9 +21,10 @@ from pytest_qwenperf.core.options import (
 from pytest_qwenperf.core.tables import format_duration
 from pytest_qwenperf.gate.history_store import HistoryError
 from pytest_qwenperf.loadgen.sizing import need
-from pytest_qwenperf.serving.hardware import detect
-from pytest_qwenperf.suite.config import SuiteError, load_suite
-from pytest_qwenperf.suite.cost import PointCost, SessionPlan, planned, points_of
+from pytest_qwenperf.serving.hardware import Hardware, detect, satisfies
+from pytest_qwenperf.serving.placement import missing_hardware
+from pytest_qwenperf.suite.config import Suite, SuiteError, load_suite
+from pytest_qwenperf.suite.cost import Point, PointCost, SessionPlan, planned, points_of
 from pytest_qwenperf.suite.traces import TraceError
 
 HELP = "what a suite's session will cost (--suite), or how many client cores and machines a target load needs"
@@ -123,13 +124,34 @@ def _session(args: argparse.Namespace) -> int:
     suite = load_suite(args.suite)
     points = points_of(suite, args.config or (), args.workload or (), nightly=args.tier == "nightly")
     where = args.history if args.history is not None else str(DEFAULT_HISTORY) if DEFAULT_HISTORY.is_file() else None
-    machine = detect().id if suite.pace else None  # a look at this machine only where the suite states a pace
+    here = detect()
+    skipped = _skipped_here(suite, points, here)
+    points = tuple(point for point in points if point[0].id not in skipped)
+    if not points:
+        raise PlanError(f"{args.suite}: a session on this machine would skip every point: " + "; ".join(skipped.values()))
+    # this machine's pace, where the suite states one and the session would run here
+    machine = here.id if _runs_here(suite, here) else None
     found = planned(suite, points, where, candidate=args.candidate, machine=machine)
     if args.json:
-        print(json.dumps(json_safe({**found.as_json(), "history": where}), indent=2))
+        print(json.dumps(json_safe({**found.as_json(), "history": where, "skipped": skipped}), indent=2))
     else:
-        print("\n".join(table(found, where)))
+        print("\n".join(table(found, where) + [f"skipped, as a session here skips it: {why}" for why in skipped.values()]))
     return _held(found, args.fail_over)
+
+
+def _runs_here(suite: Suite, here: Hardware) -> bool:
+    """Whether a session of ``suite`` would run on this machine: it needs no GPU, or this machine has its GPUs."""
+    return not suite.gpus or (satisfies(here.kind, suite.hardware) and here.gpu_count >= suite.gpus)
+
+
+def _skipped_here(suite: Suite, points: Iterable[Point], here: Hardware) -> dict[str, str]:
+    """The configs a session on this machine would skip, and why (a CPU flag it lacks, no nginx),
+    where the session would run here: the plan is then of that session. A GPU suite planned away
+    from its GPUs is planned whole, for the node it will run on."""
+    if not _runs_here(suite, here):
+        return {}
+    found = {cfg.id: why for cfg, _ in points if (why := missing_hardware(suite, cfg, here))}
+    return dict(sorted(found.items()))
 
 
 def _held(found: SessionPlan, limit_min: float | None) -> int:

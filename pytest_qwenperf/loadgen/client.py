@@ -42,7 +42,7 @@ from pytest_qwenperf.loadgen.arrivals import (
 )
 from pytest_qwenperf.loadgen.assignment import Assignment, LoadOptions, Unit
 from pytest_qwenperf.loadgen.request import RequestSpec
-from pytest_qwenperf.loadgen.requester import Progress, Requester, Stop, Written
+from pytest_qwenperf.loadgen.requester import STOPPED, Progress, Requester, Stop, Written
 from pytest_qwenperf.loadgen.window_keeper import WindowKeeper, keeper_of, lifetime_of
 
 
@@ -246,14 +246,14 @@ async def _measured(
 ) -> tuple[list[RequestRecord], KeptWindow | None]:
     arrival, duration_s = assignment.arrival, assignment.options.duration_s
     deadline = None if duration_s is None else start + duration_s
-    window = keeper_of(assignment, start, lifetime_s)
+    window = keeper_of(assignment, start, lifetime_s, client.cut_in_flight)
     send = _Sender(client, limit, deadline, False, window, assignment.traced(start))
     done = window.done if window is not None else None
     if isinstance(arrival, ClosedLoop):
         records = await _closed(send, assignment.units, ((0, arrival.concurrency),), deadline, done)
     else:
         assert assignment.offsets is not None
-        stopped = False  # by the client's stop, whose run then cuts its requests in flight (a window cuts its own)
+        stopped = False  # by the client's stop, whose run then cuts its requests in flight (a window cuts them when done)
 
         def stop() -> bool:
             nonlocal stopped
@@ -262,7 +262,7 @@ async def _measured(
 
         tasks = await _open(send, assignment.units, assignment.offsets, start, deadline, stop)
         if stopped:
-            client.cut_in_flight()
+            client.cut_in_flight(STOPPED)
         records = await _gathered(tasks)
     return records, window.kept() if window is not None else None
 

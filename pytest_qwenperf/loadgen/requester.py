@@ -30,8 +30,11 @@ from pytest_qwenperf.loadgen.window_keeper import WindowKeeper
 Progress = Callable[[RequestRecord], None]
 Stop = Callable[[], bool]
 """Asked before each measured send of an open loop or a replay: True ends the sending, and the
-requests in flight are cut (:meth:`Requester.cut_in_flight`), as a capacity search stops a probe
-that is clearly over-saturated."""
+requests in flight are cut (:meth:`Requester.cut_in_flight`, :data:`STOPPED`), as a capacity
+search stops a probe that is clearly over-saturated."""
+
+STOPPED = "cut once the run was stopped"
+"""Why a request was cut when its run was stopped (:data:`Stop`)."""
 
 _IN_FLIGHT = attrgetter("in_flight")
 
@@ -94,7 +97,8 @@ class Requester:
         self.turns = SendTurns()
         self.bodies: dict[int, bytes] = {}  # built ahead (:meth:`ahead`), by id of the request
         self.live: set[Connection] = set()  # the connections of the requests in flight
-        self.stopped: set[Connection] | None = None  # once the run was stopped: the requests it cut
+        self.cut_off: dict[Connection, str] = {}  # the connections cut, and why
+        self.halted = False  # once a cut: nothing more is written
 
     def _encoded(self, spec: RequestSpec) -> bytes:
         return json.dumps(spec.body(self.model, continuous_usage=self.continuous_usage)).encode()
@@ -126,19 +130,16 @@ class Requester:
         self.ahead(units)
         await asyncio.gather(*(task for endpoint in self.endpoints for task in list(endpoint.opening)))
 
-    def cut_in_flight(self) -> None:
-        """The run was stopped (:data:`Stop`): write nothing more, and cut the requests in flight (their
-        connections closed, which vLLM takes as an abort). A load clearly too much for the server
-        is told by what was sent so far; waiting for the ends of a queue that kept growing would
-        take as long again (``RequestRecord.cut``: not failures)."""
-        self.stopped = self.stopped or set()
-        for conn in self.live - self.stopped:
-            self.stopped.add(conn)
+    def cut_in_flight(self, why: str) -> None:
+        """Write nothing more, and cut the requests in flight (their connections closed, which vLLM
+        takes as an abort; their records are ``cut`` with ``why``, not failures). The run was
+        stopped (:data:`STOPPED`): a load clearly too much for the server is told by what was sent
+        so far, and waiting for the ends of a queue that kept growing would take as long again; or
+        its window was measured (:class:`WindowKeeper`), and nothing of these requests lies inside it."""
+        self.halted = True
+        for conn in self.live - self.cut_off.keys():
+            self.cut_off[conn] = why
             conn.cut()
-
-    def _cutting(self, window: WindowKeeper | None) -> bool:
-        """Nothing more is written: the run was stopped, or ``window`` is being cut."""
-        return self.stopped is not None or (window is not None and window.cutting)
 
     def write_now(self, position: int, spec: RequestSpec, window: WindowKeeper | None) -> Written | None:
         """Write the request at once on an idle connection; None where none is idle, or the run is
@@ -147,7 +148,7 @@ class Requester:
         conn = endpoint.idle_connection()
         if conn is None:
             return None
-        if self._cutting(window):
+        if self.halted:
             endpoint.idle.append(conn)
             return None
         endpoint.in_flight += 1
@@ -158,13 +159,13 @@ class Requester:
         request = endpoint.head(spec.path, len(body)) + body
         parser = StreamParser()
         sent_at = perf_counter()  # TTFT counts from the write, not from connecting
-        waited = window is not None and window.sent(sent_at, conn)
+        waited = window is not None and window.sent(sent_at)
         self.live.add(conn)
         return Written(endpoint, conn, parser, sent_at, waited, conn.request(request, parser))
 
     async def _connected(self, position: int, spec: RequestSpec, window: WindowKeeper | None) -> Written | None:
-        """Write the request once a connection is had; None when the run was stopped or ``window``
-        measured meanwhile: nothing was sent."""
+        """Write the request once a connection is had; None when the run was cut meanwhile
+        (:meth:`cut_in_flight`): nothing was sent."""
         body = self._body(spec)
         endpoint = self._endpoint(position)
         endpoint.in_flight += 1  # from its routing: least-outstanding counts a request that is still connecting
@@ -176,7 +177,7 @@ class Requester:
             endpoint.in_flight -= 1
             why = f"no connection within {self.timeout_s} s" if isinstance(exc, TimeoutError) else str(exc)
             return Written(endpoint, None, StreamParser(), started, error=f"{type(exc).__name__}: {why}")
-        if self._cutting(window):
+        if self.halted:
             endpoint.in_flight -= 1
             endpoint.idle.append(conn)  # still idle
             return None
@@ -192,7 +193,7 @@ class Requester:
         written: Written | None = None,
     ) -> RequestRecord | None:
         """Send one request (``written``: it was written already, :meth:`write_now`) and record it;
-        None when the run was stopped or ``window`` measured before it could be written: nothing was sent."""
+        None when the run was cut before it could be written (:meth:`cut_in_flight`): nothing was sent."""
         if written is None:
             if scheduled_at is None:
                 await self.turns.take()
@@ -224,15 +225,15 @@ class Requester:
             endpoint.in_flight -= 1
             self.live.discard(conn)
             if window is not None:
-                window.ended(conn, written.waited)
+                window.ended(written.waited)
             if reusable:
                 endpoint.idle.append(conn)
             elif conn.transport is not None:
                 conn.transport.abort()  # mid-response, timed out or closing: never reuse
-        stopped = self.stopped is not None and conn in self.stopped
-        cut = parser.error is not None and (stopped or (window is not None and window.cut(conn)))
+        why = self.cut_off.get(conn)
+        cut = parser.error is not None and why is not None
         if cut:
-            parser.error = "cut once the run was stopped" if stopped else "cut once its window was measured"
+            parser.error = why
             prompt_tokens, completion_tokens = parser.seen()
         return written, prompt_tokens, completion_tokens, cut
 

@@ -4,14 +4,16 @@ opens and closes, which requests it waits for, and cutting the ones sent after i
 from __future__ import annotations
 
 import math
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from time import perf_counter
 
 from pytest_qwenperf.core.records import RequestRecord
 from pytest_qwenperf.core.window import KeptWindow
 from pytest_qwenperf.loadgen.arrivals import ClosedLoop
 from pytest_qwenperf.loadgen.assignment import Assignment
-from pytest_qwenperf.loadgen.http import Connection
+
+MEASURED = "cut once its window was measured"
+"""Why a request in flight was cut when its window had been measured."""
 
 
 class WindowKeeper:
@@ -25,7 +27,8 @@ class WindowKeeper:
     ``opens_at``. It closes ``length_s`` later. Every request
     sent before it closes is counted until it ends, and the run sends on while any is in flight.
     Once none is (:meth:`done`), the requests still in flight, all sent after the window closed,
-    are cut: their connections closed, which vLLM takes as an abort. Nothing of them lies inside
+    are cut (``cut``, the requester's ``cut_in_flight``): their connections closed, which vLLM
+    takes as an abort. Nothing of them lies inside
     the window, so waiting for their ends would only cost time (a whole request's lifetime).
     Sends are counted at their write (the records' ``sent_at``), not when a lane asks to send: a
     closed loop's lanes all ask at once and write one per loop turn (``requester.SendTurns``), so a request
@@ -33,7 +36,13 @@ class WindowKeeper:
     """
 
     def __init__(
-        self, length_s: float, lifetime_s: float | None, supply: int, turnover: int | None, opens_at: float | None
+        self,
+        length_s: float,
+        lifetime_s: float | None,
+        supply: int,
+        turnover: int | None,
+        opens_at: float | None,
+        cut: Callable[[str], None],
     ) -> None:
         self.length_s, self.lifetime_s = length_s, lifetime_s  # the lifetime it was reckoned in; None: seconds
         self.supply = supply  # the measured requests: once all were sent, the requests ran out
@@ -41,18 +50,15 @@ class WindowKeeper:
         self.sends = self.ends = 0
         self.waiting = 0  # requests sent before the window closed, not yet ended
         self.last_send = -math.inf
-        self.live: set[Connection] = set()  # the connections of the requests in flight
-        self.cut_off: set[Connection] = set()  # those cut once the window was measured
-        self.cutting = False
+        self.cut = cut
 
     @property
     def closes(self) -> float:
         return math.inf if self.opened is None else self.opened + self.length_s
 
-    def sent(self, at: float, conn: Connection) -> bool:
-        """A request was written at ``at`` on ``conn``; True when the window waits for it to end.
-        Its end is told to :meth:`ended` either way."""
-        self.live.add(conn)
+    def sent(self, at: float) -> bool:
+        """A request was written at ``at``; True when the window waits for it to end. Its end is
+        told to :meth:`ended` either way."""
         self.sends += 1
         self.last_send = at
         if at < self.closes:
@@ -60,8 +66,7 @@ class WindowKeeper:
             return True
         return False
 
-    def ended(self, conn: Connection, waited: bool) -> None:
-        self.live.discard(conn)
+    def ended(self, waited: bool) -> None:
         self.waiting -= waited
         self.ends += 1
         if self.opened is None and self.ends == self.turnover:
@@ -74,15 +79,8 @@ class WindowKeeper:
         the requests in flight."""
         if self.waiting or perf_counter() < self.closes:
             return False
-        self.cutting = True
-        for conn in self.live - self.cut_off:
-            self.cut_off.add(conn)
-            conn.cut()
+        self.cut(MEASURED)  # once cut, nothing more is sent: the next calls find nothing in flight to cut
         return True
-
-    def cut(self, conn: Connection) -> bool:
-        """Whether the request on ``conn`` ended because it was cut."""
-        return conn in self.cut_off
 
     def kept(self) -> KeptWindow | None:
         """The window measured; it closes at the last send where the requests ran out first. None where
@@ -96,8 +94,9 @@ class WindowKeeper:
         return KeptWindow(self.opened, closed, self.length_s, self.lifetime_s, ran_out)
 
 
-def keeper_of(assignment: Assignment, start: float, lifetime_s: float | None) -> WindowKeeper | None:
-    """The measured phase's window keeper, or None when the load is not time-bounded. A closed loop's
+def keeper_of(assignment: Assignment, start: float, lifetime_s: float | None, cut: Callable[[str], None]) -> WindowKeeper | None:
+    """The measured phase's window keeper (``cut``: how it cuts the requests in flight once it is
+    done), or None when the load is not time-bounded. A closed loop's
     window opens once its batch has turned over; an open loop's one lifetime after the measured
     phase starts, or at once after a ramp (whose requests are in flight already)."""
     window = assignment.options.window
@@ -107,9 +106,9 @@ def keeper_of(assignment: Assignment, start: float, lifetime_s: float | None) ->
     reckoned_in = lifetime_s if window.lifetimes is not None else None
     supply = sum(map(len, assignment.units))
     if isinstance(assignment.arrival, ClosedLoop):
-        return WindowKeeper(length_s, reckoned_in, supply, min(assignment.arrival.concurrency, len(assignment.units)), None)
+        return WindowKeeper(length_s, reckoned_in, supply, min(assignment.arrival.concurrency, len(assignment.units)), None, cut)
     opens_at = start if assignment.ramp is not None else start + (lifetime_s or 0.0)
-    return WindowKeeper(length_s, reckoned_in, supply, None, opens_at)
+    return WindowKeeper(length_s, reckoned_in, supply, None, opens_at, cut)
 
 
 def lifetime_of(warmup: Sequence[RequestRecord]) -> float | None:
