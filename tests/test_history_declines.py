@@ -7,6 +7,7 @@ throughput scaled, so that every other field is what the session itself records.
 from __future__ import annotations
 
 import json
+import re
 import shutil
 from pathlib import Path
 
@@ -31,7 +32,7 @@ def earlier(run: Run, night: int, scale: float) -> Run:
     return msgspec.structs.replace(run, samples=samples, metrics=metrics, context=context)
 
 
-@pytest.mark.parametrize(("shape", "fails"), [("slide", True), ("flat", False)])
+@pytest.mark.parametrize(("shape", "fails"), [("slide", True), ("flat", False), ("slide-and-drop", True)])
 def test_a_slow_slide_in_the_history_fails_the_session_and_a_flat_one_does_not(
     pytester: pytest.Pytester, shape: str, fails: bool
 ) -> None:
@@ -46,7 +47,11 @@ def test_a_slow_slide_in_the_history_fails_the_session_and_a_flat_one_does_not(
         template = decode_run(data, "first.json")
         # 20 flat nights at a level the session's run is 20 % below, then -2 % a night for 9 nights
         # (the session is the 10th); or 29 flat nights at the session's own level.
-        scales = [1.25] * 20 + [1.25 * (1 - 0.02 * k) for k in range(1, 10)] if shape == "slide" else [1.0] * 29
+        # "slide-and-drop": the same slide from a level half again as high, so the session is also a
+        # regression against the runs it slid through (CI, 2026-12-02: a slowed session failed on its
+        # slide alone, and the message never said it was a regression).
+        top = 1.25 * (1.5 if shape == "slide-and-drop" else 1.0)
+        scales = [top] * 20 + [top * (1 - 0.02 * k) for k in range(1, 10)] if shape != "flat" else [1.0] * 29
         with HistoryStore.open(store) as history:
             history.append([earlier(template, i + 1, s) for i, s in enumerate(scales)], source="test")
         second = pytester.runpytest_subprocess(*args, f"--qwenperf-history={store}", "--qwenperf-json=second.json")
@@ -55,11 +60,14 @@ def test_a_slow_slide_in_the_history_fails_the_session_and_a_flat_one_does_not(
     declined = [d["metric"] for d in run.get("declines", [])]
     if fails:
         assert second.ret == pytest.ExitCode.TESTS_FAILED, out
-        assert "the history shows a confirmed slide below the last good level" in out
+        # in the failure's message (its lines start with E), not only in the test's source it quotes
+        assert re.search(r"^E\s+(AssertionError: )?the history shows a confirmed slide below the last good level", out, re.MULTILINE), out
         assert declined == ["output_throughput"], run.get("declines")
-        assert "output_throughput: the level is -1" in out and "from the last good level" in out
+        assert re.search(r"output_throughput: the level is -\d+(\.\d)?% from the last good level", out), out
         assert "SLID: output_throughput" in out and "below the last good level in the history" in out  # the session table
         assert run["reference"].startswith("history: ")  # the reference slid with it: that alone would not see it
+        dropped = "AssertionError: slower than the baseline beyond tolerance and noise" in out  # the message, not the source line
+        assert dropped == (shape == "slide-and-drop"), out
     else:
         assert second.ret == pytest.ExitCode.OK, out
         assert declined == []

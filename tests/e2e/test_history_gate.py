@@ -99,7 +99,7 @@ def test_a_session_slowed_by_a_cpu_quota_fails_against_a_history_of_plain_runs(p
     )
     out = slowed.stdout.str()
     slowed.assert_outcomes(failed=1)
-    assert "slower than the baseline beyond tolerance and noise" in out, out
+    assert "AssertionError: slower than the baseline beyond tolerance and noise" in out, out  # the message, not the source line
     # The history's nights are one plain session's repeats, so noise can put a change point among them
     # (CI's runner did, 2026-11-27: "3 runs since a change point, 2026-10-04 → 06"); either span is the history.
     assert re.search("vs history: " + HISTORY_SPAN, out), out
