@@ -19,13 +19,9 @@ def test_capacity_at_slo_is_found_and_above_its_floor(qwenperf_run: Run, serving
     assert qwenperf_run.capacity, "a search workload's run carries its searches"
     failed = [search for search in qwenperf_run.capacity if search.load is None]
     assert not failed, (
-        f"{serving_config.key}: "
-        + (
-            "no load probed met the SLO before the search's probes ran out (raise its max_probes)"
-            if failed[0].bound == "below-probed"
-            else "not even the lowest load searched met the SLO"
-        )
-        + f" {failed[0].slo}: "
+        f"{serving_config.key}: {failed[0].none_met}"
+        + (" (raise the search's max_probes)" if failed[0].bound == "below-probed" else "")
+        + f", SLO {failed[0].slo}: "
         + ", ".join(f"{p.load:g}: {p.latencies}" for p in failed[0].probes)
     )
     floor = suite_workload.floor("capacity_at_slo", serving_config.id)

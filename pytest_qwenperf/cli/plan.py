@@ -21,8 +21,8 @@ from pytest_qwenperf.core.options import (
 from pytest_qwenperf.core.tables import format_duration
 from pytest_qwenperf.gate.history_store import HistoryError
 from pytest_qwenperf.loadgen.sizing import need
-from pytest_qwenperf.serving.hardware import Hardware, detect, satisfies
-from pytest_qwenperf.serving.placement import missing_hardware
+from pytest_qwenperf.serving.hardware import Hardware, detect
+from pytest_qwenperf.serving.placement import missing_gpus, missing_hardware
 from pytest_qwenperf.suite.config import Suite, SuiteError, load_suite
 from pytest_qwenperf.suite.cost import Point, PointCost, SessionPlan, planned, points_of
 from pytest_qwenperf.suite.traces import TraceError
@@ -130,7 +130,7 @@ def _session(args: argparse.Namespace) -> int:
     if not points:
         raise PlanError(f"{args.suite}: a session on this machine would skip every point: " + "; ".join(skipped.values()))
     # this machine's pace, where the suite states one and the session would run here
-    machine = here.id if _runs_here(suite, here) else None
+    machine = here.id if missing_gpus(suite, here) is None else None
     found = planned(suite, points, where, candidate=args.candidate, machine=machine)
     if args.json:
         print(json.dumps(json_safe({**found.as_json(), "history": where, "skipped": skipped}), indent=2))
@@ -139,16 +139,11 @@ def _session(args: argparse.Namespace) -> int:
     return _held(found, args.fail_over)
 
 
-def _runs_here(suite: Suite, here: Hardware) -> bool:
-    """Whether a session of ``suite`` would run on this machine: it needs no GPU, or this machine has its GPUs."""
-    return not suite.gpus or (satisfies(here.kind, suite.hardware) and here.gpu_count >= suite.gpus)
-
-
 def _skipped_here(suite: Suite, points: Iterable[Point], here: Hardware) -> dict[str, str]:
     """The configs a session on this machine would skip, and why (a CPU flag it lacks, no nginx),
     where the session would run here: the plan is then of that session. A GPU suite planned away
     from its GPUs is planned whole, for the node it will run on."""
-    if not _runs_here(suite, here):
+    if missing_gpus(suite, here) is not None:
         return {}
     found = {cfg.id: why for cfg, _ in points if (why := missing_hardware(suite, cfg, here))}
     return dict(sorted(found.items()))

@@ -290,6 +290,13 @@ class CapacitySearch(msgspec.Struct, frozen=True, kw_only=True):
     def unit(self) -> str:
         return "concurrent requests" if self.search == "concurrency" else "requests/s"
 
+    @property
+    def none_met(self) -> str:
+        """Why a search found no capacity (``load`` None): the plan's lowest load failed, or the probes ran out before it."""
+        if self.bound == "below-probed":
+            return f"every load probed failed the SLO, down to {min(p.load for p in self.probes):g}, before the probes ran out"
+        return "even the lowest load failed the SLO"
+
 
 class Run(msgspec.Struct, frozen=True, kw_only=True):
     """One measured run; its fields are the blocks of a run's JSON, in order."""

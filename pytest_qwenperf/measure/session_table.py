@@ -8,7 +8,7 @@ from collections import Counter
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 
-from pytest_qwenperf.core.run import CapacitySearch, Run
+from pytest_qwenperf.core.run import Run
 from pytest_qwenperf.core.tables import format_duration
 from pytest_qwenperf.core.verdict import format_mde
 from pytest_qwenperf.gate.judge import losses
@@ -140,7 +140,7 @@ def _capacity(run: Run) -> str:
     searches = []
     for search in run.capacity:
         if search.load is None:
-            searches.append(f"none: {_none_met(search)} ({len(search.probes)} probes)")
+            searches.append(f"none: {search.none_met} ({len(search.probes)} probes)")
             continue
         interval = f" [{search.interval[0]:.3g}, {search.interval[1]:.3g}]" if search.interval else ""
         edges = {"above-highest": ", at the highest load searched", "above-probed": ", at the highest load probed before the probes ran out"}
@@ -148,12 +148,6 @@ def _capacity(run: Run) -> str:
         cliff = ", a cliff" if search.cliff else ""
         searches.append(f"{search.load:.3g}{interval} ({search.binding or 'no term'} binds{cliff}{edge}, {len(search.probes)} probes)")
     return f"{run.capacity[0].unit}: " + "; ".join(searches)
-
-
-def _none_met(search: CapacitySearch) -> str:
-    if search.bound == "below-probed":
-        return f"every load probed failed the SLO, down to {min(p.load for p in search.probes):g}, before the probes ran out"
-    return "even the lowest load failed the SLO"
 
 
 def _took(report: SessionReport, run: Run) -> str:

@@ -175,10 +175,11 @@ def _crossing(loads: np.ndarray, fitted: np.ndarray) -> tuple[float | None, Boun
 def _reached(bound: Bound, probes: Sequence[Probe], plan: SearchPlan) -> Bound:
     """``bound`` at the plan's edge only where that edge was probed: a search whose probes ran out
     on the way down (or up) says so, not that even the plan's lowest load failed."""
-    edges: dict[Bound, tuple[float, Bound]] = {"below-lowest": (plan.lowest, "below-probed"), "above-highest": (plan.highest, "above-probed")}
-    if bound not in edges or _known(probes, plan.load(edges[bound][0])):
-        return bound
-    return edges[bound][1]
+    if bound == "below-lowest" and not _known(probes, plan.load(plan.lowest)):
+        return "below-probed"
+    if bound == "above-highest" and not _known(probes, plan.load(plan.highest)):
+        return "above-probed"
+    return bound
 
 
 def _bracket(fit: _Fit) -> tuple[float, float] | None:

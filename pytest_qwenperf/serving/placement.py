@@ -10,10 +10,18 @@ from pytest_qwenperf.suite import embedded
 from pytest_qwenperf.suite.config import ServingConfig, Suite
 
 
-def missing_hardware(suite: Suite, cfg: ServingConfig, hw: Hardware) -> str | None:
-    """Why ``cfg`` cannot run on ``hw`` (a skip reason naming need and finding), or None."""
+def missing_gpus(suite: Suite, hw: Hardware) -> str | None:
+    """Why no config of ``suite`` can run on ``hw`` (it needs GPUs that ``hw`` lacks), or None."""
     if suite.gpus and (not satisfies(hw.kind, suite.hardware) or hw.gpu_count < suite.gpus):
         return f"needs {suite.gpus}x {hardware_name(suite.hardware)} GPUs (suite {suite.path.name}); found {hw.describe()}"
+    return None
+
+
+def missing_hardware(suite: Suite, cfg: ServingConfig, hw: Hardware) -> str | None:
+    """Why ``cfg`` cannot run on ``hw`` (a skip reason naming need and finding), or None."""
+    gpus = missing_gpus(suite, hw)
+    if gpus is not None:
+        return gpus
     if cfg.cpu_flags_any and not set(cfg.cpu_flags_any) & hw.cpu_flags:
         return f"needs a CPU with one of {list(cfg.cpu_flags_any)} (config {cfg.key}); found {hw.cpu_model or 'a CPU'} without"
     if cfg.routing == "nginx":
