@@ -121,7 +121,8 @@ def test_a_small_suite_costs_what_the_model_says_by_hand(tmp_path: Path) -> None
     base_open = 10 * 20 / 1000 + 40 / 2 + overhead(50 * 10)
     # a search of 7 probes, planned a quarter of the way from its start (32) to its highest load (256) on a log
     # scale: round(32^0.75 x 256^0.25) = round(53.8) = 54 (108 requests: 2 a stream, at least 64), at worst each
-    # at 256 (512 requests, all the workload measures)
+    # at 256 (512 requests, all the workload measures); its second repeat's search starts at the bracket the
+    # first settled and confirms it: 4 probes
     probe = 8 * 20 / 1000 + 108 * 20 / 1000 + overhead(116 * 10)
     longest = 8 * 20 / 1000 + 512 * 20 / 1000 + overhead(520 * 10)
     assert cost["base", "w"].timing is not None and cost["base", "w"].timing.repeat_s == pytest.approx(base_w)
@@ -131,15 +132,16 @@ def test_a_small_suite_costs_what_the_model_says_by_hand(tmp_path: Path) -> None
     assert cost["base", "open"].planned_s == pytest.approx(2 * base_open)
     search = cost["base", "search"]
     assert search.timing is not None and search.timing.probes is not None
-    assert (search.timing.probes.count, search.timing.probes.load) == (7, 54.0)
+    assert (search.timing.probes.count, search.timing.probes.later, search.timing.probes.load) == (7, 4, 54.0)
     assert search.timing.probes.planned_s == pytest.approx(probe) and search.timing.probes.worst_s == pytest.approx(longest)
-    assert search.planned_s == pytest.approx(2 * 7 * probe) and search.worst_s == pytest.approx(4 * 7 * longest)
+    assert (search.timing.repeat_s, search.timing.later_repeat_s) == (pytest.approx(7 * probe), pytest.approx(4 * probe))
+    assert search.planned_s == pytest.approx((7 + 4) * probe) and search.worst_s == pytest.approx(4 * 7 * longest)
     assert {p.source.label for p in found.points if p.config in ("base", "two")} == {"expected (suite)"}
     # bare states no expected figure (a rung's is not inherited): its floor of 25 output tok/s bounds it
     bare_w = 20 * 50 / 25 + 100 * 50 / 25 + overhead(120 * 100)
     assert cost["bare", "w"].source.label == "floor (bound)" and cost["bare", "w"].planned_s == pytest.approx(2 * bare_w)
     assert cost["bare", "x"].source.label == "none" and cost["bare", "x"].timing is None
-    timed = 2 * (base_w + two_w + base_open + 7 * probe + bare_w)
+    timed = 2 * (base_w + two_w + base_open + bare_w) + (7 + 4) * probe
     worst = 4 * (base_w + two_w + base_open + 7 * longest + bare_w)
     assert found.boots == ("base", "two", "bare") and found.boots_s == 90.0 and found.boot_from == "suite"
     assert found.planned_s == pytest.approx(90 + timed) and found.worst_s == pytest.approx(90 + worst)

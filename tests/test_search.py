@@ -11,7 +11,7 @@ from pathlib import Path
 import msgspec
 import pytest
 
-from pytest_qwenperf.core.capacity import SearchPlan, Slo
+from pytest_qwenperf.core.capacity import SEEDED_PROBES, SearchPlan, Slo
 from pytest_qwenperf.core.records import RequestRecord
 from pytest_qwenperf.core.run import Loss, Run
 from pytest_qwenperf.gate.baseline import baseline_from_run
@@ -22,7 +22,7 @@ from pytest_qwenperf.loadgen.request import RequestSpec
 from pytest_qwenperf.measure.method import Method
 from pytest_qwenperf.measure.observe import Load
 from pytest_qwenperf.measure.report import SessionReport
-from pytest_qwenperf.measure.run import combine_repeats
+from pytest_qwenperf.measure.run import Repeat, chained, combine_repeats
 from pytest_qwenperf.measure.search import Watch, search_once
 from pytest_qwenperf.measure.session_table import session_table
 from pytest_qwenperf.suite.config import SuiteWorkload
@@ -142,6 +142,26 @@ def test_a_repeat_is_one_search_whose_run_is_the_chosen_probe_with_the_capacity(
     assert not losses(run)
     lines = session_table(_report(run))
     assert any(line.startswith("  cpu/base / isl128-osl128: concurrent requests: ") and "p99_tpot_ms binds" in line for line in lines)
+
+
+def test_a_later_repeat_searches_from_the_bracket_the_one_before_settled(tmp_path: Path) -> None:
+    workload = load(tmp_path)
+    given: list[Repeat | None] = []
+    servers: list[Server] = []
+
+    def repeat(after: Repeat | None) -> Repeat:
+        given.append(after)
+        servers.append(Server())
+        return {1: search_once(servers[-1], workload, None if after is None else after[1].capacity[0])}
+
+    take = chained(repeat)
+    first, second = take(), take()
+    assert given == [None, first]
+    (before,), (again,) = first[1].capacity, second[1].capacity
+    low, high = servers[1].loads[:2]
+    assert low <= 32 < high and low in servers[0].loads and high in servers[0].loads
+    assert len(again.probes) == SEEDED_PROBES < len(before.probes) and servers[1].loads[0] != workload.search.start
+    assert again.load == pytest.approx(before.load) and again.bound == "found"
 
 
 def test_a_probe_that_lost_requests_fails_the_slo_without_making_the_search_invalid(tmp_path: Path) -> None:

@@ -12,9 +12,9 @@ from collections.abc import Callable
 
 import pytest
 
-from pytest_qwenperf.core.capacity import SearchPlan, Slo
+from pytest_qwenperf.core.capacity import SEEDED_PROBES, SearchPlan, Slo
 from pytest_qwenperf.loadgen.arrivals import OpenLoop
-from pytest_qwenperf.measure.slo_capacity import Probe, ProbeWindow, find_capacity, oversaturated
+from pytest_qwenperf.measure.slo_capacity import Probe, ProbeWindow, find_capacity, oversaturated, seed_of
 
 SLO = Slo({"p99_ttft_ms": 1_000.0, "p99_tpot_ms": 40.0})
 
@@ -134,6 +134,52 @@ def test_a_failing_load_that_meets_when_probed_again_sends_the_search_above_it()
     found = find_capacity(probe, SLO, plan)
     assert found.bound == "found" and found.load is not None and abs(found.load - 90) <= 0.2 * 90, found
     assert 128.0 in {p.load for p in found.probes} and found.binding == "p99_tpot_ms"
+
+
+def test_a_search_seeded_with_the_bracket_before_confirms_it_in_four_probes() -> None:
+    """A point's later repeat starts at the bracket its first settled: where the knee is still
+    there, probing both ends and confirming them is the whole search, with the first's answer."""
+    plan = SearchPlan("concurrency", start=4, lowest=1, highest=256, resolution=0.10)
+    first = find_capacity(server(), SLO, plan)
+    seed = seed_of(first.probes, SLO)
+    assert seed is not None and seed[0] <= 32 < seed[1] and plan.settled(*seed)
+    again = find_capacity(server(), SLO, plan, seed)
+    assert [p.load for p in again.probes] == [seed[0], seed[1], seed[0], seed[1]]
+    assert len(again.probes) == SEEDED_PROBES < len(first.probes)
+    assert (again.bound, again.binding) == ("found", "p99_tpot_ms") and again.load == pytest.approx(first.load)
+    assert seed_of((), SLO) is None and seed_of(find_capacity(server(tpot_knee=0.01), SLO, plan).probes, SLO) is None
+
+
+@pytest.mark.parametrize("knee", [12.0, 90.0])
+def test_a_seed_the_knee_has_left_is_searched_away_from(knee: float) -> None:
+    """A seed from a repeat whose knee was at 32, on a server whose knee is now far below or
+    above it: the search brackets again from the seed and finds the knee that is there."""
+    plan = SearchPlan("concurrency", start=4, lowest=1, highest=256, resolution=0.10)
+    found = find_capacity(server(tpot_knee=knee, saturation=1e6), SLO, plan, seed=(30.0, 33.0))
+    assert found.bound == "found" and found.load is not None and abs(found.load - knee) <= 0.10 * knee, found
+    assert [p.load for p in found.probes][:2] == [30.0, 33.0]
+
+
+def test_seeded_repeats_spread_as_far_as_their_noise_puts_them() -> None:
+    """Twenty points of three repeats each on a noisy stand-in (10 % lognormal on every probe): seeded
+    from the repeat before, a point's repeats spread about as far as repeats that each start afresh,
+    so the spread a verdict on capacity weighs is not narrowed by where a search looked first."""
+    plan = SearchPlan("concurrency", start=8, lowest=2, highest=256, resolution=0.2, max_probes=7)
+
+    def repeats(point: int, seeded: bool) -> list[float]:
+        found, seed = [], None
+        for repeat in range(3):
+            capacity = find_capacity(server(noise=0.10, seed=100 * point + repeat), SLO, plan, seed)
+            seed = seed_of(capacity.probes, SLO) if seeded else None
+            found.append(capacity.load or 0.0)
+        return found
+
+    def spread(seeded: bool) -> float:
+        return statistics.median(statistics.stdev(values) / statistics.fmean(values) for values in (repeats(p, seeded) for p in range(20)))
+
+    fresh, seeded = spread(False), spread(True)
+    assert 0.5 * fresh <= seeded <= 2 * fresh, (fresh, seeded)
+    assert fresh > 0
 
 
 def test_bounds_below_the_lowest_and_above_the_highest_load() -> None:

@@ -182,12 +182,18 @@ def table(found: SessionPlan, history: str | None) -> list[str]:
     lines += [_row(point) + (f" {_percent(point.legs_mde):>8}" if found.pairing else "") for point in found.points]
     searches = [p for p in found.points if p.timing is not None and p.timing.probes is not None]
     if searches:
-        lines += ["", "searches (a repeat is one search; planned a quarter of the way from its start to its highest load, at worst its longest probe):"]
+        lines += [
+            "",
+            (
+                "searches (a repeat is one search, each after the first from the bracket the one before settled; "
+                "planned a quarter of the way from its start to its highest load, at worst its longest probe):"
+            ),
+        ]
     for point in searches:
         assert point.timing is not None and point.timing.probes is not None
         probes = point.timing.probes
         lines.append(
-            f"  {point.config} / {point.workload}: {probes.count} probes, planned at load {probes.load:g} "
+            f"  {point.config} / {point.workload}: {probes.count} probes, then {probes.later} a repeat, planned at load {probes.load:g} "
             f"({format_duration(probes.planned_s)} each), at worst {format_duration(probes.worst_s)} each"
         )
     windowed = [p for p in found.points if p.timing is not None and p.timing.load_run.window_s is not None]

@@ -11,6 +11,14 @@ from typing import Literal
 
 Search = Literal["concurrency", "rate"]
 
+CONFIRMATIONS = 2
+"""Probes of each load of a search's settled bracket (``measure.slo_capacity``): a noisy probe that put
+the knee on the wrong side is measured again, the fit pools the two, and the bisection resumes where
+the pooled level says."""
+SEEDED_PROBES = 2 * CONFIRMATIONS
+"""Probes of a search started at the bracket its point's search before settled (a repeat after the
+first) where it holds there: each end of it :data:`CONFIRMATIONS` times, no bracketing, no bisection."""
+
 
 @dataclass(frozen=True)
 class Slo:

@@ -8,7 +8,7 @@ verdicts, the JSON report and pytest-benchmark get.
 from __future__ import annotations
 
 import json
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from functools import cache
 from types import MappingProxyType
@@ -164,19 +164,42 @@ def measure(server: Server, config: ServingConfig, workload: SuiteWorkload, meth
 
     The repeats are :func:`measure_repeat` and their result :func:`combine_repeats`.
     """
-    measured = [measure_repeat(server, config, workload, method) for _ in range(method.plan.first)]
-    return combine_repeats(measured, config.replicas, method)
+    repeat = chained(lambda after: measure_repeat(server, config, workload, method, after=after))
+    return combine_repeats([repeat() for _ in range(method.plan.first)], config.replicas, method)
+
+
+def chained(repeat: Callable[[Repeat | None], Repeat]) -> Callable[[], Repeat]:
+    """The next repeat of a point, each given the one taken before it (None for the first): the
+    bracket its search starts from (:func:`measure_repeat`)."""
+    taken: list[Repeat] = []
+
+    def take() -> Repeat:
+        taken.append(repeat(taken[-1] if taken else None))
+        return taken[-1]
+
+    return take
 
 
 def measure_repeat(
-    server: Server, config: ServingConfig, workload: SuiteWorkload, method: Method, progress: PointProgress | None = None
+    server: Server,
+    config: ServingConfig,
+    workload: SuiteWorkload,
+    method: Method,
+    progress: PointProgress | None = None,
+    after: Repeat | None = None,
 ) -> Repeat:
     """One repeat of a point: a load run on each route, fewest replicas first, each on empty
-    prefix caches (see :func:`measure`); ``progress`` is told of each load run and its requests."""
+    prefix caches (see :func:`measure`); ``progress`` is told of each load run and its requests.
+    A search workload's repeat is a search on each route, which starts where the same route's
+    search of ``after`` (the point's repeat before, on the same server) settled."""
     runs: dict[int, Run] = {}
     for route in sorted(method.routes or routes_of(server, config.replicas), key=lambda route: route.replicas):
         driver = Driver(server, route, config, method, progress)
-        runs[route.replicas] = driver.run(workload) if workload.search is None else search_once(driver.run, workload)
+        if workload.search is None:
+            runs[route.replicas] = driver.run(workload)
+            continue
+        before = None if after is None else after.get(route.replicas)
+        runs[route.replicas] = search_once(driver.run, workload, before.capacity[0] if before and before.capacity else None)
     return MappingProxyType(runs)
 
 

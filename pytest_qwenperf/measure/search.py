@@ -7,7 +7,8 @@ probed when none did), so every figure a run has describes the server at its cap
 ``Run.capacity``. Only the capacity is gated on such a run (``Run.gated_samples``). A search
 that finds no load meeting the SLO has a capacity of 0 (and 0 tok/s at it): the worst outcome,
 weighed with the other repeats, never a gap in their samples (``Run.capacity`` keeps that no
-load was found).
+load was found). A point's repeats after its first start their searches at the bracket the repeat
+before settled (``after``), which saves the bracketing and the bisection where the knee has not moved.
 
 A probe fails the SLO whatever its latencies when its requests failed or the client fell behind
 the load (for a rate, the requests it could not send in time): that is a server past its capacity.
@@ -37,7 +38,15 @@ from pytest_qwenperf.core.records import RequestRecord
 from pytest_qwenperf.core.run import CapacityProbe, CapacitySearch, Run
 from pytest_qwenperf.loadgen.arrivals import OpenLoop
 from pytest_qwenperf.measure.observe import Load, Watching
-from pytest_qwenperf.measure.slo_capacity import MIN_POINTS, Capacity, Probe, ProbeWindow, find_capacity, oversaturated
+from pytest_qwenperf.measure.slo_capacity import (
+    MIN_POINTS,
+    Capacity,
+    Probe,
+    ProbeWindow,
+    find_capacity,
+    oversaturated,
+    seed_of,
+)
 from pytest_qwenperf.suite.config import SuiteWorkload
 
 CAPACITY = "capacity_at_slo"
@@ -107,11 +116,15 @@ class Watch:
         return due / elapsed, (latest.index - self._warmup + 1) / elapsed
 
 
-def search_once(measure: Callable[[SuiteWorkload, Watch], Run], workload: SuiteWorkload) -> Run:
+def search_once(
+    measure: Callable[[SuiteWorkload, Watch], Run], workload: SuiteWorkload, after: CapacitySearch | None = None
+) -> Run:
     """One search of ``workload`` (which has a ``search`` plan), each probe measured by ``measure``
-    under a fresh :class:`Watch`."""
+    under a fresh :class:`Watch`; ``after``: the search of the point's repeat before, whose bracket
+    this one probes first (:func:`~pytest_qwenperf.measure.slo_capacity.seed_of`)."""
     assert workload.search is not None, "a search workload has a plan"
     slo = workload.capacity_slo()
+    seed = None if after is None else seed_of([Probe(p.load, p.latencies, p.output_throughput, p.stopped) for p in after.probes], slo)
     ttft_limit_ms = slo.targets.get("p99_ttft_ms")
     runs: list[tuple[float, Run]] = []
 
@@ -121,7 +134,7 @@ def search_once(measure: Callable[[SuiteWorkload, Watch], Run], workload: SuiteW
         runs.append((load, run))
         return _probe(load, run, slo, watch.reason)
 
-    found = find_capacity(probe, slo, workload.search)
+    found = find_capacity(probe, slo, workload.search, seed)
     chosen = _chosen(found, runs, slo)
     whole = combined([run for _, run in runs], chosen, {}, "probes")
     record = CapacitySearch(

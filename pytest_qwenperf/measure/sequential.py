@@ -38,7 +38,7 @@ from pytest_qwenperf.gate.diagnosis import Diagnosis, Evidence, diagnose
 from pytest_qwenperf.gate.judge import judge_against_run, judge_run
 from pytest_qwenperf.measure.method import Method
 from pytest_qwenperf.measure.progress import PointProgress, told
-from pytest_qwenperf.measure.run import Repeat, combine_repeats, measure_repeat, profiled
+from pytest_qwenperf.measure.run import Repeat, chained, combine_repeats, measure_repeat, profiled
 from pytest_qwenperf.serving.server import Server
 from pytest_qwenperf.serving.sleep import Turns
 from pytest_qwenperf.suite.config import ServingConfig, SuiteWorkload
@@ -189,8 +189,7 @@ def measure_point(
     ``progress`` is told of each repeat, its load runs and their requests. Its operator profile, where the
     method asks for one, comes after them all (:func:`~pytest_qwenperf.measure.run.profiled`)."""
 
-    def repeat() -> Repeat:
-        return measure_repeat(server, config, workload, method, progress)
+    repeat = chained(lambda after: measure_repeat(server, config, workload, method, progress, after))
 
     def combine(repeats: Sequence[Repeat]) -> Run:
         return combine_repeats(repeats, config.replicas, method)
@@ -221,7 +220,8 @@ def measure_interleaved(
         return server
 
     def repeat_on(server: Server, side: str) -> Callable[[], Repeat]:
-        return told(lambda: measure_repeat(awake(server), config, workload, method, progress), method.plan, progress, side)
+        repeat = chained(lambda after: measure_repeat(awake(server), config, workload, method, progress, after))
+        return told(repeat, method.plan, progress, side)
 
     def combine(repeats: Sequence[Repeat]) -> Run:
         return combine_repeats(repeats, config.replicas, method)

@@ -9,7 +9,7 @@ The search, given a way to measure one load (a *probe*: a concurrency or a reque
    the search brackets again from the highest or lowest load probed.
 2. **Bisect** the bracket at its geometric middle (integer loads for concurrency) until the
    failing load is within the plan's resolution of the meeting one, then probe both ends of that
-   bracket again (:data:`CONFIRMATIONS`), resuming the bisection wherever the pooled probes move
+   bracket again (:data:`~pytest_qwenperf.core.capacity.CONFIRMATIONS`), resuming the bisection wherever the pooled probes move
    it (and the bracketing, where a failing load that meets the SLO when probed again moves it
    past every load probed), until it holds or the probe budget is spent. Each step bisects the bracket that the
    monotone fit of every probe so far gives, not the last two probes, so one noisy probe does not
@@ -18,6 +18,14 @@ The search, given a way to measure one load (a *probe*: a concurrency or a reque
    a non-decreasing function of load (isotonic regression, pool-adjacent-violators:
    ``scipy.optimize.isotonic_regression``). The capacity is where the fit crosses the target,
    linear in log load between the two fitted points around it.
+
+A search given a *seed*, the bracket a search of the same point settled before (a point's repeats
+after its first: :func:`seed_of`), probes both its ends first instead of the start load, and goes on
+from there by the same steps: where the bracket holds again, confirming its ends is all that is left
+(:data:`~pytest_qwenperf.core.capacity.SEEDED_PROBES` in all, where a search from the start load took
+6-7 on the CPU suite); where it does not, the search brackets again from it. The answer still rests on
+this search's probes alone: the seed moves where it looks first, not what it finds, so repeats stay as
+far apart as their probes' noise puts them.
 
 Why a monotone fit and bisection rather than a smooth curve (AIPerf's PCHIP on pooled probes) or
 an even scan (``vllm bench sweep serve_workload``): latency only grows with load, so a probe
@@ -46,7 +54,7 @@ from typing import Literal
 
 import numpy as np
 
-from pytest_qwenperf.core.capacity import Search, SearchPlan, Slo
+from pytest_qwenperf.core.capacity import CONFIRMATIONS, Search, SearchPlan, Slo
 from pytest_qwenperf.core.stats import t_quantile
 
 Bound = Literal["found", "below-lowest", "above-highest", "below-probed", "above-probed"]
@@ -56,9 +64,6 @@ search reached the plan's edge (how far beyond, the search cannot say)."""
 
 CLIFF = 2.0
 """A boundary is a cliff where the worst term goes from within 1/CLIFF of its target to beyond CLIFF times it."""
-CONFIRMATIONS = 2
-"""Probes of each load of the settled bracket: a noisy probe that put the knee on the wrong side is
-measured again, the fit pools the two, and the bisection resumes where the pooled level says."""
 BOOTSTRAP = 400
 """Resamples of the fit's residuals for the interval."""
 
@@ -97,9 +102,13 @@ class Capacity:
     probes: tuple[Probe, ...]  # in the order run
 
 
-def find_capacity(probe: Callable[[float], Probe], slo: Slo, plan: SearchPlan) -> Capacity:
-    """Bracket, bisect and fit (see the module docstring); ``probe`` measures one load."""
-    probes = [probe(plan.load(plan.start))]
+def find_capacity(
+    probe: Callable[[float], Probe], slo: Slo, plan: SearchPlan, seed: tuple[float, float] | None = None
+) -> Capacity:
+    """Bracket, bisect and fit (see the module docstring); ``probe`` measures one load, ``seed`` is
+    the bracket to probe first (None: the plan's start load)."""
+    first = (plan.start,) if seed is None else seed
+    probes = [probe(load) for load in dict.fromkeys(plan.load(load) for load in first)]  # max_probes >= 2
     while len(probes) < plan.max_probes:
         fit = _fit(probes, slo)
         bracket = _bracket(fit)
@@ -118,6 +127,12 @@ def find_capacity(probe: Callable[[float], Probe], slo: Slo, plan: SearchPlan) -
             break
         probes.append(probe(unconfirmed[0]))
     return _capacity(probes, slo, plan)
+
+
+def seed_of(probes: Sequence[Probe], slo: Slo) -> tuple[float, float] | None:
+    """The bracket ``probes`` settled (the highest load meeting the SLO on their fit and the next one
+    probed above it), where a later search of the same point starts; None without both."""
+    return _bracket(_fit(probes, slo)) if probes else None
 
 
 def _known(probes: Sequence[Probe], load: float) -> bool:

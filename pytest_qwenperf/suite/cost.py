@@ -48,9 +48,11 @@ suite's ``repeat_spread``, an assumption it states (:func:`~pytest_qwenperf.core
 A repeat is one load run, or two on a config of N > 1 replicas (the load once on one replica, then N
 times the load on all N, each about as long: ``measure.run.routes_of``). A search's repeat is one
 search of up to ``max_probes`` probes, each a load run of the workload at the probe's load
-(:meth:`~pytest_qwenperf.suite.config.SuiteWorkload.at_load`): planned as ``max_probes`` probes (a
-search brackets by doubling, bisects to its resolution and probes both ends of the bracket again,
-which takes about ``max_probes`` on this project's suites) at :data:`SEARCH_PROBE_AT` of the way,
+(:meth:`~pytest_qwenperf.suite.config.SuiteWorkload.at_load`): the first repeat's planned as ``max_probes``
+probes (a search brackets by doubling, bisects to its resolution and probes both ends of the bracket
+again, which takes about ``max_probes`` on this project's suites), each later one's as
+:data:`~pytest_qwenperf.core.capacity.SEEDED_PROBES` (it starts at the bracket the repeat before settled,
+``measure.slo_capacity``), all at :data:`SEARCH_PROBE_AT` of the way,
 on a log scale, from the search's ``start`` (the workload's load) to ``highest``; at worst
 ``max_probes`` of its longest probe, at ``highest`` or at ``lowest`` (a concurrency probe measures
 the most requests at ``highest``, a rate probe's arrivals are slowest at ``lowest``). A probe is
@@ -79,6 +81,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Literal
 
+from pytest_qwenperf.core.capacity import SEEDED_PROBES
 from pytest_qwenperf.core.run import Run
 from pytest_qwenperf.core.verdict import MIN_SESSIONS, legs_mde, repeats_mde
 from pytest_qwenperf.gate.history_store import HistoryStore
@@ -215,10 +218,12 @@ class LoadRun:
 
 @dataclass(frozen=True)
 class Probes:
-    """A search's probes in one repeat of it: how many, the load of the planned one, and how long a
-    probe takes as planned and at worst."""
+    """A search's probes in one repeat of it: how many in the first repeat and in each later one (from
+    the bracket the one before settled), the load of the planned one, and how long a probe takes as
+    planned and at worst (a later repeat's search may still take ``count``)."""
 
     count: int
+    later: int
     load: float
     planned_s: float
     worst_s: float
@@ -227,12 +232,14 @@ class Probes:
 @dataclass(frozen=True)
 class Timing:
     """A timed point: the throughput used, one load run (a search's: its planned probe), the load
-    runs of a repeat, and a repeat as planned and at worst."""
+    runs of a repeat, and a repeat as planned (the first, and each after it: they differ for a
+    search) and at worst."""
 
     rate: Rate
     load_run: LoadRun
-    load_runs: int  # of one repeat: routes x probes
-    repeat_s: float
+    load_runs: int  # of the first repeat: routes x probes
+    repeat_s: float  # the first repeat
+    later_repeat_s: float  # each repeat after the first
     worst_repeat_s: float
     probes: Probes | None
 
@@ -269,18 +276,21 @@ class PointCost:
 
     @property
     def planned_s(self) -> float | None:
-        return None if self.timing is None else self._seconds(self.repeats, self.timing.repeat_s)
+        return None if self.timing is None else self._seconds(self.repeats, self.timing.repeat_s, self.timing.later_repeat_s)
 
     @property
     def worst_s(self) -> float | None:
-        return None if self.timing is None else self._seconds(self.most_repeats, self.timing.worst_repeat_s)
+        worst = None if self.timing is None else self.timing.worst_repeat_s
+        return None if worst is None else self._seconds(self.most_repeats, worst, worst)
 
-    def _seconds(self, repeats: int, repeat_s: float) -> float:
-        """``repeats`` of each side; with a candidate taking turns, a turn before each change of side
-        (A B B A … changes side ``repeats`` times, and the first repeat wakes the reference)."""
+    def _seconds(self, repeats: int, first_s: float, later_s: float) -> float:
+        """``repeats`` of each side, the first taking ``first_s`` and each after it ``later_s``; with a
+        candidate taking turns, a turn before each change of side (A B B A … changes side ``repeats``
+        times, and the first repeat wakes the reference)."""
+        side = first_s + (repeats - 1) * later_s
         if self.pairing is None:
-            return repeats * repeat_s
-        return 2 * repeats * repeat_s + (repeats + 1) * self.pairing.turn_s
+            return side
+        return 2 * side + (repeats + 1) * self.pairing.turn_s
 
     def as_json(self) -> dict[str, object]:
         timing = self.timing
@@ -296,6 +306,7 @@ class PointCost:
             "measured_s": None if timing is None else timing.load_run.measured_s,
             "load_runs_per_repeat": None if timing is None else timing.load_runs,
             "repeat_s": None if timing is None else timing.repeat_s,
+            "later_repeat_s": None if timing is None else timing.later_repeat_s,
             "worst_repeat_s": None if timing is None else timing.worst_repeat_s,
             "repeats": self.repeats,
             "most_repeats": self.most_repeats,
@@ -507,7 +518,10 @@ def _cost(
             if source.kind == "history" and measured is not None and measured.repeat_s is not None:
                 # what its repeats took, whole: no model of the overheads needed
                 best = dataclasses.replace(
-                    best, repeat_s=measured.repeat_s, worst_repeat_s=max(best.worst_repeat_s, measured.repeat_s)
+                    best,
+                    repeat_s=measured.repeat_s,
+                    later_repeat_s=measured.repeat_s,
+                    worst_repeat_s=max(best.worst_repeat_s, measured.repeat_s),
                 )
             return dataclasses.replace(point, source=source, timing=best)
     return point
@@ -548,15 +562,16 @@ def _timing(config: ServingConfig, workload: SuiteWorkload, rate: Rate, duration
         run = load_run(workload, config.replicas, rate, duration_s)
         if run is None:
             return None
-        return Timing(rate, run, routes, routes * run.seconds, routes * run.seconds, None)
+        return Timing(rate, run, routes, routes * run.seconds, routes * run.seconds, routes * run.seconds, None)
     middle = search.load(search.start ** (1 - SEARCH_PROBE_AT) * search.highest**SEARCH_PROBE_AT)
     planned = load_run(workload.at_load(middle), config.replicas, rate)
     ends = [load_run(workload.at_load(search.load(end)), config.replicas, rate) for end in (search.lowest, search.highest)]
     if planned is None or None in ends:
         return None
     worst = max(run.seconds for run in ends if run is not None)
-    probes = Probes(search.max_probes, middle, planned.seconds, worst)
-    return Timing(rate, planned, routes * probes.count, routes * probes.count * planned.seconds, routes * probes.count * worst, probes)
+    probes = Probes(search.max_probes, min(SEEDED_PROBES, search.max_probes), middle, planned.seconds, worst)
+    each = routes * planned.seconds
+    return Timing(rate, planned, routes * probes.count, probes.count * each, probes.later * each, routes * probes.count * worst, probes)
 
 
 def load_run(workload: SuiteWorkload, replicas: int, rate: Rate, duration_s: float | None = None) -> LoadRun | None:
