@@ -193,18 +193,20 @@ def test_watched_tells_the_observer_every_record_beside_a_probes_watch() -> None
 
 
 def test_measure_point_tells_the_observer_each_repeat_it_takes(monkeypatch: pytest.MonkeyPatch) -> None:
-    """The plan's repeats, numbered, each handed the same observer for its load runs."""
-    recorder, handed = Recorder(), []
+    """The plan's repeats, numbered, each handed the same observer for its load runs and the
+    repeat taken before it (where a search starts)."""
+    recorder, handed, taken = Recorder(), [], []
 
-    def measure_repeat(server: object, config: object, workload: object, method: object, progress: object) -> object:
-        handed.append(progress)
-        return repeat_at(1.0)
+    def measure_repeat(server: object, config: object, workload: object, method: object, progress: object, after: object) -> object:
+        handed.append((progress, after))
+        taken.append(repeat_at(1.0))
+        return taken[-1]
 
     monkeypatch.setattr(sequential, "measure_repeat", measure_repeat)
     cpu = suite("cpu")
     sequential.measure_point(cast(Server, None), cpu.config("base"), cpu.workloads[0], Method(plan=repeats(2)), lambda run: None, recorder)
     assert recorder.events == [("started", 1, 2, ""), ("done",), ("started", 2, 2, ""), ("done",)]
-    assert handed == [recorder, recorder]
+    assert handed == [(recorder, None), (recorder, taken[0])]
 
 
 # ------------------------------------------------------------------ the terminal
