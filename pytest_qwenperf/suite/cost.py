@@ -280,8 +280,8 @@ class PointCost:
 
     @property
     def worst_s(self) -> float | None:
-        worst = None if self.timing is None else self.timing.worst_repeat_s
-        return None if worst is None else self._seconds(self.most_repeats, worst, worst)
+        timing = self.timing
+        return None if timing is None else self._seconds(self.most_repeats, timing.worst_repeat_s, timing.worst_repeat_s)
 
     def _seconds(self, repeats: int, first_s: float, later_s: float) -> float:
         """``repeats`` of each side, the first taking ``first_s`` and each after it ``later_s``; with a
