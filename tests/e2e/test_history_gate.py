@@ -1,5 +1,6 @@
 """The history as the reference on the real CPU build: a session whose server is held to half a
-core by a CPU quota fails against a history of unslowed runs, with no stored baseline.
+core by a CPU quota fails against a history of unslowed runs, with no stored baseline; and the HTML
+report of each session and of the pair, in a real browser.
 
 One plain session of twelve repeats is recorded as six nights of two repeats each, dealt round
 robin: six sessions' worth, so the verdict has a spread between sessions to predict from (a
@@ -14,6 +15,14 @@ is pinned to, is far beyond the tolerance and any session-to-session spread this
 The slowed session may take sequential repeats up to six, as a user's would: under the quota its
 repeats can spread by a quarter (564 and 733 tok/s in one CI run), and two such samples give a
 Welch interval on 1.1 df that cannot confirm even a 70 % drop (that run was judged ``noisy``).
+
+Both sessions run with ``--qwenperf-profile``, so the same two sessions make the reports: the plain
+session's own, and the pair's, which must put the regression first, name the slowdown's evidence
+among its likely causes and set the two sessions' operator profiles side by side. In Chromium
+(headless, the network cut off) each report logs nothing to the console, draws every chart with
+data, and has one table row per verdict its sessions decided; a screenshot of each is kept in the
+test's folder (``docs/report/*.png`` were taken the same way). One test, not two: each pair of
+sessions costs minutes of the suite's time, and the reports need nothing the gate's sessions lack.
 """
 
 from __future__ import annotations
@@ -27,10 +36,14 @@ from pathlib import Path
 import msgspec
 import pytest
 
+from pytest_qwenperf.cli.main import main
 from pytest_qwenperf.core.run import Run
 from pytest_qwenperf.core.run_json import decode_run
+from pytest_qwenperf.gate.compare import load_runs
 from pytest_qwenperf.gate.history_store import HistoryStore
+from pytest_qwenperf.report.page import page_of
 from pytest_qwenperf.serving.server import DEFAULT_LAUNCHER
+from tests.browser import Browsed, browse, screenshot
 from tests.e2e.tiny import inner_session, suite_toml
 
 pytestmark = pytest.mark.e2e
@@ -65,7 +78,12 @@ HISTORY_SPAN = r"(6 runs, 2026-10-01|[2-5] runs since a change point, 2026-10-0[
 
 
 def session(pytester: pytest.Pytester, name: str, *args: str) -> pytest.RunResult:
-    return inner_session(pytester, "test_baseline.py", name, *args, "-rA")
+    return inner_session(pytester, "test_baseline.py", name, *args, "--qwenperf-profile", "-rA")
+
+
+def drawn(browsed: Browsed) -> None:
+    """No console message, and every chart drawn as SVG with paths that carry data."""
+    assert browsed.faults() == []
 
 
 def nights(run: Run, count: int) -> list[Run]:
@@ -82,11 +100,13 @@ def nights(run: Run, count: int) -> list[Run]:
     ]
 
 
-def test_a_session_slowed_by_a_cpu_quota_fails_against_a_history_of_plain_runs(pytester: pytest.Pytester) -> None:
+def test_a_session_slowed_by_a_cpu_quota_fails_against_a_history_of_plain_runs_and_the_report_says_why(
+    pytester: pytest.Pytester, tmp_path: Path
+) -> None:
     (pytester.path / "suite.toml").write_text(SUITE)
     pytester.makepyfile(test_baseline=(ROOT / "perf_tests" / "test_baseline.py").read_text())
 
-    plain = session(pytester, "plain", "--qwenperf-repeats=12", "--qwenperf-no-history")
+    plain = session(pytester, "plain", "--qwenperf-repeats=12", "--qwenperf-no-history", "--qwenperf-html=plain.html")
     plain.assert_outcomes(skipped=1)  # nothing to judge against yet
     (data,) = json.loads((pytester.path / "plain.json").read_text())["runs"]
     with HistoryStore.open(pytester.path / "history.sqlite") as store:
@@ -109,3 +129,28 @@ def test_a_session_slowed_by_a_cpu_quota_fails_against_a_history_of_plain_runs(p
     (run,) = json.loads((pytester.path / "slowed.json").read_text())["runs"]
     assert re.match("history: " + HISTORY_SPAN, run["reference"]), run["reference"]
     assert run["metrics"]["output_throughput"] < 0.8 * data["metrics"]["output_throughput"], (run["metrics"], data["metrics"])
+
+    # The plain session's own report: a row per verdict it decided, every chart drawn.
+    decided = json.loads((pytester.path / "plain.json").read_text())
+    rows = sum(len(verdicts["judgements"]) for verdicts in decided["verdicts"])
+    assert rows > 0
+    browsed = browse(pytester.path / "plain.html")
+    drawn(browsed)
+    body = browsed.verdict_table()
+    assert body.count("<tr class=\"v-") == rows and body.count('href="#point-history-tiny-isl32-osl32"') == rows
+    screenshot(pytester.path / "plain.html", tmp_path / "report-session.png")
+
+    # The slowed session against it: the regression first, and why.
+    assert main(["report", str(pytester.path / "plain.json"), str(pytester.path / "slowed.json"), "-o", str(pytester.path / "pair.html")]) == 0
+    page = page_of([load_runs(pytester.path / "plain.json"), load_runs(pytester.path / "slowed.json")])
+    assert page.rows[0].kind == "regression", [(row.metric, row.kind) for row in page.rows]
+    ((_, causes),) = page.points[0].causes
+    assert any(cause.startswith("telemetry: server CPU busy") for cause in causes), causes
+    # TPOT rises steeply, but repeats after a boot can differ by 40 %: the line states the
+    # figures whether or not the repeats can call them beyond their noise.
+    assert any(cause.startswith("latency-shape: ") and "mean TPOT (ms): " in cause for cause in causes), causes
+    paired = browse(pytester.path / "pair.html")
+    drawn(paired)
+    assert "Likely causes" in paired.dom and "Largest share changes in" in paired.dom  # the profiles' diff
+    assert len(page.points[0].operators) == 2
+    screenshot(pytester.path / "pair.html", tmp_path / "report-pair.png")
