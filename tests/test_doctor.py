@@ -11,7 +11,7 @@ import json
 import os
 import sys
 from collections import namedtuple
-from collections.abc import Iterable, Iterator, Sequence
+from collections.abc import Iterable, Iterator, Mapping, Sequence
 from pathlib import Path
 
 import psutil
@@ -50,8 +50,8 @@ def fresh_hardware() -> Iterator[None]:
 def no_vllm_parser(monkeypatch: pytest.MonkeyPatch) -> None:
     """The flags check answers at once as if vLLM's parser took every config (the real one takes ~10 s)."""
 
-    def accepted(configs: Iterable[ServingConfig], *, suite: str, python: str = sys.executable) -> list[ArgCheck]:
-        return [ArgCheck(cfg.id, (), None, "0.32.0") for cfg in configs]
+    def accepted(suites: Mapping[str, Iterable[ServingConfig]], *, python: str = sys.executable) -> list[ArgCheck]:
+        return [ArgCheck(suite, cfg.id, (), None, "0.32.0") for suite, configs in suites.items() for cfg in configs]
 
     monkeypatch.setattr(software, "check_configs", accepted)
 
@@ -320,9 +320,9 @@ def test_vllm_installed_and_its_build(monkeypatch: pytest.MonkeyPatch, no_vllm_p
 
 def test_the_suites_flags_through_the_lint_check(monkeypatch: pytest.MonkeyPatch) -> None:
     suite = load_suite(SUITES / "h200.toml")
-    answers: list[list[ArgCheck] | Exception] = [[ArgCheck(cfg.id, (), None, "0.32.0") for cfg in suite.configs]]
+    answers: list[list[ArgCheck] | Exception] = [[ArgCheck("h200.toml", cfg.id, (), None, "0.32.0") for cfg in suite.configs]]
 
-    def check(configs: object, *, suite: str, python: str = sys.executable) -> list[ArgCheck]:
+    def check(suites: object, *, python: str = sys.executable) -> list[ArgCheck]:
         answer = answers[0]
         if isinstance(answer, Exception):
             raise answer
@@ -331,7 +331,7 @@ def test_the_suites_flags_through_the_lint_check(monkeypatch: pytest.MonkeyPatch
     monkeypatch.setattr(software, "check_configs", check)
     ok = row(software_checks(suite), "vLLM flags")
     assert (ok.status, ok.figure) == ("ok", "5 configs accepted by vLLM 0.32.0's parser")
-    answers[0] = [ArgCheck("tp8", (), "h200.toml: config 'tp8': unrecognized arguments: --language-model-only", "0.17.0")]
+    answers[0] = [ArgCheck("h200.toml", "tp8", (), "h200.toml: config 'tp8': unrecognized arguments: --language-model-only", "0.17.0")]
     bad = row(software_checks(suite), "vLLM flags")
     assert bad.status == "fail" and "unrecognized arguments: --language-model-only" in bad.figure
     assert "vLLM 0.17.0 rejects" in bad.advice and "qwenperf lint" in bad.advice

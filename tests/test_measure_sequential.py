@@ -212,6 +212,18 @@ def test_no_repeat_is_spent_where_the_references_own_spread_is_wider_than_the_to
     assert script.calls == 3 and decided.run.needs_sessions
 
 
+def test_no_repeat_is_spent_where_one_reference_sessions_repeats_spread_too_widely_to_settle() -> None:
+    """The second session on a machine: its reference is the first session's three repeats, spread
+    5 %. However many repeats the run adds, Welch's interval keeps the reference's standard error at
+    t on its 2 df (4.3 at 95 %, not 1.96), wider than the tolerance: none is taken. Read as if the
+    df grew without bound, the same reference seemed settleable, and second sessions took all their
+    extra repeats and stayed underpowered (2026-12-02: 12 of 15 extra repeats, 4 of 5 points)."""
+    script = Script(1.0, 1.01, 0.99)  # a fourth repeat would fail the test
+    decided = decide(PLAN, script, combine, always(history_of((1.0, 1.06, 0.95))))
+    assert "underpowered" in verdicts(decided.judgements)
+    assert script.calls == 3 and decided.run.extra_repeats == 0 and decided.run.needs_sessions
+
+
 def test_repeats_are_still_taken_where_they_can_settle_the_verdict_against_a_history() -> None:
     """Against a history of three close sessions, a run whose own repeats spread widely is underpowered
     for its repeats' sake alone: repeats narrow that, so they are taken, and the run does not need sessions."""

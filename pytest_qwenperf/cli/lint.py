@@ -23,24 +23,25 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
-    """Exit 1 when a suite or a flag fails the check, 2 when the check cannot run (``--python`` without vLLM)."""
+    """Exit 1 when a suite or a flag fails the check, 2 when the check cannot run (``--python`` without vLLM).
+    One child Python answers for every suite's configs."""
     failures = 0
+    loaded = {}
     for path in args.suites:
         try:
-            suite = load_suite(path)
+            loaded[str(path)] = load_suite(path).configs
         except SuiteError as exc:
             print(f"FAIL {exc}")
             failures += 1
-            continue
-        try:
-            checks = check_configs(suite.configs, suite=str(path), python=args.python)
-        except ParserUnavailable as exc:
-            print(f"qwenperf lint: --python {exc}", file=sys.stderr)
-            return 2
-        for check in checks:
-            if check.ok:
-                print(f"ok   {path}: {check.config_id} (vLLM {check.vllm_version})")
-            else:
-                print(f"FAIL {check.error}")
-                failures += 1
+    try:
+        checks = check_configs(loaded, python=args.python) if loaded else []
+    except ParserUnavailable as exc:
+        print(f"qwenperf lint: --python {exc}", file=sys.stderr)
+        return 2
+    for check in checks:
+        if check.ok:
+            print(f"ok   {check.suite}: {check.config_id} (vLLM {check.vllm_version})")
+        else:
+            print(f"FAIL {check.error}")
+            failures += 1
     return 1 if failures else 0

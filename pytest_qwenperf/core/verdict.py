@@ -89,7 +89,7 @@ import dataclasses
 import itertools
 import math
 import statistics
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import KW_ONLY, dataclass
 from typing import ClassVar, Literal
 
@@ -200,7 +200,10 @@ class _Interval:
     half: float | None  # half-width on the log scale; None: no spread to build an interval from
     how: str  # how it was obtained, for the detail
     between: float | None = None  # how far sessions differ (SD of their means, a fraction); None: unknown
-    floor: float | None = None  # the half-width no repeat of the run narrows (the baseline's own spread, how far sessions differ); None: none known
+    # Whether more repeats of the run could narrow the half-width below a width (the baseline's own
+    # spread and how far sessions differ stay), asked only of an undecided verdict: it may walk t
+    # quantiles. Where nothing is known of what stays: yes.
+    narrows_below: Callable[[float], bool] = lambda width: True
 
 
 class SessionSpread(msgspec.Struct, frozen=True, kw_only=True):
@@ -303,10 +306,12 @@ def _log_interval(baseline: Side, current: Side, confidence: float, runner: Sess
         unknown = "how far sessions differ is unknown (too few sessions, no history of this runner's)"
         return dataclasses.replace(repeats, how=f"{repeats.how}; {unknown}")
     half = t_quantile(1 - (1 - confidence) / 2, df) * log_sd * math.sqrt(1 / k_b + 1 / k_c)
-    floor = max(half, repeats.floor or 0.0)
+    def narrows_below(width: float) -> bool:
+        return half < width and repeats.narrows_below(width)
+
     if repeats.half is not None and repeats.half >= half:
-        return _Interval(repeats.half, f"{repeats.how}; wider than {between}", math.expm1(log_sd), floor)
-    return _Interval(half, f"{between}; wider than the repeats alone", math.expm1(log_sd), floor)
+        return _Interval(repeats.half, f"{repeats.how}; wider than {between}", math.expm1(log_sd), narrows_below)
+    return _Interval(half, f"{between}; wider than the repeats alone", math.expm1(log_sd), narrows_below)
 
 
 def _repeats_interval(baseline: Sequence[float], current: Sequence[float], confidence: float) -> _Interval:
@@ -330,13 +335,44 @@ def _repeats_interval(baseline: Sequence[float], current: Sequence[float], confi
         df = (v_b + v_c) ** 2 / (v_b**2 / (n_b - 1) + v_c**2 / (n_c - 1)) if se > 0 else 0
         how = f"Welch on log values, {n_b} vs {n_c} samples"
     if se == 0:
-        return _Interval(0.0, f"{n_b} vs {n_c} samples without spread", floor=0.0)
-    # However many repeats the run adds, the baseline's own samples keep their spread: at best (the
-    # run's side without spread, the quantile at infinite df) the half-width is z times the
-    # baseline's standard error; with one baseline sample, the spread taken from the run's side.
-    z = statistics.NormalDist().inv_cdf(1 - (1 - confidence) / 2)
-    floor = z * (math.sqrt(statistics.variance(log_b) / n_b) if n_b > 1 else statistics.stdev(log_c))
-    return _Interval(t_quantile(1 - (1 - confidence) / 2, df) * se, f"{how}, {df:.1f} df", floor=floor)
+        return _Interval(0.0, f"{n_b} vs {n_c} samples without spread", narrows_below=lambda width: width > 0)
+    p = 1 - (1 - confidence) / 2
+    return _Interval(t_quantile(p, df) * se, f"{how}, {df:.1f} df", narrows_below=lambda width: _narrows_below(log_b, log_c, p, width))
+
+
+_MORE_REPEATS = 16
+"""How many more repeats of the run :func:`_narrows_below` looks ahead (a plan allows a few)."""
+
+
+def _narrows_below(log_b: Sequence[float], log_c: Sequence[float], p: float, width: float) -> bool:
+    """Whether more repeats of the run could narrow Welch's half-width below ``width``, the run's
+    spread staying as it is: however many it adds, the baseline's own samples keep their spread.
+
+    As the run's repeats grow, its share of Welch's standard error vanishes and the
+    Welch-Satterthwaite degrees of freedom fall to the baseline's ``n_b - 1``: the half-width tends
+    to t at ``n_b - 1`` df times the baseline's standard error (4.3 times it at 95 % with 3 baseline
+    repeats, not the normal 1.96). On the way the df can be larger and the half-width a little
+    narrower, so where that limit is too wide the repeats up to :data:`_MORE_REPEATS` more are walked
+    until the half-width widens again. With one baseline sample the spread is the run's, whose df
+    grow without bound: z times it."""
+    n_b, n_c = len(log_b), len(log_c)
+    if n_b == 1:
+        return statistics.NormalDist().inv_cdf(p) * statistics.stdev(log_c) < width
+    v_b = statistics.variance(log_b) / n_b
+    if t_quantile(p, n_b - 1) * math.sqrt(v_b) < width:
+        return True
+    s2_c = statistics.variance(log_c) if n_c > 1 else 0.0
+    before = math.inf
+    for n in range(max(n_c, 2), n_c + _MORE_REPEATS + 1) if s2_c > 0 else ():
+        v_c = s2_c / n
+        df = (v_b + v_c) ** 2 / (v_b**2 / (n_b - 1) + v_c**2 / (n - 1))
+        half = t_quantile(p, df) * math.sqrt(v_b + v_c)
+        if half < width:
+            return True
+        if half > before:
+            break
+        before = half
+    return False
 
 
 def _exp(x: float) -> float:
@@ -388,6 +424,14 @@ class Hearing:
             raise ValueError(f"{self.metric}: confidence must be in (0, 1), got {self.confidence}")
 
 
+def _settles(interval: _Interval, bound: float, change: float) -> bool:
+    """Whether more repeats could settle an undecided verdict. They narrow the run's part of the
+    interval, never the baseline's own spread nor how far sessions differ: a verdict whose floor alone
+    is as wide as the change it would have to confirm (or as the tolerance ``bound``, for a pass; both
+    on the log scale) stays undecided however many repeats this run takes."""
+    return interval.narrows_below(max(bound, abs(change)))
+
+
 def judge(hearing: Hearing) -> Judgement:
     """The verdict on one metric (the rule is in the module docstring)."""
     metric, direction, tolerance = hearing.metric, hearing.direction, hearing.tolerance
@@ -396,12 +440,14 @@ def judge(hearing: Hearing) -> Judgement:
 
     between: float | None = None
     bounds: tuple[float, float] | None = None
-    settles = True
+    interval: _Interval | None = None
+    bound = change = 0.0
 
     def verdict(result: Verdict, detail: str, ratio: float | None, mde: float | None = None) -> Judgement:
+        settles = result not in UNDECIDED or interval is None or _settles(interval, bound, change)
         return Judgement(
-            metric, unit, direction, base, now, ratio, tolerance, result, detail,
-            mde=mde, confidence=confidence, between=between, interval=bounds, settles_with_repeats=settles,
+            metric, unit, direction, base, now, ratio, tolerance, result, detail, mde=mde, confidence=confidence,
+            between=between, interval=bounds, settles_with_repeats=settles,
         )
 
     if base == 0:
@@ -416,10 +462,6 @@ def judge(hearing: Hearing) -> Judgement:
     sign = 1 if direction == "higher" else -1  # log ratio times sign: positive is better
     change = sign * (math.log(ratio) if ratio > 0 else -math.inf)
     bound = -math.log1p(-tolerance) if direction == "higher" else math.log1p(tolerance)  # tolerance, log scale
-    # More repeats narrow the run's part of the interval, never the baseline's own spread nor how far
-    # sessions differ: an undecided verdict whose floor alone is as wide as the change it would have
-    # to confirm (or as the tolerance, for a pass) stays undecided however many repeats this run takes.
-    settles = interval.floor is None or interval.floor < max(bound, abs(change))
     if interval.half is None:
         mde = None
         significant = True  # no spread to test: the tolerance alone decides

@@ -18,7 +18,7 @@ import json
 import re
 import subprocess
 import sys
-from collections.abc import Iterable, Sequence
+from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Literal
@@ -71,8 +71,9 @@ _WANTED = "expected a Python interpreter with vLLM installed"
 
 @dataclass(frozen=True)
 class ArgCheck:
-    """The verdict of vLLM's parser on one config."""
+    """The verdict of vLLM's parser on one config of one suite (named by its file)."""
 
+    suite: str
     config_id: str
     argv: tuple[str, ...]
     error: str | None
@@ -83,19 +84,20 @@ class ArgCheck:
         return self.error is None
 
 
-def check_configs(configs: Iterable[ServingConfig], *, suite: str, python: str = sys.executable) -> list[ArgCheck]:
-    """Parse every config's argv with the vLLM installed for ``python``."""
-    argvs = {cfg.id: list(_server_args(cfg)) for cfg in configs}
-    reply = _ask(python, argvs)
+def check_configs(suites: Mapping[str, Iterable[ServingConfig]], *, python: str = sys.executable) -> list[ArgCheck]:
+    """Parse every config's argv of every suite (keyed by its file) with the vLLM installed for
+    ``python``, in one child: each child imports vLLM, about 10 s of CPU."""
+    asked = [(suite, cfg.id, list(_server_args(cfg))) for suite, configs in suites.items() for cfg in configs]
+    reply = _ask(python, {str(n): argv for n, (_, _, argv) in enumerate(asked)})
     checks = []
-    for config_id, argv in argvs.items():
-        error = reply["errors"].get(config_id)
+    for n, (suite, config_id, argv) in enumerate(asked):
+        error = reply["errors"].get(str(n))
         forbidden = [f for f in FORBIDDEN_FLAGS if f in argv]
         if forbidden:
             error = f"{forbidden[0]} is not allowed: {FORBIDDEN_FLAGS[forbidden[0]]}"
         if error is not None:
             error = f"{suite}: config {config_id!r}: {error}"
-        checks.append(ArgCheck(config_id, tuple(argv), error, reply["version"]))
+        checks.append(ArgCheck(suite, config_id, tuple(argv), error, reply["version"]))
     return checks
 
 

@@ -66,7 +66,7 @@ def _flags(suite: Suite, installed: tuple[str, str] | None) -> Check:
     if installed is None:
         return Check(GROUP, "vLLM flags", "warn", "not checked: vLLM is not installed")
     try:
-        checks = check_configs(suite.configs, suite=str(suite.path))
+        checks = check_configs({str(suite.path): suite.configs})
     except ParserUnavailable as exc:
         return Check(GROUP, "vLLM flags", "warn", f"not checked: {str(exc).splitlines()[0]}")
     errors = [check.error for check in checks if check.error]
