@@ -16,9 +16,12 @@ readiness, ``/server_info`` and a boot's error messages; the process lifecycle u
 
 from __future__ import annotations
 
+import getpass
 import json
+import os
 import re
 import sys
+import tempfile
 import time
 import urllib.error
 from dataclasses import dataclass, field, replace
@@ -282,6 +285,16 @@ def _cache_config_labels(base_url: str) -> tuple[tuple[tuple[str, str], ...], st
 # ----------------------------------------------------------------------- servers
 
 
+def _inductor_cache() -> dict[str, str]:
+    """torch.compile's kernel cache where torch puts it by default (``torchinductor_<user>`` in the
+    temporary folder), named for a server tree whose temporary folder is its own and goes with it, so
+    that later boots still find the kernels earlier ones compiled; one the environment names is kept."""
+    if "TORCHINDUCTOR_CACHE_DIR" in os.environ:
+        return {}
+    user = re.sub(r'[\\/:*?"<>|]', "_", getpass.getuser())  # as torch spells it
+    return {"TORCHINDUCTOR_CACHE_DIR": str(Path(tempfile.gettempdir()) / f"torchinductor_{user}")}
+
+
 class ManagedServer(StartStop):
     """One vLLM server process tree that this object starts and stops.
 
@@ -412,14 +425,15 @@ class ManagedServer(StartStop):
         # Dev mode adds POST /reset_prefix_cache, which measure() calls before each repeat so
         # that repeats of a prefix-cache workload start equally cold, and GET /server_info (what
         # ran it; where its profiler writes); the server listens on this host's loopback only.
-        env = {"VLLM_SERVER_DEV_MODE": "1", **self.spec.server_env}
+        env = {"VLLM_SERVER_DEV_MODE": "1", **_inductor_cache(), **self.spec.server_env}
         if self.spec.profiler is not None:
             flags, variables = profiler_launch(self.spec.profiler, str(log_path.with_suffix(".profiles")))
             argv, env = argv + flags, env | variables
         log_path.write_text(f"# qwenperf: {json.dumps(redact_argv(argv))}\n")
         # vLLM's processes talk over ZMQ IPC sockets that it makes in the temporary folder and
-        # removes none of (a handful a boot, more where a tree is killed): a folder of the tree's own.
-        return Launch(argv, log_path, env, self.spec.cpus, scratch_env=("VLLM_RPC_BASE_PATH",))
+        # removes none of (a handful a boot, more where a tree is killed), and each boot leaves its
+        # torch.distributed rendezvous file there (vllm_dist_<uuid>): the tree's temporary folder is its own.
+        return Launch(argv, log_path, env, self.spec.cpus, scratch_env=("VLLM_RPC_BASE_PATH", "TMPDIR"))
 
     def _exit_headline(self, code: int, after_s: float) -> str:
         headline = f"server {self.spec.name!r} exited with code {code} after {after_s:.1f} s while booting"

@@ -292,8 +292,11 @@ def _inner_session_with_vllm(pytester: pytest.Pytester, tmp_path: Path, name: st
 
 def _left_in(tmp: Path) -> list[str]:
     """What a server tree left in the temporary folder: vLLM's IPC sockets (it makes them there
-    unless told otherwise, and removes none) and the tree's own folder for them (serving.process.scratch_folder)."""
-    return sorted(str(p.relative_to(tmp)) for p in tmp.rglob("*") if p.is_socket() or p.name.startswith("qwenperf-"))
+    unless told otherwise, and removes none), its torch.distributed rendezvous file (``vllm_dist_<uuid>``,
+    one a boot) and the tree's own folder for them (serving.process.scratch_folder)."""
+    return sorted(
+        str(p.relative_to(tmp)) for p in tmp.rglob("*") if p.is_socket() or p.name.startswith(("qwenperf-", "vllm_dist_"))
+    )
 
 
 @pytest.mark.e2e
