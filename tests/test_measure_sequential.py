@@ -17,7 +17,7 @@ from pytest_qwenperf.core.formats import json_safe
 from pytest_qwenperf.core.run import Run
 from pytest_qwenperf.core.run_json import RunJsonError, decode_run
 from pytest_qwenperf.core.sequential import SequentialPlan
-from pytest_qwenperf.core.verdict import Judgement
+from pytest_qwenperf.core.verdict import Judgement, Later
 from pytest_qwenperf.gate.baseline import Baseline, BaselineError, PooledBaseline, baseline_from_run, load_baseline, save_baseline
 from pytest_qwenperf.gate.diagnosis import diagnose
 from pytest_qwenperf.gate.judge import judge_against_run, judge_run
@@ -116,7 +116,9 @@ def judgements_at(factors: Sequence[float], confidence: float) -> tuple[Judgemen
 
 
 def test_a_point_that_stays_undecided_takes_every_repeat_the_plan_allows() -> None:
-    script = Script(0.7, 1.3, 1.0, 0.7, 1.3, 1.0)
+    """Repeats 5 % apart against a 5 % tolerance: each look, more repeats of that spread could settle
+    it, and none does, so the point takes every repeat the plan allows."""
+    script = Script(0.95, 1.05, 1.0, 0.95, 1.05, 1.0)
     decided = decide(PLAN, script, combine, always(BASELINE))
     assert script.calls == PLAN.most and decided.run.extra_repeats == PLAN.extra == 3
     assert "underpowered" in verdicts(decided.judgements)
@@ -126,12 +128,12 @@ def test_a_point_that_stays_undecided_takes_every_repeat_the_plan_allows() -> No
 def test_each_look_is_judged_at_the_plans_confidence_for_it(monkeypatch: pytest.MonkeyPatch) -> None:
     looks: list[tuple[int, float]] = []
 
-    def spy(baseline: Baseline | None, run: Run, *, confidence: float) -> tuple[Judgement, ...]:
+    def spy(baseline: Baseline | None, run: Run, *, confidence: float, later: Later | None = None) -> tuple[Judgement, ...]:
         looks.append((len(samples(run)), confidence))
-        return judge_run(baseline, run, confidence=confidence)
+        return judge_run(baseline, run, confidence=confidence, later=later)
 
     monkeypatch.setattr(sequential, "judge_run", spy)
-    decide(PLAN, Script(0.7, 1.3, 1.0, 0.7, 1.3, 1.0), combine, always(BASELINE))
+    decide(PLAN, Script(0.95, 1.05, 1.0, 0.95, 1.05, 1.0), combine, always(BASELINE))
     assert looks == [(n, PLAN.confidence_at(n)) for n in range(3, 7)]
     assert len({confidence for _, confidence in looks}) == 4  # each look its own
 

@@ -10,9 +10,10 @@ import pytest
 from hypothesis import assume, given
 from hypothesis import strategies as st
 
+from pytest_qwenperf.core.sequential import SequentialPlan
 from pytest_qwenperf.core.stats import centre, centre_interval
 from pytest_qwenperf.core.summary import Direction
-from pytest_qwenperf.core.verdict import Hearing, Judgement, SessionSpread, Side, judge, session_spread, t_quantile
+from pytest_qwenperf.core.verdict import Hearing, Judgement, Later, SessionSpread, Side, judge, session_spread, t_quantile
 from pytest_qwenperf.gate.baseline import baseline_from_run
 from pytest_qwenperf.gate.judge import judge_against_run, judge_run, render_judgements
 from tests.test_baseline import make_run, run_of
@@ -403,3 +404,26 @@ def test_the_table_shows_each_judgement_and_the_detail_of_what_did_not_pass() ->
     markdown = render_judgements(judgements, markdown=True).splitlines()
     assert markdown[1] == "|:---|---:|---:|---:|---:|---:|:---|"
     assert markdown[2] == "| total_token_throughput (tok/s) | 95,317 | 80,000 | 0.839 | 5% | — | regression |"
+
+
+def test_whether_more_repeats_could_settle_depends_on_the_repeats_left_and_on_which_sides_grow() -> None:
+    """Three repeats a side spread 5 %, a 10 % tolerance, the first look of a plan of up to six:
+    underpowered (MDE 12.5 %). A reference measured earlier keeps its three samples, and with them
+    t on 2 df: the run's repeats, three more or sixteen, cannot narrow the interval enough. Side by
+    side, the reference gains a repeat a look too, and six a side can; with no repeat left, nothing can."""
+    plan = SequentialPlan(0.95, 3, 6)
+    samples = (5_000.0, 5_250.0, 4_750.0)
+
+    def judged(later: Later | None) -> Judgement:
+        hearing = Hearing(
+            "output_throughput", Side(samples), Side(samples), direction="higher", tolerance=0.10,
+            confidence=plan.confidence_at(3), later=later,
+        )
+        return judge(hearing)
+
+    first = judged(plan.later(3))
+    assert first.verdict == "underpowered" and first.mde == pytest.approx(0.125, abs=0.001)
+    assert not first.settles_with_repeats
+    assert not judged(None).settles_with_repeats  # sixteen more of the run alone
+    assert judged(plan.later(3, both=True)).settles_with_repeats
+    assert not judged(plan.later(6, both=True)).settles_with_repeats  # no repeat left

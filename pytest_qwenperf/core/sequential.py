@@ -34,6 +34,8 @@ from __future__ import annotations
 import math
 from dataclasses import dataclass
 
+from pytest_qwenperf.core.verdict import Later
+
 EARLY_SHARE = 0.1
 """The share of the error rate the early looks, before the planned repeats are in, spend between them."""
 
@@ -81,6 +83,11 @@ class SequentialPlan:
         if self.most == self.first:
             return alpha
         return early + (alpha - early) * math.log1p((math.e - 1) * min(repeats, self.most) / self.most)
+
+    def later(self, repeats: int, *, both: bool = False) -> Later:
+        """What the plan still allows after the look at ``repeats`` repeats (``both``: each side of a
+        pair gains a repeat a look), for whether more repeats could settle a verdict."""
+        return Later(max(0, self.most - repeats), both)
 
     def confidence_at(self, repeats: int) -> float:
         """The confidence the look after ``repeats`` repeats is judged at."""

@@ -278,11 +278,12 @@ def _pooled_sd(sides: Sequence[Sequence[float]]) -> float:
     return math.sqrt(squares / (sum(map(len, sides)) - len(sides)))
 
 
-def _log_interval(baseline: Side, current: Side, confidence: float, runner: SessionSpread | None) -> _Interval:
+def _log_interval(hearing: Hearing) -> _Interval:
     """The wider of Welch's interval on the repeats and, where it is known how far sessions differ
     (both sides' own sessions, else the runner's), the two-sample interval on session means (see
     the module docstring)."""
-    repeats = _repeats_interval(baseline.samples, current.samples, confidence)
+    baseline, current, confidence, runner = hearing.baseline, hearing.current, hearing.confidence, hearing.runner
+    repeats = _repeats_interval(baseline.samples, current.samples, confidence, hearing.later)
     if min(*baseline.samples, *current.samples) <= 0:
         return repeats
     k_b, k_c = (len(side.sessions) if side.sessions else 1 for side in (baseline, current))
@@ -314,7 +315,7 @@ def _log_interval(baseline: Side, current: Side, confidence: float, runner: Sess
     return _Interval(half, f"{between}; wider than the repeats alone", math.expm1(log_sd), narrows_below)
 
 
-def _repeats_interval(baseline: Sequence[float], current: Sequence[float], confidence: float) -> _Interval:
+def _repeats_interval(baseline: Sequence[float], current: Sequence[float], confidence: float, later: Later | None) -> _Interval:
     if min(*baseline, *current) <= 0:
         return _Interval(None, "samples include zero, so no log-scale interval: decided on the ratio alone")
     n_b, n_c = len(baseline), len(current)
@@ -336,43 +337,61 @@ def _repeats_interval(baseline: Sequence[float], current: Sequence[float], confi
         how = f"Welch on log values, {n_b} vs {n_c} samples"
     if se == 0:
         return _Interval(0.0, f"{n_b} vs {n_c} samples without spread", narrows_below=lambda width: width > 0)
-    p = 1 - (1 - confidence) / 2
-    return _Interval(t_quantile(p, df) * se, f"{how}, {df:.1f} df", narrows_below=lambda width: _narrows_below(log_b, log_c, p, width))
+    half = t_quantile(1 - (1 - confidence) / 2, df) * se
+    return _Interval(half, f"{how}, {df:.1f} df", narrows_below=lambda width: _narrows_below(log_b, log_c, width, confidence, later))
 
 
 _MORE_REPEATS = 16
-"""How many more repeats of the run :func:`_narrows_below` looks ahead (a plan allows a few)."""
+"""How many more repeats of the run :func:`_narrows_below` looks ahead where no plan says (a plan allows a few)."""
 
 
-def _narrows_below(log_b: Sequence[float], log_c: Sequence[float], p: float, width: float) -> bool:
-    """Whether more repeats of the run could narrow Welch's half-width below ``width``, the run's
-    spread staying as it is: however many it adds, the baseline's own samples keep their spread.
+@dataclass(frozen=True)
+class Later:
+    """What a sequential plan still allows after this look: ``repeats`` more (one a look), and whether
+    the reference gains one a look too (side by side, repeats alternating; else it is an earlier
+    measurement and keeps its samples)."""
 
-    As the run's repeats grow, its share of Welch's standard error vanishes and the
-    Welch-Satterthwaite degrees of freedom fall to the baseline's ``n_b - 1``: the half-width tends
-    to t at ``n_b - 1`` df times the baseline's standard error (4.3 times it at 95 % with 3 baseline
-    repeats, not the normal 1.96). On the way the df can be larger and the half-width a little
-    narrower, so where that limit is too wide the repeats up to :data:`_MORE_REPEATS` more are walked
-    until the half-width widens again. With one baseline sample the spread is the run's, whose df
-    grow without bound: z times it."""
-    n_b, n_c = len(log_b), len(log_c)
-    if n_b == 1:
-        return statistics.NormalDist().inv_cdf(p) * statistics.stdev(log_c) < width
-    v_b = statistics.variance(log_b) / n_b
-    if t_quantile(p, n_b - 1) * math.sqrt(v_b) < width:
-        return True
-    s2_c = statistics.variance(log_c) if n_c > 1 else 0.0
+    repeats: int
+    both: bool = False
+
+
+def _narrows_below(log_b: Sequence[float], log_c: Sequence[float], width: float, confidence: float, later: Later | None) -> bool:
+    """Whether the repeats still allowed (``later``; None: up to :data:`_MORE_REPEATS` of the run
+    alone) could narrow the interval's half-width below ``width`` at this look's confidence, each
+    side's spread staying as it is. Later looks are judged more strictly, so this is the lenient
+    side: a point it turns away could not settle; one it lets through may still end undecided.
+
+    A reference that keeps its samples keeps its spread: as the run's repeats grow, their share of
+    Welch's standard error vanishes and the Welch-Satterthwaite degrees of freedom fall to the
+    reference's ``n_b - 1``, so the half-width tends to t at ``n_b - 1`` df times the reference's
+    standard error (4.3 times it at 95 % with 3 repeats, not the normal 1.96); on the way the df can
+    be larger and the half-width a little narrower, so the repeats are walked until it widens again."""
+    more, both = (later.repeats, later.both) if later is not None else (_MORE_REPEATS, False)
     before = math.inf
-    for n in range(max(n_c, 2), n_c + _MORE_REPEATS + 1) if s2_c > 0 else ():
-        v_c = s2_c / n
-        df = (v_b + v_c) ** 2 / (v_b**2 / (n_b - 1) + v_c**2 / (n - 1))
-        half = t_quantile(p, df) * math.sqrt(v_b + v_c)
+    for k in range(1, more + 1):
+        half = _half_after(log_b, log_c, (k if both else 0, k), confidence)
         if half < width:
             return True
-        if half > before:
+        if half > before and not both:
             break
         before = half
     return False
+
+
+def _half_after(log_b: Sequence[float], log_c: Sequence[float], more: tuple[int, int], confidence: float) -> float:
+    """The half-width of the repeats' interval once the reference has ``more[0]`` and the run ``more[1]``
+    more samples, each side's spread as it is (a side of one sample takes the other's)."""
+    n_b, n_c = len(log_b) + more[0], len(log_c) + more[1]
+    s2_c = statistics.variance(log_c) if len(log_c) > 1 else statistics.variance(log_b)
+    s2_b = statistics.variance(log_b) if len(log_b) > 1 else s2_c
+    p = 1 - (1 - confidence) / 2
+    if n_b == 1:  # the reference's one sample, its spread taken from the run's
+        return t_quantile(p, n_c - 1) * math.sqrt(s2_c * (1 + 1 / n_c))
+    v_b, v_c = s2_b / n_b, s2_c / n_c
+    if v_b + v_c == 0:
+        return 0.0
+    df = (v_b + v_c) ** 2 / (v_b**2 / (n_b - 1) + v_c**2 / (n_c - 1))
+    return t_quantile(p, round(df, 1)) * math.sqrt(v_b + v_c)  # a forecast: df to a tenth, so t_quantile's cache answers
 
 
 def _exp(x: float) -> float:
@@ -414,6 +433,7 @@ class Hearing:
     unit: str = ""
     confidence: float = DEFAULT_CONFIDENCE  # of the interval, in (0, 1)
     runner: SessionSpread | None = None  # how far this runner's sessions differ (its history), for sides of too few sessions
+    later: Later | None = None  # a sequential plan's looks after this one, for whether more repeats could settle it; None: not known
 
     def __post_init__(self) -> None:
         _check(self.metric, self.baseline.samples, "baseline")
@@ -457,7 +477,7 @@ def judge(hearing: Hearing) -> Judgement:
     ratio = now / base
     if direction == "none":
         return verdict("pass", "not gated: neither direction is better", ratio)
-    interval = _log_interval(hearing.baseline, hearing.current, confidence, hearing.runner)
+    interval = _log_interval(hearing)
     between = interval.between
     sign = 1 if direction == "higher" else -1  # log ratio times sign: positive is better
     change = sign * (math.log(ratio) if ratio > 0 else -math.inf)

@@ -21,6 +21,7 @@ from pytest_qwenperf.core.verdict import (
     UNDECIDED,
     Hearing,
     Judgement,
+    Later,
     SessionSpread,
     Side,
     Verdict,
@@ -73,7 +74,9 @@ def _expected(name: str, lost: dict[str, str]) -> bool:
     return name in lost or not SCALING.matches(name)
 
 
-def judge_run(baseline: Baseline | None, run: Run, *, confidence: float = DEFAULT_CONFIDENCE) -> tuple[Judgement, ...]:
+def judge_run(
+    baseline: Baseline | None, run: Run, *, confidence: float = DEFAULT_CONFIDENCE, later: Later | None = None
+) -> tuple[Judgement, ...]:
     """Every gated metric of ``run`` against ``baseline``.
 
     The stored direction and tolerance of each metric are used. A run that lost data is
@@ -122,6 +125,7 @@ def judge_run(baseline: Baseline | None, run: Run, *, confidence: float = DEFAUL
                 unit=stored.unit,
                 confidence=confidence,
                 runner=run.runner_noise.get(name),
+                later=later,
             )
             judged = judge(hearing)
             judgements.append(_few_sessions(judged, baseline, stored, len(counts)))
@@ -229,7 +233,9 @@ def environment_differences(reference: Environment | None, run: Run) -> dict[str
     return {} if reference is None or mine is None else reference.differences(mine)
 
 
-def judge_against_run(reference: Run, run: Run, *, confidence: float = DEFAULT_CONFIDENCE) -> tuple[Judgement, ...]:
+def judge_against_run(
+    reference: Run, run: Run, *, confidence: float = DEFAULT_CONFIDENCE, later: Later | None = None
+) -> tuple[Judgement, ...]:
     """``run`` against another run as its baseline (``qwenperf compare``).
 
     As :func:`judge_run`, and the reference's own losses count too: a reference that lost
@@ -240,7 +246,9 @@ def judge_against_run(reference: Run, run: Run, *, confidence: float = DEFAULT_C
     say how far their runner's sessions differ, the wider spread is taken.
     """
     baseline = baseline_from_run(reference, source=REFERENCE_RUN) if reference.gated_samples() else None
-    judgements = judge_run(baseline, msgspec.structs.replace(run, runner_noise=_wider(reference, run)), confidence=confidence)
+    judgements = judge_run(
+        baseline, msgspec.structs.replace(run, runner_noise=_wider(reference, run)), confidence=confidence, later=later
+    )
     found = losses(reference, "reference")
     reference_lost = reference.lost_values()
     comparable = reference.identity.baseline() == run.identity.baseline()

@@ -97,16 +97,16 @@ def decide(
         baseline = baseline_of(run)
     except BaselineError as exc:
         baseline, unreadable = None, str(exc)
-    judgements = judge_run(baseline, run, confidence=plan.confidence_at(len(repeats)))
+    judgements = judge_run(baseline, run, confidence=plan.confidence_at(len(repeats)), later=plan.later(len(repeats)))
     while plan.early(len(repeats)) and not clearly_decided(judgements):
         repeats.append(repeat())
         run = combine(repeats)
-        judgements = judge_run(baseline, run, confidence=plan.confidence_at(len(repeats)))
+        judgements = judge_run(baseline, run, confidence=plan.confidence_at(len(repeats)), later=plan.later(len(repeats)))
 
     while undecided(judgements) and settleable(judgements) and len(repeats) < plan.most:
         repeats.append(repeat())
         run = combine(repeats)
-        judgements = judge_run(baseline, run, confidence=plan.confidence_at(len(repeats)))
+        judgements = judge_run(baseline, run, confidence=plan.confidence_at(len(repeats)), later=plan.later(len(repeats)))
     diagnosis = why(evidence(baseline), run, judgements) if baseline is not None else None
     run = msgspec.structs.replace(
         run,
@@ -159,7 +159,8 @@ def decide_interleaved(
 
     def look() -> tuple[Run, Run, tuple[Judgement, ...]]:
         reference, run = combine(references), combine(candidates)
-        return reference, run, judge_against_run(reference, run, confidence=plan.confidence_at(len(candidates)))
+        looks = len(candidates)
+        return reference, run, judge_against_run(reference, run, confidence=plan.confidence_at(looks), later=plan.later(looks, both=True))
 
     for _ in range(plan.first):
         pair()
