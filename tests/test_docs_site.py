@@ -408,9 +408,9 @@ def run_page(page: str, text: str, folder: Path, expected: Mapping[str, Expect])
 
 @pytest.fixture
 def one_vllm_parser(monkeypatch: pytest.MonkeyPatch) -> None:
-    """``qwenperf lint`` asks a child Python with vLLM about each suite file's configs, about 15 s of
-    CPU a child; here the first child is asked about every suite's configs at once, and each later
-    question whose argvs it answered is answered from that reply."""
+    """Each ``qwenperf lint`` or ``doctor`` command a page shows asks a child Python with vLLM about its
+    suites' configs, about 10 s of CPU a child; here the first child is asked about every suite's
+    configs at once, and each later question whose argvs it answered, on any page, from that reply."""
     ask = vllm_args._ask
     replies: dict[tuple[str, ...], str | None] = {}
     rest: dict[str, Any] = {}

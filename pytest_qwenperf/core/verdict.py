@@ -200,9 +200,9 @@ class _Interval:
     half: float | None  # half-width on the log scale; None: no spread to build an interval from
     how: str  # how it was obtained, for the detail
     between: float | None = None  # how far sessions differ (SD of their means, a fraction); None: unknown
-    # Whether more repeats of the run could narrow the half-width below a width (the baseline's own
-    # spread and how far sessions differ stay), asked only of an undecided verdict: it may walk t
-    # quantiles. Where nothing is known of what stays: yes.
+    # Whether more repeats could narrow the half-width below a width (how far sessions differ stays,
+    # and the baseline's own spread where it gains no repeat), asked only of an undecided verdict: it
+    # may walk t quantiles. Where nothing is known of what stays: yes.
     narrows_below: Callable[[float], bool] = lambda width: True
 
 
@@ -445,10 +445,9 @@ class Hearing:
 
 
 def _settles(interval: _Interval, bound: float, change: float) -> bool:
-    """Whether more repeats could settle an undecided verdict. They narrow the run's part of the
-    interval, never the baseline's own spread nor how far sessions differ: a verdict whose floor alone
-    is as wide as the change it would have to confirm (or as the tolerance ``bound``, for a pass; both
-    on the log scale) stays undecided however many repeats this run takes."""
+    """Whether the repeats still to come could settle an undecided verdict: narrow its interval below
+    the change it would have to confirm (or below the tolerance ``bound``, for a pass; both on the log
+    scale). They never narrow how far sessions differ, nor the spread of a baseline measured earlier."""
     return interval.narrows_below(max(bound, abs(change)))
 
 

@@ -97,16 +97,20 @@ def decide(
         baseline = baseline_of(run)
     except BaselineError as exc:
         baseline, unreadable = None, str(exc)
-    judgements = judge_run(baseline, run, confidence=plan.confidence_at(len(repeats)), later=plan.later(len(repeats)))
+
+    def look() -> tuple[Judgement, ...]:
+        return judge_run(baseline, run, confidence=plan.confidence_at(len(repeats)), later=plan.later(len(repeats)))
+
+    judgements = look()
     while plan.early(len(repeats)) and not clearly_decided(judgements):
         repeats.append(repeat())
         run = combine(repeats)
-        judgements = judge_run(baseline, run, confidence=plan.confidence_at(len(repeats)), later=plan.later(len(repeats)))
+        judgements = look()
 
     while undecided(judgements) and settleable(judgements) and len(repeats) < plan.most:
         repeats.append(repeat())
         run = combine(repeats)
-        judgements = judge_run(baseline, run, confidence=plan.confidence_at(len(repeats)), later=plan.later(len(repeats)))
+        judgements = look()
     diagnosis = why(evidence(baseline), run, judgements) if baseline is not None else None
     run = msgspec.structs.replace(
         run,
@@ -159,8 +163,8 @@ def decide_interleaved(
 
     def look() -> tuple[Run, Run, tuple[Judgement, ...]]:
         reference, run = combine(references), combine(candidates)
-        looks = len(candidates)
-        return reference, run, judge_against_run(reference, run, confidence=plan.confidence_at(looks), later=plan.later(looks, both=True))
+        n = len(candidates)
+        return reference, run, judge_against_run(reference, run, confidence=plan.confidence_at(n), later=plan.later(n, both=True))
 
     for _ in range(plan.first):
         pair()
