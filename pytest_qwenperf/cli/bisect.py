@@ -262,10 +262,7 @@ class Stepper:
         self.by_label = {v.label: (i, v) for i, v in enumerate(versions)}
         hardware = detect()
         self.placed = placement(rung.config, hardware)
-        # Each step boots the candidate: both sides run the config's warm-up repeats (the good one's again, as
-        # the step's pair is measured alike on both).
-        method = Method.of(rung.suite, rung.plan, ClientSetup(cpus=self.placed.client_cpus))
-        self.method = dataclasses.replace(method, warmup_repeats=rung.config.warmup_repeats)
+        self.method = Method.of(rung.suite, rung.plan, ClientSetup(cpus=self.placed.client_cpus))
         self.gpus = gpu_ids(rung.config, hardware)  # what a config of several replicas shares out
         self.good: ServerPool | None = None  # booted at the first step, kept up for the next ones
         baselines, history = args.baselines, args.history

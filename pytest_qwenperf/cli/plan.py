@@ -206,10 +206,6 @@ def table(found: SessionPlan, history: str | None) -> list[str]:
         lifetime = "" if run.lifetime_s is None else f", a request's lifetime ≈ {format_duration(run.lifetime_s)}"
         out = "; its requests run out first: raise its num_prompts" if run.runs_out else ""
         lines.append(f"  {point.config} / {point.workload}: {format_duration(run.window_s)}{lifetime}{out}")
-    warmed = [p for p in found.points if p.warmup_repeats]
-    if warmed:
-        lines += ["", "warm-up repeats (1+3/6): run and not measured before a point's first, its config's warmup_repeats after each boot:"]
-        lines += [f"  {p.config} / {p.workload}: {p.warmup_repeats}" for p in warmed]
     spreads = {(p.spread, p.spread_from) for p in found.points if p.spread is not None}
     if spreads:
         lines += ["", f"MDE: the throughput MDE at the planned repeats, for repeats that spread by {_told(spreads)}"]
@@ -253,8 +249,7 @@ def _percent(value: float | None) -> str:
 
 
 def _row(point: PointCost) -> str:
-    warm = f"{point.warmup_repeats}+" if point.warmup_repeats else ""
-    timing, repeats = point.timing, f"{warm}{point.repeats}/{point.most_repeats}"
+    timing, repeats = point.timing, f"{point.repeats}/{point.most_repeats}"
     head = f"{point.config:<22} {point.workload:<30} {point.source.label:<16}"
     mde = _percent(point.mde)
     if timing is None or point.planned_s is None or point.worst_s is None:

@@ -47,7 +47,6 @@ class Method:
     must_match: tuple[str, ...] = ()
     baseline_max_age_days: int | None = None  # the suite's: a stored baseline older than this is named stale
     profile: ProfileSetting | None = None  # where a point's operator profile goes (one extra, unmeasured repeat); None: not profiled
-    warmup_repeats: int = 0  # unmeasured repeats before the first (a server's first point after its boot: ``measure.run.warm_up``)
 
     @classmethod
     def of(

@@ -39,10 +39,6 @@ class PointProgress(Protocol):
         """Repeat ``number`` (from 1) of at most ``plan.most`` starts; ``side`` names the server
         ("reference", "candidate") when two servers' repeats interleave, else ""."""
 
-    def warmup_started(self, side: str) -> None:
-        """A warm-up repeat starts, measured nowhere (:func:`~pytest_qwenperf.measure.run.warm_up`); ``side``
-        as for :meth:`repeat_started`."""
-
     def load_started(self, requests: int, label: str) -> None:
         """A load run of the repeat starts: ``requests`` to send, warm-up included (0: not known, as
         for a load measured over a window); ``label`` says which one when a repeat has several (a
@@ -101,10 +97,6 @@ def load_label(replicas: int | None, probe: Arrival | None) -> str:
     return ", ".join(parts)
 
 
-WARMUP = "warm-up repeat (not measured)"
-"""How a point's progress names a warm-up repeat."""
-
-
 def repeat_of(number: int, plan: SequentialPlan) -> str:
     """``repeat 2 of 3``, or ``repeat 4 of 3 (up to 6)`` when the plan may add repeats."""
     extra = f" (up to {plan.most})" if plan.most > plan.first else ""
@@ -134,10 +126,6 @@ class Meter:
         now = self._clock()
         self._repeat = f"{side} {repeat_of(number, plan)}" if side else repeat_of(number, plan)
         self._repeat_at, self._repeat_requests, self._repeat_tokens = now, 0, 0
-
-    def warmup_started(self, side: str) -> None:
-        self._repeat = f"{side} {WARMUP}" if side else WARMUP
-        self._repeat_at, self._repeat_requests, self._repeat_tokens = self._clock(), 0, 0
 
     def load_started(self, requests: int, label: str) -> None:
         now = self._clock()

@@ -203,26 +203,6 @@ def measure_repeat(
     return MappingProxyType(runs)
 
 
-def warm_up(
-    server: Server, config: ServingConfig, workload: SuiteWorkload, method: Method, progress: PointProgress | None = None, side: str = ""
-) -> None:
-    """``method.warmup_repeats`` repeats of the point (:func:`measure_repeat`), their figures kept nowhere.
-
-    A config's ``warmup_repeats`` are run this way on its server's first point after each boot: some
-    serving paths run slower for their first seconds of load whatever the warm-up requests of a
-    repeat (on the CPU build, n-gram speculation's first repeat after a boot streamed 15-20 % fewer
-    tokens a second than the repeats after it, also behind 96 warm-up requests, and a second workload
-    on the same server did not: ``perf_tests/suites/cpu.toml``). Counted as such, that repeat would
-    widen the point's spread and cost it extra repeats that cannot settle it. ``progress`` is told of
-    each (``side``: as :func:`~pytest_qwenperf.measure.progress.told` names it)."""
-    for _ in range(method.warmup_repeats):
-        if progress is not None:
-            progress.warmup_started(side)
-        measure_repeat(server, config, workload, method, progress)
-        if progress is not None:
-            progress.repeat_done()
-
-
 def combine_repeats(repeats: Sequence[Repeat], replicas: int, method: Method) -> Run:
     """The run of a point measured as ``repeats`` (as :func:`measure` describes it): the median
     repeat of the ``replicas`` route (else the largest), every repeat's figures as its samples;

@@ -38,7 +38,7 @@ from pytest_qwenperf.gate.diagnosis import Diagnosis, Evidence, diagnose
 from pytest_qwenperf.gate.judge import judge_against_run, judge_run
 from pytest_qwenperf.measure.method import Method
 from pytest_qwenperf.measure.progress import PointProgress, told
-from pytest_qwenperf.measure.run import Repeat, chained, combine_repeats, measure_repeat, profiled, warm_up
+from pytest_qwenperf.measure.run import Repeat, chained, combine_repeats, measure_repeat, profiled
 from pytest_qwenperf.serving.server import Server
 from pytest_qwenperf.serving.sleep import Turns
 from pytest_qwenperf.suite.config import ServingConfig, SuiteWorkload
@@ -191,9 +191,8 @@ def measure_point(
     progress: PointProgress | None = None,
 ) -> Decided:
     """:func:`~pytest_qwenperf.measure.run.measure` with as many repeats as :func:`decide` takes on the method's plan;
-    ``progress`` is told of each repeat, its load runs and their requests. The method's warm-up repeats come
-    first (:func:`~pytest_qwenperf.measure.run.warm_up`; the run's ``elapsed_s`` counts them), its operator
-    profile, where it asks for one, after them all (:func:`~pytest_qwenperf.measure.run.profiled`)."""
+    ``progress`` is told of each repeat, its load runs and their requests. Its operator profile, where the
+    method asks for one, comes after them all (:func:`~pytest_qwenperf.measure.run.profiled`)."""
 
     repeat = chained(lambda after: measure_repeat(server, config, workload, method, progress, after))
 
@@ -201,7 +200,6 @@ def measure_point(
         return combine_repeats(repeats, config.replicas, method)
 
     started = time.monotonic()
-    warm_up(server, config, workload, method, progress)
     decided = decide(method.plan, told(repeat, method.plan, progress), combine, baseline_of)
     run = msgspec.structs.replace(decided.run, elapsed_s=time.monotonic() - started)
     return replace(decided, run=profiled(run, server, config, workload, method))
@@ -216,8 +214,8 @@ def measure_interleaved(
     progress: PointProgress | None = None,
     turns: Turns | None = None,
 ) -> DecidedPair:
-    """The point on both servers, each side's warm-up repeats first (the method's), then as many repeats each as
-    :func:`decide_interleaved` takes on the method's plan; then, where the method asks, each side's operator profile (the reference's first), in folders of their own.
+    """The point on both servers, as many repeats each as :func:`decide_interleaved` takes on the method's plan;
+    then, where the method asks, each side's operator profile (the reference's first), in folders of their own.
     ``turns``: the servers take turns on the GPUs (:mod:`~pytest_qwenperf.serving.sleep`), the one measured
     awake, the other asleep; None: both stay awake."""
 
@@ -234,8 +232,6 @@ def measure_interleaved(
         return combine_repeats(repeats, config.replicas, method)
 
     started = time.monotonic()
-    for server, side in ((reference, "reference"), (candidate, "candidate")):
-        warm_up(awake(server), config, workload, method, progress, side)
     pair = decide_interleaved(method.plan, repeat_on(reference, "reference"), repeat_on(candidate, "candidate"), combine)
     elapsed = time.monotonic() - started  # both sides': what the point cost
     pair = replace(

@@ -5,7 +5,6 @@ Registered through ``pytest_plugins`` of :mod:`pytest_qwenperf.plugin.hooks`.
 
 from __future__ import annotations
 
-import dataclasses
 from collections import Counter
 from collections.abc import Callable, Iterator
 from contextlib import nullcontext
@@ -190,8 +189,6 @@ def qwenperf_measure(
             routes=endpoint_routes(sets) if sets else None,
             profile=_profile_setting(settings, qwenperf_pool),
         )
-        if qwenperf_pool.first_use(cfg.key):
-            method = dataclasses.replace(method, warmup_repeats=cfg.warmup_repeats)
         progress = point_progress(pytestconfig, settings.progress, f"{cfg.key} / {workload.id}")
         if qwenperf_candidate_pool is not None and report.reference is not None:
             candidate = qwenperf_candidate_pool.get(cfg, placed.server_cpus, gpus)

@@ -92,7 +92,6 @@ class ServerPool:
         self._failed: dict[str, ServerError] = {}
         self._external: ExternalServer | None = None
         self._profiler: ProfilerSwitch | None = None
-        self._used: set[str] = set()  # config keys whose server was measured on since its boot
 
     def get(self, config: ServingConfig, cpus: frozenset[int] = frozenset(), gpus: tuple[str, ...] = ()) -> Server:
         """The running server for ``config`` (on ``cpus`` if given), booting it on first use.
@@ -154,16 +153,7 @@ class ServerPool:
         finally:
             self.boot_seconds[key] = self.boot_seconds.get(key, 0.0) + time.monotonic() - started
         self._running[key] = server
-        self._used.discard(key)
         return server
-
-    def first_use(self, key: str) -> bool:
-        """Whether config ``key``'s server has not been measured on since its boot: True once per boot
-        (an endpoint's server, once a session). A server's first point runs its config's warm-up repeats
-        (:func:`~pytest_qwenperf.measure.run.warm_up`)."""
-        first = key not in self._used
-        self._used.add(key)
-        return first
 
     def _profiler_switch(self) -> ProfilerSwitch | None:
         """How the launcher's vLLM turns its profiler on, asked of its parser once (None: not profiling)."""

@@ -101,7 +101,6 @@ class ServingConfig:
     canary: CanaryFloor | None = None  # the suite's floor for its canary answer against the rung it inherits
     expected: ExpectedThroughput | None = None  # the throughput the suite expects of it (``qwenperf plan``); None: not stated
     tier: Tier = "nightly"  # "weekly": only the weekly run measures it (marker ``weekly``; see ``suite.selectors.tier_of``)
-    warmup_repeats: int = 0  # repeats of its first point each boot runs before measuring, unmeasured (``measure.run.warm_up``)
 
     @property
     def key(self) -> str:
@@ -333,7 +332,7 @@ def load_suite(path: Path | str) -> Suite:
     served = suite.served_model_name
     if served is None:
         served = embedded.served_name(suite.model)
-    base = _Rung(_flags(path, suite.vllm, "suite.vllm"), _env(path, suite.env, "suite.env"), 1, ROUTINGS[0], 0)
+    base = _Rung(_flags(path, suite.vllm, "suite.vllm"), _env(path, suite.env, "suite.env"), 1, ROUTINGS[0])
     rungs: dict[str, _Rung] = {}
     configs = []
     for n, entry in enumerate(file.config):
@@ -356,7 +355,6 @@ def load_suite(path: Path | str) -> Suite:
             {**inherited.env, **_env(path, entry.env, f"{where}.env")},
             inherited.replicas if entry.replicas is None else entry.replicas,
             inherited.routing if entry.routing is None else entry.routing,
-            inherited.warmup_repeats if entry.warmup_repeats is None else entry.warmup_repeats,
         )
         configs.append(
             ServingConfig(
@@ -375,7 +373,6 @@ def load_suite(path: Path | str) -> Suite:
                 canary=entry.canary,
                 expected=entry.expected,
                 tier=entry.tier,
-                warmup_repeats=rung.warmup_repeats,
             )
         )
     _one_file_each(path, [c.id for c in configs], "config")
@@ -477,7 +474,6 @@ class _ConfigTable(schema.Shape, frozen=True):
     canary: Annotated[CanaryFloor, Meta(description=_CANARY)] | None = None  # not inherited: it is about this rung's change
     expected: Annotated[ExpectedThroughput, Meta(description=_EXPECTED)] | None = None  # not inherited: each rung carries its own
     tier: Annotated[Tier, Meta(description=_TIER)] = "nightly"  # not inherited: a rung runs as often as it says
-    warmup_repeats: Annotated[int, Meta(ge=0, le=10, description="a whole number of repeats from 0 to 10")] | None = None
 
 
 _TIER = '"nightly" or "weekly"'
@@ -550,7 +546,6 @@ class _Rung:
     env: dict[str, str]
     replicas: int
     routing: Routing
-    warmup_repeats: int
 
 
 def _field(data: Mapping[str, Any], path: tuple[schema.Step, ...]) -> str:

@@ -259,7 +259,6 @@ class PointCost:
     session_spread: float | None = None  # how far its sessions apart drift (CV); None: not known
     session_spread_from: Literal["history", "suite"] | None = None
     pairing: Pairing | None = None  # both vLLMs in one session (a candidate's); None: one side
-    warmup_repeats: int = 0  # unmeasured repeats before its first: its config's, on the first point after the boot
 
     @property
     def mde(self) -> float | None:
@@ -285,14 +284,13 @@ class PointCost:
         return None if timing is None else self._seconds(self.most_repeats, timing.worst_repeat_s, timing.worst_repeat_s)
 
     def _seconds(self, repeats: int, first_s: float, later_s: float) -> float:
-        """``repeats`` of each side after its warm-up repeats, the first (a warm-up's too) taking ``first_s``
-        and each after it ``later_s``; with a candidate taking turns, a turn before each change of side
-        (A B B A … changes side ``repeats`` times, the first repeat wakes the reference, and each side's
-        warm-up takes a turn of its own)."""
-        side = self.warmup_repeats * first_s + first_s + (repeats - 1) * later_s
+        """``repeats`` of each side, the first taking ``first_s`` and each after it ``later_s``; with a
+        candidate taking turns, a turn before each change of side (A B B A … changes side ``repeats``
+        times, and the first repeat wakes the reference)."""
+        side = first_s + (repeats - 1) * later_s
         if self.pairing is None:
             return side
-        return 2 * side + (repeats + 1 + (2 if self.warmup_repeats else 0)) * self.pairing.turn_s
+        return 2 * side + (repeats + 1) * self.pairing.turn_s
 
     def as_json(self) -> dict[str, object]:
         timing = self.timing
@@ -312,7 +310,6 @@ class PointCost:
             "worst_repeat_s": None if timing is None else timing.worst_repeat_s,
             "repeats": self.repeats,
             "most_repeats": self.most_repeats,
-            "warmup_repeats": self.warmup_repeats,
             "probes": None if timing is None or timing.probes is None else dataclasses.asdict(timing.probes),
             "window_s": None if timing is None else timing.load_run.window_s,
             "lifetime_s": None if timing is None else timing.load_run.lifetime_s,
@@ -496,22 +493,9 @@ def plan(
         boot_s=boot_s,
         boot_from=boot_from,
         boots=tuple(dict.fromkeys(config.id for config, _ in points)),
-        points=tuple(
-            dataclasses.replace(cost, pairing=pairing, warmup_repeats=config.warmup_repeats if first else 0)
-            for cost, first, (config, _) in zip(costs, _firsts(points), points, strict=True)
-        ),
+        points=tuple(dataclasses.replace(cost, pairing=pairing) for cost in costs),
         pairing=pairing,
     )
-
-
-def _firsts(points: Sequence[Point]) -> list[bool]:
-    """For each point, whether it is its config's first: the one its server's warm-up repeats run on."""
-    seen: set[str] = set()
-    firsts = []
-    for config, _ in points:
-        firsts.append(config.id not in seen)
-        seen.add(config.id)
-    return firsts
 
 
 def _cost(
