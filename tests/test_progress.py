@@ -9,17 +9,20 @@ from contextlib import contextmanager
 from types import SimpleNamespace
 from typing import cast
 
+import msgspec
 import pytest
 
 from pytest_qwenperf.core.options import ProgressSetting, progress_setting
 from pytest_qwenperf.core.records import RequestRecord
+from pytest_qwenperf.core.run import CapacitySearch
 from pytest_qwenperf.core.sequential import SequentialPlan
 from pytest_qwenperf.core.tables import format_duration as duration
 from pytest_qwenperf.loadgen.arrivals import ClosedLoop, OpenLoop
 from pytest_qwenperf.measure import sequential
 from pytest_qwenperf.measure.method import Method, repeats
 from pytest_qwenperf.measure.observe import Watching
-from pytest_qwenperf.measure.progress import Meter, load_label, repeat_of, told, watched
+from pytest_qwenperf.measure.progress import Meter, load_label, measured_output, repeat_of, told, watched
+from pytest_qwenperf.measure.run import Repeat
 from pytest_qwenperf.plugin.progress import Terminal
 from pytest_qwenperf.serving.server import Server
 from tests.stream_source import stream_source
@@ -58,14 +61,15 @@ def test_a_log_gets_a_status_line_at_most_every_interval_and_one_per_finished_re
     for second in range(1, 101):  # one request of 100 output tokens a second
         clock.now = second
         progress.request_done(record())
-    progress.repeat_done()
+    progress.repeat_done(120.5)
     assert lines == [
         "qwenperf cpu/base / w: repeat 1 of 3, 0/100 requests, 0 s elapsed",
         # the window's 10 s of 100 tokens a second; 70 requests left at the rate so far
         "qwenperf cpu/base / w: repeat 1 of 3, 30/100 requests, 100 out tok/s, 30 s elapsed, ~1 m 10 s left",
         "qwenperf cpu/base / w: repeat 1 of 3, 60/100 requests, 100 out tok/s, 1 m 00 s elapsed, ~40 s left",
         "qwenperf cpu/base / w: repeat 1 of 3, 90/100 requests, 100 out tok/s, 1 m 30 s elapsed, ~10 s left",
-        "qwenperf cpu/base / w: repeat 1 of 3 done, 100 requests, 100 out tok/s, 1 m 40 s",
+        # the sample the verdicts weigh, not the status lines' live rate
+        "qwenperf cpu/base / w: repeat 1 of 3 done, 100 requests in 1 m 40 s, 120 out tok/s measured",
     ]
 
 
@@ -103,10 +107,10 @@ def test_a_quiet_log_gets_only_the_finished_repeats() -> None:
         clock.now += 4
         progress.request_done(record())
         progress.request_done(record())
-        progress.repeat_done()
+        progress.repeat_done(None if number == 2 else 1234.0)  # None: a search's repeat
     assert lines == [
-        "qwenperf cpu/base / w: repeat 1 of 3 done, 2 requests, 50 out tok/s, 4 s",
-        "qwenperf cpu/base / w: repeat 2 of 3 done, 2 requests, 50 out tok/s, 4 s",
+        "qwenperf cpu/base / w: repeat 1 of 3 done, 2 requests in 4 s, 1,234 out tok/s measured",
+        "qwenperf cpu/base / w: repeat 2 of 3 done, 2 requests in 4 s",
     ]
 
 
@@ -161,19 +165,32 @@ class Recorder:
     def load_retaken(self, reasons: str) -> None:
         self.events.append(("retaken", reasons))
 
-    def repeat_done(self) -> None:
-        self.events.append(("done",))
+    def repeat_done(self, measured: float | None) -> None:
+        self.events.append(("done", measured))
 
 
-def test_told_numbers_each_repeat_and_without_an_observer_is_the_repeat_itself() -> None:
-    def repeat() -> int:
-        return 7
+def test_told_numbers_each_repeat_tells_its_measured_output_and_without_an_observer_is_the_repeat_itself() -> None:
+    taken = iter([repeat_at(1.0), {**repeat_at(0.5), 2: repeat_at(1.2)[1]}])  # the second on 1 and 2 replicas
+
+    def repeat() -> Repeat:
+        return next(taken)
 
     assert told(repeat, PLAN, None) is repeat
     recorder = Recorder()
     counted = told(repeat, PLAN, recorder, "reference")
-    assert [counted(), counted()] == [7, 7]
-    assert recorder.events == [("started", 1, 3, "reference"), ("done",), ("started", 2, 3, "reference"), ("done",)]
+    counted(), counted()
+    # the run on the most replicas: the config's own route
+    assert recorder.events == [("started", 1, 3, "reference"), ("done", 5_000.0), ("started", 2, 3, "reference"), ("done", 6_000.0)]
+
+
+def test_a_searchs_repeat_has_no_measured_output_to_tell() -> None:
+    (run,) = repeat_at(1.0).values()
+    search = CapacitySearch(
+        search="concurrency", slo={"p99_ttft_ms": 800.0}, load=8.0, interval=None, output_throughput=900.0,
+        binding=None, cliff=False, bound="found", probes=(),
+    )
+    searched = msgspec.structs.replace(run, capacity=(search,))
+    assert measured_output({1: searched}) is None and measured_output({1: run}) == 5_000.0
 
 
 def test_watched_tells_the_observer_every_record_beside_a_probes_watch() -> None:
@@ -205,7 +222,7 @@ def test_measure_point_tells_the_observer_each_repeat_it_takes(monkeypatch: pyte
     monkeypatch.setattr(sequential, "measure_repeat", measure_repeat)
     cpu = suite("cpu")
     sequential.measure_point(cast(Server, None), cpu.config("base"), cpu.workloads[0], Method(plan=repeats(2)), lambda run: None, recorder)
-    assert recorder.events == [("started", 1, 2, ""), ("done",), ("started", 2, 2, ""), ("done",)]
+    assert recorder.events == [("started", 1, 2, ""), ("done", 5_000.0), ("started", 2, 2, ""), ("done", 5_000.0)]
     assert handed == [(recorder, None), (recorder, taken[0])]
 
 
@@ -294,7 +311,7 @@ def test_a_bad_option_names_what_it_expected(text: str) -> None:
 
 POINT = "def test_point(qwenperf_run):\n    assert qwenperf_run.metrics\n"
 STATUS = "qwenperf standin/base / w: repeat * of 2, *"
-DONE = "qwenperf standin/base / w: repeat {n} of 2 done, 8 requests, * out tok/s, * s"
+DONE = "qwenperf standin/base / w: repeat {n} of 2 done, 8 requests in * s, * out tok/s measured"
 
 
 @pytest.fixture(scope="module")

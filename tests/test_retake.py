@@ -100,7 +100,7 @@ class Retakes:
                 with contextlib.suppress(ProcessLookupError):
                     os.kill(pid, signal.SIGKILL)
 
-    def repeat_done(self) -> None:
+    def repeat_done(self, measured: float | None) -> None:
         pass
 
 

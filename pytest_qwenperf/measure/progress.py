@@ -16,16 +16,15 @@ import itertools
 import threading
 import time
 from collections import deque
-from collections.abc import Callable
-from typing import Protocol, TypeVar
+from collections.abc import Callable, Mapping
+from typing import Protocol
 
 from pytest_qwenperf.core.records import RequestRecord
+from pytest_qwenperf.core.run import Run
 from pytest_qwenperf.core.sequential import SequentialPlan
 from pytest_qwenperf.core.tables import format_duration
 from pytest_qwenperf.loadgen.arrivals import Arrival, ClosedLoop, OpenLoop
 from pytest_qwenperf.measure.observe import Watching
-
-R = TypeVar("R")
 
 WINDOW_S = 10.0
 """The output tok/s of a status line: the tokens of the requests finished in this many last seconds."""
@@ -51,23 +50,37 @@ class PointProgress(Protocol):
         """The load run just finished was spoiled by the machine's other load (``reasons``, as the
         run's conditions name them) and is measured again: a ``load_started`` follows."""
 
-    def repeat_done(self) -> None:
-        """The repeat's last load run finished."""
+    def repeat_done(self, measured: float | None) -> None:
+        """The repeat's last load run finished; ``measured``: its output throughput as the verdicts weigh
+        it (:func:`measured_output`), None for a search's repeat."""
 
 
-def told(repeat: Callable[[], R], plan: SequentialPlan, progress: PointProgress | None, side: str = "") -> Callable[[], R]:
-    """``repeat``, each call told to ``progress`` (numbered from 1) as it starts and ends."""
+def told(
+    repeat: Callable[[], Mapping[int, Run]], plan: SequentialPlan, progress: PointProgress | None, side: str = ""
+) -> Callable[[], Mapping[int, Run]]:
+    """``repeat`` (a repeat's load run per route, by replicas), each call told to ``progress`` (numbered
+    from 1) as it starts and ends, with its measured output throughput."""
     if progress is None:
         return repeat
     numbers = itertools.count(1)
 
-    def told_repeat() -> R:
+    def told_repeat() -> Mapping[int, Run]:
         progress.repeat_started(next(numbers), plan, side)
         result = repeat()
-        progress.repeat_done()
+        progress.repeat_done(measured_output(result))
         return result
 
     return told_repeat
+
+
+def measured_output(repeat: Mapping[int, Run]) -> float | None:
+    """The output tok/s of ``repeat``'s run on the most replicas (a config's own route), over its measured
+    requests in the steady state: the sample its verdicts weigh, not its warm-up's or its drain's. None
+    for a search's repeat (its figure is a capacity) or a run without the figure."""
+    run = repeat[max(repeat)] if repeat else None
+    if run is None or run.capacity:
+        return None
+    return run.metrics.get("output_throughput")
 
 
 def watched(watching: Watching | None, progress: PointProgress | None) -> Watching | None:
@@ -109,7 +122,9 @@ class Meter:
     A status line (the repeat, requests done of the load run's total, output tok/s over the last
     :data:`WINDOW_S` seconds, the load run's elapsed time and its remaining time at the rate so
     far) goes out at most every ``every_s`` seconds (None: never); a finished repeat always gets
-    its line (its requests, its mean output tok/s, its time). ``clock`` is in seconds."""
+    its line (its requests and time, and its measured output tok/s: the sample its verdicts weigh, which
+    leaves out the warm-up requests and the drain that the status lines' live rate sees, so a repeat
+    slow to warm up after a boot does not read as a slow sample). ``clock`` is in seconds."""
 
     def __init__(
         self, point: str, show: Callable[[str], None], every_s: float | None, clock: Callable[[], float] = time.monotonic
@@ -117,7 +132,7 @@ class Meter:
         self._point, self._show, self._every_s, self._clock = point, show, every_s, clock
         self._repeat = "measuring"
         self._repeat_at = self._load_at = clock()
-        self._repeat_requests = self._repeat_tokens = 0
+        self._repeat_requests = 0
         self._label, self._total, self._done = "", 0, 0
         self._recent: deque[tuple[float, int]] = deque()
         self._shown_at: float | None = None
@@ -125,7 +140,7 @@ class Meter:
     def repeat_started(self, number: int, plan: SequentialPlan, side: str) -> None:
         now = self._clock()
         self._repeat = f"{side} {repeat_of(number, plan)}" if side else repeat_of(number, plan)
-        self._repeat_at, self._repeat_requests, self._repeat_tokens = now, 0, 0
+        self._repeat_at, self._repeat_requests = now, 0
 
     def load_started(self, requests: int, label: str) -> None:
         now = self._clock()
@@ -137,7 +152,6 @@ class Meter:
         now = self._clock()
         self._done += 1
         self._repeat_requests += 1
-        self._repeat_tokens += record.completion_tokens
         self._recent.append((now, record.completion_tokens))
         self._forget(now)
         self._maybe_show(now)
@@ -147,12 +161,11 @@ class Meter:
         where = f"{self._repeat}, {self._label}" if self._label else self._repeat
         self._show(f"qwenperf {self._point}: {where}: spoiled by the machine's other load ({reasons}), measured again")
 
-    def repeat_done(self) -> None:
+    def repeat_done(self, measured: float | None) -> None:
         now = self._clock()
-        took = now - self._repeat_at
-        rate = f", {self._repeat_tokens / took:,.0f} out tok/s" if took > 0 else ""
+        rate = "" if measured is None else f", {measured:,.0f} out tok/s measured"
         self._shown_at = now
-        self._show(f"qwenperf {self._point}: {self._repeat} done, {self._repeat_requests:,} requests{rate}, {format_duration(took)}")
+        self._show(f"qwenperf {self._point}: {self._repeat} done, {self._repeat_requests:,} requests in {format_duration(now - self._repeat_at)}{rate}")
 
     def _maybe_show(self, now: float) -> None:
         if self._every_s is None or (self._shown_at is not None and now - self._shown_at < self._every_s):
