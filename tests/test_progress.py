@@ -170,7 +170,8 @@ class Recorder:
 
 
 def test_told_numbers_each_repeat_tells_its_measured_output_and_without_an_observer_is_the_repeat_itself() -> None:
-    taken = iter([repeat_at(1.0), {**repeat_at(0.5), 2: repeat_at(1.2)[1]}])  # the second on 1 and 2 replicas
+    repeats = [repeat_at(1.0), {**repeat_at(0.5), 2: repeat_at(1.2)[1]}]  # the second on 1 and 2 replicas
+    taken = iter(repeats)
 
     def repeat() -> Repeat:
         return next(taken)
@@ -178,7 +179,7 @@ def test_told_numbers_each_repeat_tells_its_measured_output_and_without_an_obser
     assert told(repeat, PLAN, None) is repeat
     recorder = Recorder()
     counted = told(repeat, PLAN, recorder, "reference")
-    counted(), counted()
+    assert [counted(), counted()] == repeats  # each repeat handed back as taken
     # the run on the most replicas: the config's own route
     assert recorder.events == [("started", 1, 3, "reference"), ("done", 5_000.0), ("started", 2, 3, "reference"), ("done", 6_000.0)]
 
