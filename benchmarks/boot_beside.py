@@ -77,7 +77,7 @@ def _ready_in(servers: list[ManagedServer]) -> list[float]:
     for thread in threads:
         thread.join()
     if not all(ready):
-        raise SystemExit("a server did not boot; its log is in the logs folder")
+        raise SystemExit("a server did not boot: its error is printed above")
     return ready
 
 
