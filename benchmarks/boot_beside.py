@@ -37,7 +37,9 @@ from pathlib import Path
 import msgspec
 
 from benchmarks.boot_modes import CTX_SHORT
+from benchmarks.gate_power import tree_cpu_seconds
 from pytest_qwenperf.core.files import write_atomically
+from pytest_qwenperf.core.options import format_cpu_list
 from pytest_qwenperf.serving.hardware import detect
 from pytest_qwenperf.serving.placement import Placement, placement
 from pytest_qwenperf.serving.pool import server_spec
@@ -57,10 +59,6 @@ def _server(name: str, args: tuple[str, ...], cpus: frozenset[int], cache: Path,
     spec = server_spec(config, launcher=DEFAULT_LAUNCHER, boot_timeout_s=600, cpus=cpus, vllm_cache=cache)
     env = spec.env + ENV + (((BIND, bind),) if bind is not None else ())
     return ManagedServer(dataclasses.replace(spec, env=env), logs)
-
-
-def _cpus(cpus: frozenset[int]) -> str:
-    return ",".join(map(str, sorted(cpus)))
 
 
 def _ready_in(servers: list[ManagedServer]) -> list[float]:
@@ -88,7 +86,7 @@ def boots(round_no: int, placed: Placement, cache: Path, logs: Path) -> list[dic
         if mode == "beside":
             servers = [
                 _server("base", BASE, placed.server_cpus, cache, logs),
-                _server("ctx-short", CTX_SHORT, placed.client_cpus, cache, logs, bind=_cpus(placed.server_cpus)),
+                _server("ctx-short", CTX_SHORT, placed.client_cpus, cache, logs, bind=format_cpu_list(placed.server_cpus)),
             ]
         try:
             found.append({"round": round_no, "mode": mode, "ready_s": _ready_in(servers)})
@@ -97,11 +95,6 @@ def boots(round_no: int, placed: Placement, cache: Path, logs: Path) -> list[dic
                 server.stop()
         print(json.dumps(found[-1]), flush=True)
     return found
-
-
-def _tree_cpu_s(server: ManagedServer) -> float:
-    assert server.pid is not None
-    return sum(sum(p.cpu_times()[:2]) for p in tree_of(server.pid, server.tag))
 
 
 def moved(bind: str, placed: Placement, cache: Path, logs: Path) -> dict[str, object]:
@@ -116,14 +109,14 @@ def moved(bind: str, placed: Placement, cache: Path, logs: Path) -> dict[str, ob
         out = logs / f"ngram-{bind}.json"
         bench = [sys.executable, "-m", "pytest_qwenperf.cli.main", "bench", "--endpoint", server.base_url, "--input-len", "128"]
         bench += ["--output-len", "128", "--num-prompts", "256", "--warmup", "32", "--max-concurrency", "32", "--json", str(out)]
-        bench += ["--client-cpus", _cpus(placed.client_cpus), "--progress", "off"]
-        before, started = _tree_cpu_s(server), time.monotonic()
+        bench += ["--client-cpus", format_cpu_list(placed.client_cpus), "--progress", "off"]
+        before, started = tree_cpu_seconds(tree_of(server.pid, server.tag)), time.monotonic()
         subprocess.run(bench, check=True, capture_output=True, timeout=600)
-        busy = (_tree_cpu_s(server) - before) / (time.monotonic() - started)
+        busy = (tree_cpu_seconds(tree_of(server.pid, server.tag)) - before) / (time.monotonic() - started)
         allowed: Counter[str] = Counter()
         for proc in tree_of(server.pid, server.tag):
             for thread in proc.threads():
-                allowed[_cpus(frozenset(os.sched_getaffinity(thread.id)))] += 1
+                allowed[format_cpu_list(frozenset(os.sched_getaffinity(thread.id)))] += 1
     finally:
         server.stop()
     found = {"bind": bind, "cores_busy": round(busy, 3), "threads_by_cpus": dict(allowed)}
@@ -149,7 +142,7 @@ def main() -> None:
             warm.start()
             warm.stop()
         found = [b for round_no in range(args.rounds) for b in boots(round_no, placed, cache, logs)]
-        moves = [moved(bind, placed, cache, logs) for bind in ("auto", _cpus(placed.server_cpus))]
+        moves = [moved(bind, placed, cache, logs) for bind in ("auto", format_cpu_list(placed.server_cpus))]
     report = {"schema": SCHEMA, "machine": msgspec.to_builtins(hw.machine()), "boots": found, "moved": moves}
     write_atomically(args.out, json.dumps(report, indent=2))
 
